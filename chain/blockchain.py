@@ -1,0 +1,263 @@
+"""The Ethereum side of a node: py-evm's chain on LevelDB.
+
+Blocks are executed on an `OverlayDB` (reads through to LevelDB, keeps writes in memory), so
+a block that is built or validated but never committed leaves nothing on disk; committing it
+writes the overlay in one LevelDB batch, together with whatever the engine adds (its commit
+certificate), so a crash leaves either both or neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import rlp
+from eth.abc import (
+    BlockAPI,
+    BlockHeaderAPI,
+    ReceiptAPI,
+    SignedTransactionAPI,
+    VirtualMachineAPI,
+)
+from eth.chains.base import Chain
+from eth.exceptions import BlockNotFound, HeaderNotFound
+from eth.vm.forks import PragueVM
+from eth_utils import ValidationError
+
+from chain.errors import BlockValidationError, ChainError
+from chain.genesis import Genesis
+from storage import Database, Keyspace, OverlayDB, WriteBatch
+
+CHAIN_PREFIX = b"chain/"  # py-evm's chain database: headers, bodies, receipts, state trie
+META_PREFIX = b"meta/"  # node metadata: the genesis file the data directory was made from
+GENESIS_KEY = b"genesis"
+
+
+class ChainVM(PragueVM):
+    """Prague with one relaxation: a block's timestamp may equal its parent's.
+
+    PBFT commits many blocks per second; with Ethereum's strictly increasing one-second
+    timestamps the chain's clock would run ahead of real time under load (IBFT and QBFT avoid
+    this with a block period of at least a second, which is what we do not want to pay).
+    """
+
+    @classmethod
+    def validate_header(cls, header: BlockHeaderAPI, parent_header: BlockHeaderAPI) -> None:
+        if parent_header is not None and header.timestamp == parent_header.timestamp:
+            parent_header = parent_header.copy(timestamp=parent_header.timestamp - 1)
+        super().validate_header(header, parent_header)
+
+
+def chain_class(chain_id: int) -> type[Chain]:
+    return Chain.configure(
+        __name__="PbftChain", vm_configuration=((0, ChainVM),), chain_id=chain_id
+    )
+
+
+@dataclass
+class ExecutedBlock:
+    """A block executed on an overlay: its writes are pending until `Blockchain.commit`."""
+
+    block: BlockAPI
+    receipts: tuple[ReceiptAPI, ...]
+    overlay: OverlayDB
+
+    @property
+    def hash(self) -> bytes:
+        return self.block.hash
+
+    @property
+    def number(self) -> int:
+        return self.block.number
+
+    @property
+    def state_root(self) -> bytes:
+        return self.block.header.state_root
+
+    def encode(self) -> bytes:
+        return rlp.encode(self.block)
+
+
+class Blockchain:
+    """A chain in one data directory's database, created from a genesis."""
+
+    def __init__(self, db: Database, genesis: Genesis) -> None:
+        self.db = db
+        self.genesis = genesis
+        self.chain_keyspace: Keyspace = db.keyspace(CHAIN_PREFIX)
+        self.meta_keyspace: Keyspace = db.keyspace(META_PREFIX)
+        self.chain_class = chain_class(genesis.chain_id)
+        self._initialize()
+
+    def _initialize(self) -> None:
+        stored = self.meta_keyspace.get(GENESIS_KEY)
+        if stored is None:
+            overlay = OverlayDB(self.chain_keyspace)
+            self.chain_class.from_genesis(
+                overlay, self.genesis.header_params(), self.genesis.state()
+            )
+            with self.db.batch(sync=True) as batch:
+                overlay.write_into(batch)
+                batch.put(self.meta_keyspace, GENESIS_KEY, self.genesis.source)
+        elif stored != self.genesis.source:
+            raise ChainError(
+                f"data directory {self.db.path} was initialised with another genesis; "
+                "use an empty --datadir for this genesis"
+            )
+
+    @staticmethod
+    def stored_genesis(db: Database) -> bytes | None:
+        return db.keyspace(META_PREFIX).get(GENESIS_KEY)
+
+    # Reads. Each view is a chain over a fresh overlay: anything a read executes (eth_call)
+    # writes only to memory.
+
+    def view(self) -> Chain:
+        return self.chain_class(OverlayDB(self.chain_keyspace))
+
+    def head(self) -> BlockHeaderAPI:
+        return self.view().get_canonical_head()
+
+    @property
+    def genesis_hash(self) -> bytes:
+        return self.view().get_canonical_block_hash(0)
+
+    def header_by_number(self, number: int) -> BlockHeaderAPI | None:
+        try:
+            return self.view().get_canonical_block_header_by_number(number)
+        except HeaderNotFound:
+            return None
+
+    def header_by_hash(self, block_hash: bytes) -> BlockHeaderAPI | None:
+        try:
+            header = self.view().get_block_header_by_hash(block_hash)
+        except HeaderNotFound:
+            return None
+        canonical = self.header_by_number(header.block_number)
+        return header if canonical is not None and canonical.hash == block_hash else None
+
+    def block_by_header(self, header: BlockHeaderAPI) -> BlockAPI:
+        try:
+            return self.view().get_block_by_header(header)
+        except BlockNotFound as exc:
+            raise ChainError(f"block {header.block_number} body missing: {exc}") from None
+
+    def vm_at(self, header: BlockHeaderAPI) -> VirtualMachineAPI:
+        return self.view().get_vm(header)
+
+    def receipts(self, header: BlockHeaderAPI) -> tuple[ReceiptAPI, ...]:
+        view = self.view()
+        receipt_class = view.get_vm(header).get_receipt_builder()
+        return tuple(view.chaindb.get_receipts(header, receipt_class))
+
+    def transaction_location(self, tx_hash: bytes) -> tuple[int, int] | None:
+        """(block number, index) of a committed transaction, or None."""
+        try:
+            number, index = self.view().chaindb.get_transaction_index(tx_hash)
+        except Exception:  # py-evm raises TransactionNotFound or KeyError-likes
+            return None
+        return int(number), index
+
+    # Writes.
+
+    def build_block(
+        self,
+        transactions: Sequence[SignedTransactionAPI],
+        *,
+        timestamp: int,
+        coinbase: bytes,
+        extra_data: bytes = b"",
+    ) -> tuple[ExecutedBlock, tuple[SignedTransactionAPI, ...]]:
+        """Execute `transactions` on the head in one `apply_all_transactions` call.
+
+        Returns the executed block and the transactions that were left out because they
+        turned out invalid at execution (the pool checks them first, so this is rare).
+        """
+        overlay = OverlayDB(self.chain_keyspace)
+        chain = self.chain_class(overlay)
+        parent = chain.get_canonical_head()
+        header = chain.create_header_from_parent(
+            parent,
+            timestamp=max(timestamp, parent.timestamp),
+            coinbase=coinbase,
+            gas_limit=parent.gas_limit,
+            extra_data=extra_data,
+        )
+        included = tuple(transactions)
+        try:
+            block, receipts = self._execute_batch(chain, header, included)
+            left_out: tuple[SignedTransactionAPI, ...] = ()
+        except ValidationError:
+            included = self._executable_subset(chain, header, included)
+            left_out = tuple(tx for tx in transactions if tx not in included)
+            block, receipts = self._execute_batch(chain, header, included)
+        chain.persist_block(block)
+        return ExecutedBlock(block, receipts, overlay), left_out
+
+    @staticmethod
+    def _execute_batch(
+        chain: Chain, header: BlockHeaderAPI, transactions: tuple[SignedTransactionAPI, ...]
+    ) -> tuple[BlockAPI, tuple[ReceiptAPI, ...]]:
+        vm = chain.get_vm(header)
+        new_header, receipts, _ = vm.apply_all_transactions(transactions, header)
+        filled = vm.set_block_transactions_and_withdrawals(
+            vm.get_block(), new_header, transactions, receipts
+        )
+        return vm.mine_block(filled).block, tuple(receipts)
+
+    @staticmethod
+    def _executable_subset(
+        chain: Chain, header: BlockHeaderAPI, transactions: tuple[SignedTransactionAPI, ...]
+    ) -> tuple[SignedTransactionAPI, ...]:
+        """The transactions that execute one after another, skipping each one that fails."""
+        vm = chain.get_vm(header)
+        kept: list[SignedTransactionAPI] = []
+        for tx in transactions:
+            snapshot = vm.state.snapshot()
+            try:
+                vm.state.apply_transaction(tx)
+            except ValidationError:
+                vm.state.revert(snapshot)
+                continue
+            kept.append(tx)
+        return tuple(kept)
+
+    def decode_block(self, data: bytes) -> BlockAPI:
+        block_class = self.view().get_vm().get_block_class()
+        try:
+            return rlp.decode(data, sedes=block_class)
+        except (rlp.DecodingError, rlp.DeserializationError, ValueError, TypeError) as exc:
+            raise BlockValidationError(f"undecodable block: {exc}") from None
+
+    def execute_block(self, block: BlockAPI) -> ExecutedBlock:
+        """Validate `block` completely by executing it on the head; nothing is written."""
+        overlay = OverlayDB(self.chain_keyspace)
+        chain = self.chain_class(overlay)
+        head = chain.get_canonical_head()
+        if block.header.parent_hash != head.hash:
+            raise BlockValidationError(
+                f"block {block.number} does not extend the head "
+                f"(parent {block.header.parent_hash.hex()}, head {head.hash.hex()})"
+            )
+        try:
+            result = chain.import_block(block)
+        except ValidationError as exc:
+            raise BlockValidationError(f"invalid block {block.number}: {exc}") from None
+        imported = result.imported_block
+        receipt_class = chain.get_vm(imported.header).get_receipt_builder()
+        receipts = tuple(chain.chaindb.get_receipts(imported.header, receipt_class))
+        return ExecutedBlock(imported, receipts, overlay)
+
+    def commit(self, executed: ExecutedBlock, batch: WriteBatch | None = None) -> None:
+        """Make an executed block canonical: in `batch` if given (the caller writes it),
+        else in a synced batch of its own."""
+        head = self.head()
+        if executed.block.header.parent_hash != head.hash:
+            raise BlockValidationError(
+                f"block {executed.number} no longer extends the head (block {head.block_number})"
+            )
+        if batch is not None:
+            executed.overlay.write_into(batch)
+            return
+        with self.db.batch(sync=True) as own:
+            executed.overlay.write_into(own)

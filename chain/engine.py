@@ -1,0 +1,107 @@
+"""The consensus-engine plugin interface (shaped after geth's consensus.Engine and Sawtooth's
+consensus service): the node gives an engine an `EngineContext` with what it may do; the
+engine tells the node what to commit. Engines are found by name through the
+`pbft_chain.engines` entry-point group (see `chain.registry`), so chain never imports one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar
+
+from eth.abc import BlockHeaderAPI
+
+from chain.blockchain import ExecutedBlock
+from storage import Database, Keyspace, WriteBatch
+
+RpcHandler = Callable[..., Awaitable[Any]]
+
+
+class TimerHandle(ABC):
+    @abstractmethod
+    def cancel(self) -> None: ...
+
+
+class EngineContext(ABC):
+    """What an engine may do with its node. Block execution runs off the event loop."""
+
+    chain_id: int
+    database: Database
+
+    @abstractmethod
+    def head(self) -> BlockHeaderAPI:
+        """The canonical head."""
+
+    @abstractmethod
+    def pending_count(self) -> int:
+        """How many transactions the pool could put into the next block."""
+
+    @abstractmethod
+    async def build_block(self, *, coinbase: bytes, extra_data: bytes = b"") -> ExecutedBlock:
+        """Execute a candidate block on the head from the pool (it may be empty)."""
+
+    @abstractmethod
+    async def validate_block(self, data: bytes) -> ExecutedBlock:
+        """Decode and execute a proposed block on the head; BlockValidationError if bad."""
+
+    @abstractmethod
+    async def commit_block(
+        self, executed: ExecutedBlock, extra_writes: Callable[[WriteBatch], None] | None = None
+    ) -> None:
+        """Make the block canonical; `extra_writes` (its certificate) lands in the same batch."""
+
+    @abstractmethod
+    def keyspace(self, prefix: bytes) -> Keyspace:
+        """A keyspace for the engine's own persistent state (prefix under the engine's name)."""
+
+    @abstractmethod
+    def send(self, peer: bytes, payload: bytes) -> None:
+        """Send an engine message to one validator (by address)."""
+
+    @abstractmethod
+    def broadcast(self, payload: bytes) -> None:
+        """Send an engine message to every other validator."""
+
+    @abstractmethod
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+        """Run `callback` on the event loop after `delay` seconds."""
+
+
+class ConsensusEngine(ABC):
+    """A consensus engine. One instance per node, driven on the node's event loop."""
+
+    name: ClassVar[str]
+
+    def __init__(self, context: EngineContext, params: Mapping[str, Any]) -> None:
+        self.context = context
+        self.params = params
+
+    @classmethod
+    @abstractmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        """Raise EngineError with a clear message if the genesis engine section is invalid."""
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None: ...
+
+    @abstractmethod
+    def on_transactions(self, tx_hashes: list[bytes]) -> None:
+        """New transactions entered the pool."""
+
+    def on_message(self, sender: bytes, payload: bytes) -> None:  # noqa: B027
+        """An engine message from a validator; engines without messages ignore them."""
+
+    @abstractmethod
+    def is_proposer(self) -> bool:
+        """Whether this node proposes the next block."""
+
+    def status(self) -> dict[str, Any]:
+        return {"engine": self.name}
+
+    def rpc_methods(self) -> dict[str, RpcHandler]:
+        """Extra JSON-RPC methods (a namespace of the engine's own, such as pbft_*)."""
+        return {}

@@ -1,0 +1,254 @@
+"""A node: the database, the chain, the pool, the consensus engine and JSON-RPC, wired."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from eth.abc import BlockAPI, BlockHeaderAPI, ReceiptAPI, StateAPI
+
+from chain.blockchain import Blockchain, ExecutedBlock
+from chain.engine import ConsensusEngine, EngineContext, TimerHandle
+from chain.errors import NodeError
+from chain.genesis import Genesis, load_genesis_bytes
+from chain.registry import available_engines, load_engine_class
+from chain.txpool import AccountReader, PoolLimits, TxPool, decode_raw_transaction
+from storage import Database, Keyspace, WriteBatch
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CHAINDATA = "chaindata"
+
+
+@dataclass
+class NodeConfig:
+    datadir: Path
+    http_addr: str = "127.0.0.1"
+    http_port: int = 8545
+    http_enabled: bool = True
+    host_allowlist: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    cors_origins: tuple[str, ...] = ()
+    max_block_transactions: int = 1_000
+    pool_limits: PoolLimits = field(default_factory=PoolLimits)
+    rpc_gas_cap: int = 50_000_000
+
+
+def open_database(datadir: Path) -> Database:
+    return Database(Path(datadir) / CHAINDATA)
+
+
+def initialize_datadir(datadir: Path, genesis: Genesis) -> BlockHeaderAPI:
+    """Write the genesis block into a new (or same-genesis) data directory."""
+    with open_database(datadir) as db:
+        return Blockchain(db, genesis).head()
+
+
+def load_datadir_genesis(db: Database) -> Genesis:
+    source = Blockchain.stored_genesis(db)
+    if source is None:
+        raise NodeError(
+            f"data directory {db.path.parent} is not initialised; "
+            f"run: pbft-node init --genesis FILE --datadir {db.path.parent}"
+        )
+    return load_genesis_bytes(source, available_engines(), origin="stored genesis")
+
+
+@dataclass(frozen=True)
+class CommittedBlock:
+    """What listeners (filters, subscriptions) hear about each new head."""
+
+    block: BlockAPI
+    receipts: tuple[ReceiptAPI, ...]
+
+
+class HeadAccounts(AccountReader):
+    """Account nonces and balances at the head, for the pool; refreshed on every commit."""
+
+    def __init__(self, blockchain: Blockchain) -> None:
+        self._blockchain = blockchain
+        self._state: StateAPI = blockchain.vm_at(blockchain.head()).state
+
+    def refresh(self) -> None:
+        self._state = self._blockchain.vm_at(self._blockchain.head()).state
+
+    def nonce(self, address: bytes) -> int:
+        return self._state.get_nonce(address)
+
+    def balance(self, address: bytes) -> int:
+        return self._state.get_balance(address)
+
+
+class _LoopTimer(TimerHandle):
+    def __init__(self, handle: asyncio.TimerHandle) -> None:
+        self._handle = handle
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+class Node:
+    """One node process's state. `start()` and `stop()` run on its event loop."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.db = open_database(config.datadir)
+        try:
+            self.genesis = load_datadir_genesis(self.db)
+            self.blockchain = Blockchain(self.db, self.genesis)
+        except Exception:
+            self.db.close()
+            raise
+        self.chain_id = self.genesis.chain_id
+        self.accounts = HeadAccounts(self.blockchain)
+        self.pool = TxPool(self.chain_id, self.accounts, self.genesis.gas_limit, config.pool_limits)
+        self.tx_builder = self.blockchain.vm_at(self.blockchain.head()).get_transaction_builder()
+        self.head_listeners: list[Callable[[CommittedBlock], None]] = []
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="block-exec")
+        self.context = NodeContext(self)
+        engine_class = load_engine_class(self.genesis.engine)
+        self.engine: ConsensusEngine = engine_class(self.context, self.genesis.engine_params)
+        self.rpc_server: Any = None
+        self.started_at = time.time()
+
+    async def start(self) -> None:
+        if self.config.http_enabled:
+            from chain.rpc.server import RpcServer
+
+            self.rpc_server = RpcServer(self)
+            await self.rpc_server.start()
+        await self.engine.start()
+        head = self.blockchain.head()
+        log.info("node started: chain id %d, head #%d", self.chain_id, head.block_number)
+
+    async def stop(self) -> None:
+        await self.engine.stop()
+        if self.rpc_server is not None:
+            await self.rpc_server.stop()
+        self._executor.shutdown(wait=True)
+        self.db.close()
+        log.info("node stopped; database closed")
+
+    async def run_in_executor(self, function: Callable[[], T]) -> T:
+        """Block execution and commits: one worker thread, so the loop keeps serving."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function)
+
+    # Transactions.
+
+    def submit_raw_transaction(self, raw: bytes) -> bytes:
+        """Admit a raw transaction to the pool (TxPoolError if refused); returns its hash."""
+        tx = decode_raw_transaction(self.tx_builder, raw)
+        entry = self.pool.add(tx, len(raw))
+        self.engine.on_transactions([entry.tx.hash])
+        return entry.tx.hash
+
+    def next_base_fee(self) -> int:
+        view = self.blockchain.view()
+        return view.create_header_from_parent(view.get_canonical_head()).base_fee_per_gas
+
+    def peer_count(self) -> int:
+        return 0  # the dev engine has no peers; the peer transport reports its own
+
+    def sync_status(self) -> dict[str, str] | None:
+        return None  # a node follows its engine; catching up is reported by pbft_status
+
+    # Blocks.
+
+    def on_committed(self, executed: ExecutedBlock) -> None:
+        transactions = executed.block.transactions
+        self.pool.remove(tx.hash for tx in transactions)
+        self.accounts.refresh()
+        self.pool.prune(tx.sender for tx in transactions)
+        committed = CommittedBlock(executed.block, executed.receipts)
+        for listener in list(self.head_listeners):
+            try:
+                listener(committed)
+            except Exception:
+                log.exception("head listener failed")
+        log.info(
+            "committed block #%d %s with %d transactions",
+            executed.number,
+            executed.hash.hex()[:12],
+            len(transactions),
+        )
+
+
+class NodeContext(EngineContext):
+    """The node as its engine sees it."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self.chain_id = node.chain_id
+        self.database = node.db
+
+    def head(self) -> BlockHeaderAPI:
+        return self._node.blockchain.head()
+
+    def pending_count(self) -> int:
+        node = self._node
+        return len(
+            node.pool.executable(
+                base_fee=node.next_base_fee(),
+                gas_limit=node.genesis.gas_limit,
+                max_count=1,
+            )
+        )
+
+    async def build_block(self, *, coinbase: bytes, extra_data: bytes = b"") -> ExecutedBlock:
+        node = self._node
+        transactions = node.pool.executable(
+            base_fee=node.next_base_fee(),
+            gas_limit=node.genesis.gas_limit,
+            max_count=node.config.max_block_transactions,
+        )
+        executed, left_out = await node.run_in_executor(
+            lambda: node.blockchain.build_block(
+                transactions,
+                timestamp=int(time.time()),
+                coinbase=coinbase,
+                extra_data=extra_data,
+            )
+        )
+        if left_out:
+            log.warning("dropped %d transactions that failed at execution", len(left_out))
+            node.pool.remove(tx.hash for tx in left_out)
+        return executed
+
+    async def validate_block(self, data: bytes) -> ExecutedBlock:
+        blockchain = self._node.blockchain
+        return await self._node.run_in_executor(
+            lambda: blockchain.execute_block(blockchain.decode_block(data))
+        )
+
+    async def commit_block(
+        self, executed: ExecutedBlock, extra_writes: Callable[[WriteBatch], None] | None = None
+    ) -> None:
+        node = self._node
+
+        def write() -> None:
+            with node.db.batch(sync=True) as batch:
+                node.blockchain.commit(executed, batch)
+                if extra_writes is not None:
+                    extra_writes(batch)
+
+        await node.run_in_executor(write)
+        node.on_committed(executed)
+
+    def keyspace(self, prefix: bytes) -> Keyspace:
+        return self._node.db.keyspace(b"engine/" + prefix)
+
+    def send(self, peer: bytes, payload: bytes) -> None:
+        raise NodeError("this node has no peer transport")
+
+    def broadcast(self, payload: bytes) -> None:
+        raise NodeError("this node has no peer transport")
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+        return _LoopTimer(asyncio.get_running_loop().call_later(delay, callback))

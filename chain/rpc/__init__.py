@@ -1,0 +1,1 @@
+"""Ethereum JSON-RPC over HTTP and WebSocket (aiohttp)."""

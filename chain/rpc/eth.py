@@ -1,0 +1,394 @@
+"""The web3_*, net_* and eth_* methods."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from eth.abc import BlockHeaderAPI, ComputationAPI
+from eth.exceptions import Revert
+from eth.vm.spoof import SpoofTransaction
+from eth_abi import decode as abi_decode
+from eth_hash.auto import keccak
+from eth_utils import ValidationError
+
+from chain.errors import TxPoolError
+from chain.rpc.errors import EXECUTION_REVERTED, InvalidParams, RpcError, ServerError
+from chain.rpc.filters import FilterManager, LogCriteria, matching_logs
+from chain.rpc.formatters import (
+    block_json,
+    block_receipts_json,
+    transaction_json,
+)
+from chain.rpc.hexcodec import (
+    data,
+    parse_address,
+    parse_data,
+    parse_hash,
+    parse_quantity,
+    quantity,
+)
+
+if TYPE_CHECKING:
+    from chain.node import Node
+
+CLIENT_VERSION = "pbft-chain/v0.1.0/python3.11"
+MAX_LOG_BLOCK_RANGE = 10_000
+MAX_LOG_RESULTS = 10_000
+MAX_FEE_HISTORY_BLOCKS = 1_024
+DEFAULT_PRIORITY_FEE = 1_000_000_000  # 1 gwei, what geth suggests on an idle chain
+ERROR_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
+
+Method = Callable[..., Awaitable[Any]]
+
+
+def _revert_error(computation: ComputationAPI) -> RpcError:
+    output = computation.output
+    message = "execution reverted"
+    if output[:4] == ERROR_SELECTOR:
+        try:
+            (reason,) = abi_decode(["string"], output[4:])
+            message += f": {reason}"
+        except Exception:  # a malformed reason still reverts, just without the text
+            pass
+    return RpcError(EXECUTION_REVERTED, message, data(output))
+
+
+def _raise_if_failed(computation: ComputationAPI) -> None:
+    if not computation.is_error:
+        return
+    if isinstance(computation.error, Revert):
+        raise _revert_error(computation)
+    raise ServerError(str(computation.error) or type(computation.error).__name__)
+
+
+class EthApi:
+    """Methods by name; each takes the JSON params positionally and returns a JSON value."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.blockchain = node.blockchain
+        self.filters = FilterManager()
+        node.head_listeners.append(lambda c: self.filters.on_block(c.block, c.receipts))
+
+    def methods(self) -> dict[str, Method]:
+        return {
+            name: getattr(self, name)
+            for name in dir(self)
+            if name.split("_", 1)[0] in ("web3", "net", "eth") and callable(getattr(self, name))
+        }
+
+    # Block resolution.
+
+    def _header_for(self, block: Any, *, allow_missing: bool = False) -> BlockHeaderAPI | None:
+        """A block tag, number or EIP-1898 object to a canonical header."""
+        if isinstance(block, dict):
+            if "blockHash" in block:
+                header = self.blockchain.header_by_hash(parse_hash(block["blockHash"], "blockHash"))
+                if header is None and not allow_missing:
+                    raise ServerError("header for hash not found")
+                return header
+            block = block.get("blockNumber", "latest")
+        if block in ("latest", "pending", "safe", "finalized"):
+            return self.blockchain.head()  # BFT finality: every committed block is final
+        if block == "earliest":
+            return self.blockchain.header_by_number(0)
+        header = self.blockchain.header_by_number(parse_quantity(block, "block number", bits=64))
+        if header is None and not allow_missing:
+            raise ServerError("header not found")
+        return header
+
+    def _state_at(self, block: Any) -> Any:
+        return self.blockchain.vm_at(self._header_for(block)).state
+
+    # web3 / net.
+
+    async def web3_clientVersion(self) -> str:  # noqa: N802
+        return CLIENT_VERSION
+
+    async def web3_sha3(self, value: Any) -> str:
+        return data(keccak(parse_data(value, "data")))
+
+    async def net_version(self) -> str:
+        return str(self.node.chain_id)
+
+    async def net_listening(self) -> bool:
+        return True
+
+    async def net_peerCount(self) -> str:  # noqa: N802
+        return quantity(self.node.peer_count())
+
+    # Chain state.
+
+    async def eth_chainId(self) -> str:  # noqa: N802
+        return quantity(self.node.chain_id)
+
+    async def eth_blockNumber(self) -> str:  # noqa: N802
+        return quantity(self.blockchain.head().block_number)
+
+    async def eth_syncing(self) -> Any:
+        return self.node.sync_status() or False
+
+    async def eth_accounts(self) -> list[str]:
+        return []
+
+    async def eth_gasPrice(self) -> str:  # noqa: N802
+        return quantity(self.node.next_base_fee() + DEFAULT_PRIORITY_FEE)
+
+    async def eth_maxPriorityFeePerGas(self) -> str:  # noqa: N802
+        return quantity(DEFAULT_PRIORITY_FEE)
+
+    async def eth_feeHistory(
+        self, block_count: Any, newest: Any, percentiles: Any = None
+    ) -> dict[str, Any]:
+        count = min(parse_quantity(block_count, "blockCount", bits=64), MAX_FEE_HISTORY_BLOCKS)
+        if percentiles is not None and (
+            not isinstance(percentiles, list)
+            or not all(isinstance(p, int | float) and 0 <= p <= 100 for p in percentiles)
+            or percentiles != sorted(percentiles)
+        ):
+            raise InvalidParams("invalid reward percentiles: want increasing numbers in [0, 100]")
+        newest_header = self._header_for(newest)
+        oldest = max(0, newest_header.block_number - count + 1)
+        newest_number = newest_header.block_number
+        headers = (
+            [self.blockchain.header_by_number(n) for n in range(oldest, newest_number + 1)]
+            if count
+            else []
+        )
+        view = self.blockchain.view()
+        next_base_fee = view.create_header_from_parent(newest_header).base_fee_per_gas
+        result: dict[str, Any] = {
+            "oldestBlock": quantity(oldest if count else newest_number),
+            "baseFeePerGas": [quantity(h.base_fee_per_gas) for h in headers]
+            + [quantity(next_base_fee)],
+            "gasUsedRatio": [h.gas_used / h.gas_limit for h in headers],
+            "baseFeePerBlobGas": [quantity(0)] * (len(headers) + 1),
+            "blobGasUsedRatio": [0.0] * len(headers),
+        }
+        if percentiles is not None:
+            result["reward"] = [[quantity(0)] * len(percentiles) for _ in headers]
+        return result
+
+    async def eth_getBalance(self, address: Any, block: Any = "latest") -> str:  # noqa: N802
+        return quantity(self._state_at(block).get_balance(parse_address(address)))
+
+    async def eth_getTransactionCount(self, address: Any, block: Any = "latest") -> str:  # noqa: N802
+        sender = parse_address(address)
+        if block == "pending":
+            return quantity(self.node.pool.pending_nonce(sender))
+        return quantity(self._state_at(block).get_nonce(sender))
+
+    async def eth_getCode(self, address: Any, block: Any = "latest") -> str:  # noqa: N802
+        return data(self._state_at(block).get_code(parse_address(address)))
+
+    async def eth_getStorageAt(  # noqa: N802
+        self, address: Any, slot: Any, block: Any = "latest"
+    ) -> str:
+        key = parse_quantity(slot, "storage slot") if len(str(slot)) <= 66 else None
+        if key is None:
+            raise InvalidParams("invalid argument 1: hex string too long, want at most 32 bytes")
+        value = self._state_at(block).get_storage(parse_address(address), key)
+        return data(value.to_bytes(32, "big"))
+
+    # Execution.
+
+    def _call_transaction(self, call: Any, header: BlockHeaderAPI, state: Any) -> Any:
+        if not isinstance(call, dict):
+            raise InvalidParams("invalid argument 0: call object expected")
+        sender = parse_address(call["from"], "from") if call.get("from") else b"\x00" * 20
+        to = parse_address(call["to"], "to") if call.get("to") else b""
+        if "input" in call and "data" in call and call["input"] != call["data"]:
+            raise InvalidParams('both "data" and "input" are set and not equal. Please use "input"')
+        payload = parse_data(call.get("input", call.get("data", "0x")), "input")
+        gas_cap = min(header.gas_limit, self.node.config.rpc_gas_cap)
+        gas = parse_quantity(call["gas"], "gas", bits=64) if call.get("gas") else gas_cap
+        gas_price = parse_quantity(call.get("gasPrice") or "0x0", "gasPrice")
+        value = parse_quantity(call.get("value") or "0x0", "value")
+        unsigned = self.node.tx_builder.create_unsigned_transaction(
+            nonce=state.get_nonce(sender),
+            gas_price=gas_price,
+            gas=min(gas, gas_cap),
+            to=to,
+            value=value,
+            data=payload,
+        )
+        return SpoofTransaction(unsigned, from_=sender)
+
+    def _run_call(self, call: Any, block: Any) -> ComputationAPI:
+        header = self._header_for(block)
+        vm = self.blockchain.vm_at(header)
+        with vm.in_costless_state() as state:
+            tx = self._call_transaction(call, header, state)
+            try:
+                return state.costless_execute_transaction(tx)
+            except ValidationError as exc:
+                raise ServerError(self._execution_message(exc)) from None
+
+    @staticmethod
+    def _execution_message(exc: ValidationError) -> str:
+        text = str(exc)
+        if "balance" in text.lower():
+            return "insufficient funds for gas * price + value"
+        if "intrinsic" in text.lower() or "insufficient gas" in text.lower():
+            return "intrinsic gas too low"
+        return text
+
+    async def eth_call(self, call: Any, block: Any = "latest", overrides: Any = None) -> str:
+        if overrides is not None:
+            raise InvalidParams("state overrides are not supported")
+        computation = self._run_call(call, block)
+        _raise_if_failed(computation)
+        return data(computation.output)
+
+    async def eth_estimateGas(self, call: Any, block: Any = "latest") -> str:  # noqa: N802
+        computation = self._run_call(call, block)
+        _raise_if_failed(computation)
+        header = self._header_for(block)
+        view = self.blockchain.view()
+        with view.get_vm(header).in_costless_state() as state:
+            tx = self._call_transaction(call, header, state)
+            return quantity(view.gas_estimator(state, tx))
+
+    async def eth_sendRawTransaction(self, raw: Any) -> str:  # noqa: N802
+        try:
+            return data(self.node.submit_raw_transaction(parse_data(raw, "transaction")))
+        except TxPoolError as exc:
+            raise RpcError(exc.code, exc.message) from None
+
+    # Transactions and receipts.
+
+    def _located(self, tx_hash: Any) -> tuple[Any, int] | None:
+        location = self.blockchain.transaction_location(parse_hash(tx_hash, "transaction hash"))
+        if location is None:
+            return None
+        number, index = location
+        header = self.blockchain.header_by_number(number)
+        if header is None:
+            return None
+        return self.blockchain.block_by_header(header), index
+
+    async def eth_getTransactionByHash(self, tx_hash: Any) -> Any:  # noqa: N802
+        located = self._located(tx_hash)
+        if located is None:
+            pending = self.node.pool.get(parse_hash(tx_hash))
+            return transaction_json(pending.tx) if pending else None
+        block, index = located
+        return transaction_json(block.transactions[index], block.header, index)
+
+    async def _transaction_by_index(self, header: BlockHeaderAPI | None, index: Any) -> Any:
+        position = parse_quantity(index, "index", bits=64)
+        if header is None:
+            return None
+        block = self.blockchain.block_by_header(header)
+        if position >= len(block.transactions):
+            return None
+        return transaction_json(block.transactions[position], header, position)
+
+    async def eth_getTransactionByBlockNumberAndIndex(self, block: Any, index: Any) -> Any:  # noqa: N802
+        return await self._transaction_by_index(self._header_for(block, allow_missing=True), index)
+
+    async def eth_getTransactionByBlockHashAndIndex(self, block_hash: Any, index: Any) -> Any:  # noqa: N802
+        header = self.blockchain.header_by_hash(parse_hash(block_hash, "block hash"))
+        return await self._transaction_by_index(header, index)
+
+    async def eth_getTransactionReceipt(self, tx_hash: Any) -> Any:  # noqa: N802
+        located = self._located(tx_hash)
+        if located is None:
+            return None
+        block, index = located
+        receipts = self.blockchain.receipts(block.header)
+        return block_receipts_json(block, receipts)[index]
+
+    async def eth_getBlockReceipts(self, block: Any) -> Any:  # noqa: N802
+        header = self._header_for(block, allow_missing=True)
+        if header is None:
+            return None
+        full = self.blockchain.block_by_header(header)
+        return block_receipts_json(full, self.blockchain.receipts(header))
+
+    # Blocks.
+
+    def _block(self, header: BlockHeaderAPI | None, full: Any) -> Any:
+        if not isinstance(full, bool):
+            raise InvalidParams("invalid argument 1: want a boolean for full transactions")
+        if header is None:
+            return None
+        return block_json(self.blockchain.block_by_header(header), full)
+
+    async def eth_getBlockByNumber(self, block: Any, full: Any = False) -> Any:  # noqa: N802
+        return self._block(self._header_for(block, allow_missing=True), full)
+
+    async def eth_getBlockByHash(self, block_hash: Any, full: Any = False) -> Any:  # noqa: N802
+        return self._block(self.blockchain.header_by_hash(parse_hash(block_hash)), full)
+
+    def _transaction_count(self, header: BlockHeaderAPI | None) -> Any:
+        if header is None:
+            return None
+        return quantity(len(self.blockchain.block_by_header(header).transactions))
+
+    async def eth_getBlockTransactionCountByNumber(self, block: Any) -> Any:  # noqa: N802
+        return self._transaction_count(self._header_for(block, allow_missing=True))
+
+    async def eth_getBlockTransactionCountByHash(self, block_hash: Any) -> Any:  # noqa: N802
+        return self._transaction_count(self.blockchain.header_by_hash(parse_hash(block_hash)))
+
+    # Logs and filters.
+
+    def _log_range(self, query: dict[str, Any]) -> list[BlockHeaderAPI]:
+        if query.get("blockHash") is not None:
+            if query.get("fromBlock") is not None or query.get("toBlock") is not None:
+                raise InvalidParams(
+                    "invalid argument 0: cannot specify both BlockHash and FromBlock/ToBlock"
+                )
+            header = self.blockchain.header_by_hash(parse_hash(query["blockHash"], "blockHash"))
+            if header is None:
+                raise ServerError("unknown block")
+            return [header]
+        head = self.blockchain.head().block_number
+        first = self._header_for(query.get("fromBlock") or "latest", allow_missing=True)
+        last = self._header_for(query.get("toBlock") or "latest", allow_missing=True)
+        start = first.block_number if first else head + 1
+        end = last.block_number if last else head
+        if start > end:
+            return []
+        if end - start + 1 > MAX_LOG_BLOCK_RANGE:
+            raise RpcError(-32005, f"query exceeds max block range {MAX_LOG_BLOCK_RANGE}")
+        return [self.blockchain.header_by_number(n) for n in range(start, end + 1)]
+
+    def _logs(self, query: Any) -> list[dict[str, Any]]:
+        if not isinstance(query, dict):
+            raise InvalidParams("invalid argument 0: filter object expected")
+        criteria = LogCriteria.parse(query)
+        logs: list[dict[str, Any]] = []
+        for header in self._log_range(query):
+            if not criteria.may_match_bloom(header.bloom):
+                continue
+            block = self.blockchain.block_by_header(header)
+            logs.extend(matching_logs(criteria, block, self.blockchain.receipts(header)))
+            if len(logs) > MAX_LOG_RESULTS:
+                raise RpcError(-32005, f"query returned more than {MAX_LOG_RESULTS} results")
+        return logs
+
+    async def eth_getLogs(self, query: Any) -> list[dict[str, Any]]:  # noqa: N802
+        return self._logs(query)
+
+    async def eth_newFilter(self, query: Any) -> str:  # noqa: N802
+        if not isinstance(query, dict):
+            raise InvalidParams("invalid argument 0: filter object expected")
+        return self.filters.install("logs", LogCriteria.parse(query), query)
+
+    async def eth_newBlockFilter(self) -> str:  # noqa: N802
+        return self.filters.install("blocks", None)
+
+    async def eth_getFilterChanges(self, filter_id: Any) -> list[Any]:  # noqa: N802
+        return self.filters.take_changes(filter_id)
+
+    async def eth_getFilterLogs(self, filter_id: Any) -> list[Any]:  # noqa: N802
+        installed = self.filters.get(filter_id)
+        if installed.kind != "logs":
+            raise ServerError("filter not found")
+        return self._logs(installed.query)
+
+    async def eth_uninstallFilter(self, filter_id: Any) -> bool:  # noqa: N802
+        return self.filters.uninstall(filter_id)

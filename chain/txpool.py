@@ -1,0 +1,244 @@
+"""The transaction pool: geth's admission rules and messages, bounded in count and bytes.
+
+Executable transactions (contiguous nonces from the sender's account nonce) are handed out in
+arrival order, each sender's in nonce order; transactions with future nonces are held until
+the gap closes. Fairness over price, because this is a permissioned chain.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import rlp
+from eth.abc import SignedTransactionAPI, TransactionBuilderAPI
+from eth_keys.exceptions import BadSignature
+from eth_utils import ValidationError
+
+from chain.errors import TxPoolError
+
+PRICE_BUMP_PERCENT = 10
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    max_transactions: int = 20_000
+    max_bytes: int = 64 * 1024 * 1024
+    max_transaction_size: int = 128 * 1024  # geth's txMaxSize
+    max_per_sender: int = 1_024
+    max_nonce_gap: int = 64  # geth's account queue: future nonces held per sender
+
+
+class AccountReader(ABC):
+    """Account state at the chain head, as the pool needs it."""
+
+    @abstractmethod
+    def nonce(self, address: bytes) -> int: ...
+
+    @abstractmethod
+    def balance(self, address: bytes) -> int: ...
+
+
+@dataclass
+class PoolEntry:
+    tx: SignedTransactionAPI
+    sender: bytes
+    size: int
+    arrival: int
+
+    @property
+    def cost(self) -> int:
+        return self.tx.gas * self.tx.max_fee_per_gas + self.tx.value
+
+
+def decode_raw_transaction(
+    builder: type[TransactionBuilderAPI], raw: bytes
+) -> SignedTransactionAPI:
+    try:
+        return builder.decode(raw)
+    except (rlp.DecodingError, rlp.DeserializationError, ValidationError, ValueError) as exc:
+        raise TxPoolError(f"invalid raw transaction: {exc}") from None
+
+
+class TxPool:
+    """Pending transactions of one node."""
+
+    def __init__(
+        self,
+        chain_id: int,
+        accounts: AccountReader,
+        block_gas_limit: int,
+        limits: PoolLimits | None = None,
+    ) -> None:
+        self.chain_id = chain_id
+        self.accounts = accounts
+        self.block_gas_limit = block_gas_limit
+        self.limits = limits or PoolLimits()
+        self._by_hash: dict[bytes, PoolEntry] = {}
+        self._senders: dict[bytes, dict[int, PoolEntry]] = {}  # sender -> nonce -> entry
+        self._bytes = 0
+        self._arrivals = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+    def __contains__(self, tx_hash: bytes) -> bool:
+        return tx_hash in self._by_hash
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def get(self, tx_hash: bytes) -> PoolEntry | None:
+        return self._by_hash.get(tx_hash)
+
+    def entries(self) -> Iterable[PoolEntry]:
+        return self._by_hash.values()
+
+    def add(self, tx: SignedTransactionAPI, size: int) -> PoolEntry:
+        """Admit `tx` (already decoded; `size` its encoded length) or raise TxPoolError."""
+        if tx.hash in self._by_hash:
+            raise TxPoolError("already known")
+        if size > self.limits.max_transaction_size:
+            raise TxPoolError("oversized data")
+        self._check_static(tx)
+        sender = self._recover_sender(tx)
+        account_nonce = self.accounts.nonce(sender)
+        if tx.nonce < account_nonce:
+            raise TxPoolError("nonce too low")
+        queue = self._senders.get(sender)
+        replaced = queue.get(tx.nonce) if queue else None
+        if replaced is not None:
+            self._check_replacement(replaced.tx, tx)
+        elif tx.nonce > account_nonce + self.limits.max_nonce_gap:
+            raise TxPoolError("nonce too high")
+        entry = PoolEntry(tx, sender, size, next(self._arrivals))
+        self._check_funds(entry, account_nonce, queue)
+        self._check_capacity(entry, replaced, queue)
+        if replaced is not None:
+            self._drop(replaced)
+        self._insert(entry)
+        return entry
+
+    def _check_static(self, tx: SignedTransactionAPI) -> None:
+        if tx.chain_id is None:
+            raise TxPoolError("only replay-protected (EIP-155) transactions allowed over RPC")
+        if tx.chain_id != self.chain_id:
+            raise TxPoolError("invalid chain id for signer")
+        if tx.gas > self.block_gas_limit:
+            raise TxPoolError("exceeds block gas limit")
+        if tx.max_priority_fee_per_gas > tx.max_fee_per_gas:
+            raise TxPoolError("max priority fee per gas higher than max fee per gas")
+        if tx.gas < tx.intrinsic_gas:
+            raise TxPoolError("intrinsic gas too low")
+
+    @staticmethod
+    def _recover_sender(tx: SignedTransactionAPI) -> bytes:
+        try:
+            tx.check_signature_validity()
+            return tx.sender
+        except (BadSignature, ValidationError):
+            raise TxPoolError("invalid sender") from None
+
+    @staticmethod
+    def _check_replacement(old: SignedTransactionAPI, new: SignedTransactionAPI) -> None:
+        def bumped(old_value: int) -> int:
+            return old_value * (100 + PRICE_BUMP_PERCENT) // 100
+
+        if new.max_fee_per_gas < bumped(old.max_fee_per_gas) or (
+            new.max_priority_fee_per_gas < bumped(old.max_priority_fee_per_gas)
+        ):
+            raise TxPoolError("replacement transaction underpriced")
+
+    def _check_funds(
+        self, entry: PoolEntry, account_nonce: int, queue: dict[int, PoolEntry] | None
+    ) -> None:
+        # The sender must afford this transaction after its pending ones with lower nonces.
+        earlier = sum(e.cost for n, e in (queue.items() if queue else ()) if n < entry.tx.nonce)
+        if self.accounts.balance(entry.sender) < earlier + entry.cost:
+            raise TxPoolError("insufficient funds for gas * price + value")
+
+    def _check_capacity(
+        self, entry: PoolEntry, replaced: PoolEntry | None, queue: dict[int, PoolEntry] | None
+    ) -> None:
+        freed_count, freed_bytes = (1, replaced.size) if replaced else (0, 0)
+        if queue and len(queue) - freed_count >= self.limits.max_per_sender:
+            raise TxPoolError("account limit exceeded")
+        if (
+            len(self._by_hash) - freed_count >= self.limits.max_transactions
+            or self._bytes - freed_bytes + entry.size > self.limits.max_bytes
+        ):
+            raise TxPoolError("txpool is full")
+
+    def _insert(self, entry: PoolEntry) -> None:
+        self._by_hash[entry.tx.hash] = entry
+        self._senders.setdefault(entry.sender, {})[entry.tx.nonce] = entry
+        self._bytes += entry.size
+
+    def _drop(self, entry: PoolEntry) -> None:
+        del self._by_hash[entry.tx.hash]
+        self._bytes -= entry.size
+        queue = self._senders[entry.sender]
+        del queue[entry.tx.nonce]
+        if not queue:
+            del self._senders[entry.sender]
+
+    def pending_nonce(self, sender: bytes) -> int:
+        """The next nonce `sender` should use, counting its executable pool transactions."""
+        nonce = self.accounts.nonce(sender)
+        queue = self._senders.get(sender)
+        while queue and nonce in queue:
+            nonce += 1
+        return nonce
+
+    def executable(
+        self, *, base_fee: int, gas_limit: int, max_count: int
+    ) -> list[SignedTransactionAPI]:
+        """A batch for the next block: arrival order, nonce order per sender, bounded by the
+        block gas limit (sum of tx gas limits) and `max_count`; a sender whose next
+        transaction cannot pay the base fee is skipped."""
+        next_nonce = {sender: self.accounts.nonce(sender) for sender in self._senders}
+        candidates: list[tuple[int, int, PoolEntry]] = []
+        for sender, queue in self._senders.items():
+            # A transaction is ready no earlier than the ones before it in its sender's nonce
+            # order: sort by the running maximum of arrivals so nonce order is kept.
+            ready_at = -1
+            nonce = next_nonce[sender]
+            while nonce in queue:
+                entry = queue[nonce]
+                ready_at = max(ready_at, entry.arrival)
+                candidates.append((ready_at, entry.arrival, entry))
+                nonce += 1
+        candidates.sort(key=lambda item: item[:2])
+        batch: list[SignedTransactionAPI] = []
+        gas = 0
+        for _, _, entry in candidates:
+            if len(batch) >= max_count:
+                break
+            tx = entry.tx
+            if tx.nonce != next_nonce[entry.sender] or tx.max_fee_per_gas < base_fee:
+                continue
+            if gas + tx.gas > gas_limit:
+                continue
+            batch.append(tx)
+            gas += tx.gas
+            next_nonce[entry.sender] += 1
+        return batch
+
+    def remove(self, tx_hashes: Iterable[bytes]) -> None:
+        for tx_hash in tx_hashes:
+            entry = self._by_hash.get(tx_hash)
+            if entry is not None:
+                self._drop(entry)
+
+    def prune(self, senders: Iterable[bytes]) -> None:
+        """Drop what the new head made invalid for `senders` (nonces now used)."""
+        for sender in set(senders):
+            queue = self._senders.get(sender)
+            if queue is None:
+                continue
+            account_nonce = self.accounts.nonce(sender)
+            for nonce in [n for n in queue if n < account_nonce]:
+                self._drop(queue[nonce])

@@ -1,0 +1,1 @@
+"""Command-line entry points: `pbft-node` (and later `pbft-etl`)."""

@@ -1,0 +1,185 @@
+"""`pbft-node`: accounts, data directories, running a node or a local testnet, status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import secrets
+import signal
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from eth_keys import keys
+
+from chain.errors import ChainError
+from chain.genesis import load_genesis_file
+from chain.node import Node, initialize_datadir
+from chain.registry import available_engines
+from cli.config import node_config, resolve_settings
+from cli.errors import CliError
+from cli.keys import list_keyfiles, read_password, write_keyfile
+from cli.testnet import init_testnet, run_testnet
+from storage import StorageError
+
+LOG_FORMAT = "%(asctime)s %(levelname)-5s %(name)s: %(message)s"
+
+
+def _account_new(args: argparse.Namespace) -> int:
+    password = read_password(args.password_file, confirm=True)
+    private_key = keys.PrivateKey(secrets.token_bytes(32))
+    path = write_keyfile(Path(args.keystore), private_key, password)
+    print(f"address {private_key.public_key.to_checksum_address()}")
+    print(f"keyfile {path}")
+    return 0
+
+
+def _account_list(args: argparse.Namespace) -> int:
+    for index, (address, path) in enumerate(list_keyfiles(Path(args.keystore))):
+        print(f"account #{index}: {address} {path}")
+    return 0
+
+
+def _init(args: argparse.Namespace) -> int:
+    genesis = load_genesis_file(args.genesis, available_engines())
+    head = initialize_datadir(Path(args.datadir), genesis)
+    print(f"initialised {args.datadir}: chain id {genesis.chain_id}, engine {genesis.engine}")
+    print(f"genesis block hash 0x{head.hash.hex()}")
+    return 0
+
+
+async def _serve(node: Node) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await node.start()
+    try:
+        await stop.wait()
+    finally:
+        await node.stop()
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = resolve_settings(args)
+    logging.basicConfig(
+        level=str(settings["log_level"] or "info").upper(), format=LOG_FORMAT, stream=sys.stderr
+    )
+    node = Node(node_config(settings))
+    try:
+        asyncio.run(_serve(node))
+    except OSError as exc:  # the RPC port is taken or cannot be bound
+        node.db.close()
+        raise CliError(f"cannot listen: {exc.strerror or exc}") from None
+    return 0
+
+
+def _testnet_init(args: argparse.Namespace) -> int:
+    description = init_testnet(
+        Path(args.dir), args.validators, args.chain_id, args.base_p2p_port, args.base_http_port
+    )
+    print(f"testnet of {len(description['nodes'])} node(s), engine {description['engine']}")
+    for node in description["nodes"]:
+        print(f"  node {node['index']} {node['address']} {node['rpc_url']}")
+    print(f"description: {Path(args.dir) / 'testnet.json'}")
+    print(f"start it: pbft-node testnet run --dir {args.dir}")
+    return 0
+
+
+def _testnet_run(args: argparse.Namespace) -> int:
+    return run_testnet(Path(args.dir))
+
+
+def _rpc(url: str, method: str, params: list[Any] | None = None) -> Any:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []})
+    request = urllib.request.Request(
+        url, data=body.encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            reply = json.loads(response.read())
+    except (urllib.error.URLError, OSError) as exc:
+        raise CliError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+    except ValueError:
+        raise CliError(f"{url} did not answer with JSON-RPC") from None
+    if "error" in reply:
+        raise CliError(f"{method}: {reply['error'].get('message')}")
+    return reply.get("result")
+
+
+def _status(args: argparse.Namespace) -> int:
+    head = _rpc(args.rpc, "eth_getBlockByNumber", ["latest", False])
+    print(f"client   {_rpc(args.rpc, 'web3_clientVersion')}")
+    print(f"chain id {int(_rpc(args.rpc, 'eth_chainId'), 16)}")
+    print(f"head     #{int(head['number'], 16)} {head['hash']}")
+    print(f"peers    {int(_rpc(args.rpc, 'net_peerCount'), 16)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pbft-node", description="A permissioned Ethereum-style chain node (PBFT)."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    account = commands.add_parser("account", help="manage V3 keystore accounts")
+    account_commands = account.add_subparsers(dest="account_command", required=True)
+    new = account_commands.add_parser("new", help="create a new account in a keystore")
+    new.add_argument("--keystore", required=True, help="keystore directory")
+    new.add_argument("--password-file", help="file holding the password (else prompted)")
+    new.set_defaults(handler=_account_new)
+    listing = account_commands.add_parser("list", help="list the accounts of a keystore")
+    listing.add_argument("--keystore", required=True, help="keystore directory")
+    listing.set_defaults(handler=_account_list)
+
+    init = commands.add_parser("init", help="initialise a data directory from a genesis file")
+    init.add_argument("--genesis", required=True, help="geth-style genesis.json")
+    init.add_argument("--datadir", required=True, help="data directory to create")
+    init.set_defaults(handler=_init)
+
+    run = commands.add_parser("run", help="run a node")
+    run.add_argument("--config", help="TOML config file (flags override it)")
+    run.add_argument("--datadir", help="data directory (made by init)")
+    run.add_argument("--http.addr", dest="http_addr", help="JSON-RPC address (127.0.0.1)")
+    run.add_argument("--http.port", dest="http_port", type=int, help="JSON-RPC port (8545)")
+    run.add_argument("--http.hosts", dest="http_hosts", help="Host allowlist, comma-separated")
+    run.add_argument("--http.corsdomain", dest="http_corsdomain", help="allowed browser origins")
+    run.add_argument("--log.level", dest="log_level", help="debug, info, warning or error")
+    run.set_defaults(handler=_run)
+
+    testnet = commands.add_parser("testnet", help="a local cluster of nodes")
+    testnet_commands = testnet.add_subparsers(dest="testnet_command", required=True)
+    tinit = testnet_commands.add_parser("init", help="write genesis, keys and configs")
+    tinit.add_argument("--validators", type=int, default=4, help="number of validators (4)")
+    tinit.add_argument("--dir", required=True, help="directory for the testnet")
+    tinit.add_argument("--chain-id", type=int, default=1337, help="chain id (1337)")
+    tinit.add_argument("--base-p2p-port", type=int, default=30303, help="first p2p port")
+    tinit.add_argument("--base-http-port", type=int, default=8545, help="first RPC port")
+    tinit.set_defaults(handler=_testnet_init)
+    trun = testnet_commands.add_parser("run", help="run every node of a testnet")
+    trun.add_argument("--dir", required=True, help="directory made by testnet init")
+    trun.set_defaults(handler=_testnet_run)
+
+    status = commands.add_parser("status", help="show a node's head and peers")
+    status.add_argument("--rpc", default="http://127.0.0.1:8545", help="JSON-RPC URL")
+    status.set_defaults(handler=_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (CliError, ChainError, StorageError) as exc:
+        print(f"pbft-node: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

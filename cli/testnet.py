@@ -1,0 +1,176 @@
+"""`pbft-node testnet init|run`: a local cluster described by DIR/testnet.json.
+
+testnet.json is the machine-readable description tools and tests use: chain_id, validators,
+nodes (index, address, datadir, rpc_url, p2p address, metrics url, command: the argv that runs
+the node) and accounts (funded dev accounts with their private keys, as anvil prints them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chain.genesis import DEFAULT_BASE_FEE, DEFAULT_GAS_LIMIT, parse_genesis
+from chain.node import initialize_datadir
+from chain.registry import available_engines
+from cli.errors import CliError
+from cli.keys import dev_private_key, write_keyfile
+
+DEV_ACCOUNTS = 10
+DEV_BALANCE = 10**24  # one million ether each
+TESTNET_PASSWORD = "testnet"  # the validator keystores of a local testnet; not for real keys
+
+
+def _genesis_document(chain_id: int, validators: list[str], accounts: list[str]) -> dict:
+    if len(validators) == 1:
+        engine = {"dev": {"period": 0, "coinbase": validators[0]}}
+    else:
+        if "pbft" not in available_engines():
+            raise CliError(
+                f"a testnet of {len(validators)} validators needs the pbft engine, which is "
+                "not installed in this version; use --validators 1 (the dev engine)"
+            )
+        engine = {"pbft": {"validators": validators}}
+    return {
+        "config": {"chainId": chain_id, **engine},
+        "alloc": {address: {"balance": hex(DEV_BALANCE)} for address in accounts},
+        "gasLimit": hex(DEFAULT_GAS_LIMIT),
+        "baseFeePerGas": hex(DEFAULT_BASE_FEE),
+        "timestamp": hex(int(time.time())),
+        "extraData": "0x",
+    }
+
+
+def init_testnet(
+    directory: Path,
+    validators: int,
+    chain_id: int,
+    base_p2p_port: int,
+    base_http_port: int,
+) -> dict[str, Any]:
+    if validators < 1:
+        raise CliError("--validators must be at least 1")
+    if (directory / "testnet.json").exists():
+        raise CliError(f"{directory} already holds a testnet; choose an empty --dir")
+    validator_keys = [dev_private_key(i, b"pbft-chain validator ") for i in range(validators)]
+    validator_addresses = [k.public_key.to_checksum_address() for k in validator_keys]
+    account_keys = [dev_private_key(i) for i in range(DEV_ACCOUNTS)]
+    accounts = [
+        {"address": k.public_key.to_checksum_address(), "private_key": "0x" + k.to_bytes().hex()}
+        for k in account_keys
+    ]
+    document = _genesis_document(chain_id, validator_addresses, [a["address"] for a in accounts])
+    directory.mkdir(parents=True, exist_ok=True)
+    genesis_path = directory / "genesis.json"
+    genesis_bytes = json.dumps(document, indent=2).encode()
+    genesis_path.write_bytes(genesis_bytes)
+    genesis = parse_genesis(document, available_engines(), source=genesis_bytes)
+    nodes = []
+    for index, key in enumerate(validator_keys):
+        node_dir = directory / f"node{index}"
+        initialize_datadir(node_dir, genesis)
+        write_keyfile(node_dir / "keystore", key, TESTNET_PASSWORD)
+        (node_dir / "password.txt").write_text(TESTNET_PASSWORD + "\n")
+        http_port = base_http_port + index
+        p2p_port = base_p2p_port + index
+        config_path = node_dir / "config.toml"
+        config_path.write_text(
+            f'datadir = "."\n\n[http]\naddr = "127.0.0.1"\nport = {http_port}\n\n'
+            '[log]\nlevel = "info"\n'
+        )
+        nodes.append(
+            {
+                "index": index,
+                "address": validator_addresses[index],
+                "datadir": str(node_dir.resolve()),
+                "rpc_url": f"http://127.0.0.1:{http_port}",
+                "ws_url": f"ws://127.0.0.1:{http_port}",
+                "p2p": f"127.0.0.1:{p2p_port}",
+                "metrics_url": None,
+                "command": [
+                    sys.executable,
+                    "-m",
+                    "cli.node",
+                    "run",
+                    "--config",
+                    str(config_path.resolve()),
+                ],
+            }
+        )
+    description = {
+        "chain_id": chain_id,
+        "engine": genesis.engine,
+        "genesis": str(genesis_path.resolve()),
+        "validators": validator_addresses,
+        "nodes": nodes,
+        "accounts": accounts,
+    }
+    (directory / "testnet.json").write_text(json.dumps(description, indent=2))
+    return description
+
+
+def load_testnet(directory: Path) -> dict[str, Any]:
+    path = directory / "testnet.json"
+    try:
+        return json.loads(path.read_text())
+    except OSError:
+        raise CliError(
+            f"no testnet in {directory}: run pbft-node testnet init --dir {directory} first"
+        ) from None
+    except ValueError as exc:
+        raise CliError(f"{path} is not valid JSON: {exc}") from None
+
+
+class _StopRequested(Exception):
+    pass
+
+
+def _request_stop(*_: Any) -> None:
+    raise _StopRequested
+
+
+def run_testnet(directory: Path) -> int:
+    """Start every node as a child process; stop them all on Ctrl-C/SIGTERM or when one dies."""
+    description = load_testnet(directory)
+    children: list[subprocess.Popen[bytes]] = []
+    signal.signal(signal.SIGINT, _request_stop)
+    signal.signal(signal.SIGTERM, _request_stop)
+    exit_code = 0
+    try:
+        for node in description["nodes"]:
+            log_path = Path(node["datadir"]) / "node.log"
+            with open(log_path, "ab") as log_file:
+                children.append(
+                    subprocess.Popen(node["command"], stdout=log_file, stderr=subprocess.STDOUT)
+                )
+            print(f"node {node['index']} {node['address']} rpc {node['rpc_url']} log {log_path}")
+        print(f"chain id {description['chain_id']}; dev accounts in {directory / 'testnet.json'}")
+        sys.stdout.flush()
+        _, status = os.wait()  # returns when any node exits
+        print(f"a node exited (status {status}); stopping the testnet")
+        exit_code = 1
+    except _StopRequested:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _stop_children(children)
+    return exit_code
+
+
+def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

@@ -1,0 +1,18 @@
+"""LevelDB storage: one database per data directory, prefixed keyspaces, atomic batches.
+
+Imports nothing of ours (DESIGN.md section 2).
+"""
+
+from storage.errors import DataDirLockedError, StorageError
+from storage.evm_db import KeyspaceDB, OverlayDB
+from storage.kv import Database, Keyspace, WriteBatch
+
+__all__ = [
+    "DataDirLockedError",
+    "Database",
+    "Keyspace",
+    "KeyspaceDB",
+    "OverlayDB",
+    "StorageError",
+    "WriteBatch",
+]

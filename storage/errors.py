@@ -1,0 +1,9 @@
+"""The storage package's exception hierarchy."""
+
+
+class StorageError(Exception):
+    """A database could not be opened, read or written."""
+
+
+class DataDirLockedError(StorageError):
+    """The data directory is held by another process."""

@@ -1,0 +1,156 @@
+"""A plyvel-backed key-value layer.
+
+One LevelDB per data directory; every component gets a keyspace (a fixed key prefix), and
+writes that belong together go into one `WriteBatch` that may span keyspaces, so a change to
+the chain and to the consensus stores lands on disk all at once or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+import plyvel
+
+from storage.errors import DataDirLockedError, StorageError
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key that starts with `prefix` (None: no bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class Database:
+    """One LevelDB database in `path`, opened (and created if missing) for this process only."""
+
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
+        self.path = Path(path)
+        try:
+            if create:
+                self.path.mkdir(parents=True, exist_ok=True)
+            self._db = plyvel.DB(str(self.path), create_if_missing=create)
+        except plyvel.IOError as exc:
+            if "lock" in str(exc).lower():
+                raise DataDirLockedError(
+                    f"data directory {self.path} is in use by another process; "
+                    "stop that node first or choose another --datadir"
+                ) from None
+            raise StorageError(f"cannot open database in {self.path}: {exc}") from None
+        except plyvel.Error as exc:
+            raise StorageError(
+                f"cannot open database in {self.path}: {exc}; "
+                "if it is corrupt, restore it from a backup or re-sync into an empty --datadir"
+            ) from None
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create data directory {self.path}: {exc.strerror}"
+            ) from None
+
+    @property
+    def closed(self) -> bool:
+        return self._db.closed
+
+    def keyspace(self, prefix: bytes) -> Keyspace:
+        return Keyspace(self, prefix)
+
+    def batch(self, *, sync: bool = False) -> WriteBatch:
+        """A write batch: use as a context manager; it is written when the block exits cleanly."""
+        return WriteBatch(self, sync=sync)
+
+    def close(self) -> None:
+        if not self._db.closed:
+            self._db.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Keyspace:
+    """The keys of one component: every key is stored as `prefix + key`."""
+
+    def __init__(self, database: Database, prefix: bytes) -> None:
+        if not prefix:
+            raise ValueError("a keyspace needs a non-empty prefix")
+        self.database = database
+        self.prefix = prefix
+
+    @property
+    def _db(self) -> plyvel.DB:
+        return self.database._db
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(self.prefix + key)
+
+    def __contains__(self, key: bytes) -> bool:
+        return self._db.get(self.prefix + key) is not None
+
+    def put(self, key: bytes, value: bytes, *, sync: bool = False) -> None:
+        self._db.put(self.prefix + key, value, sync=sync)
+
+    def delete(self, key: bytes, *, sync: bool = False) -> None:
+        self._db.delete(self.prefix + key, sync=sync)
+
+    def items(
+        self,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        *,
+        reverse: bool = False,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs with start <= key < stop, the prefix stripped, in key order."""
+        lower = self.prefix + (start or b"")
+        upper = self.prefix + stop if stop is not None else _prefix_end(self.prefix)
+        n = len(self.prefix)
+        with self._db.iterator(start=lower, stop=upper, reverse=reverse) as iterator:
+            for key, value in iterator:
+                yield key[n:], value
+
+    def keys(self, start: bytes | None = None, stop: bytes | None = None) -> Iterator[bytes]:
+        for key, _ in self.items(start, stop):
+            yield key
+
+
+class WriteBatch:
+    """Puts and deletes across keyspaces, applied atomically (and synced when asked)."""
+
+    def __init__(self, database: Database, *, sync: bool) -> None:
+        self._batch = database._db.write_batch(transaction=True, sync=sync)
+
+    def put(self, keyspace: Keyspace, key: bytes, value: bytes) -> None:
+        self._batch.put(keyspace.prefix + key, value)
+
+    def delete(self, keyspace: Keyspace, key: bytes) -> None:
+        self._batch.delete(keyspace.prefix + key)
+
+    def delete_range(
+        self, keyspace: Keyspace, start: bytes | None = None, stop: bytes | None = None
+    ) -> int:
+        """Delete every key of `keyspace` in [start, stop); returns how many."""
+        count = 0
+        for key in keyspace.keys(start, stop):
+            self._batch.delete(keyspace.prefix + key)
+            count += 1
+        return count
+
+    def write(self) -> None:
+        self._batch.write()
+
+    def __enter__(self) -> WriteBatch:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # plyvel's transaction batch writes on a clean exit and discards on an exception.
+        self._batch.__exit__(exc_type, exc, tb)

@@ -1,0 +1,129 @@
+"""Real node processes on loopback, driven with web3.py."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from web3 import Web3
+
+T = TypeVar("T")
+STARTUP_DEADLINE = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], T], deadline: float, what: str) -> T:
+    """Poll `condition` until it returns a truthy value, or fail after `deadline` seconds."""
+    end = time.monotonic() + deadline
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def pbft_node(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.node", *args], capture_output=True, text=True, timeout=120
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"pbft-node {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
+@dataclass
+class RunningNode:
+    description: dict[str, Any]
+    node: dict[str, Any]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def rpc_url(self) -> str:
+        return self.node["rpc_url"]
+
+    @property
+    def ws_url(self) -> str:
+        return self.node["ws_url"]
+
+    def web3(self) -> Web3:
+        return Web3(Web3.HTTPProvider(self.rpc_url, request_kwargs={"timeout": 30}))
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.node["command"], stdout=log, stderr=log)
+        w3 = self.web3()
+
+        def ready() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"node exited early:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                return w3.is_connected()
+            except Exception:
+                return False
+
+        wait_for(ready, STARTUP_DEADLINE, "the node's JSON-RPC")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            code = self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        self.process = None
+        return code
+
+
+def make_testnet(directory: Path, validators: int = 1) -> dict[str, Any]:
+    pbft_node(
+        "testnet", "init", "--validators", str(validators), "--dir", str(directory),
+        "--base-http-port", str(free_port()), "--base-p2p-port", str(free_port()),
+    )
+    return json.loads((directory / "testnet.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def dev_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
+    """One dev-engine node shared by a test module."""
+    directory = tmp_path_factory.mktemp("testnet")
+    description = make_testnet(directory)
+    node = RunningNode(description, description["nodes"][0], directory / "node0.log")
+    node.start()
+    yield node
+    code = node.stop()
+    assert code == 0, f"node did not shut down cleanly:\n{node.log_path.read_text()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def w3(dev_node: RunningNode) -> Web3:
+    return dev_node.web3()
+
+
+@pytest.fixture(scope="module")
+def accounts(dev_node: RunningNode) -> list[dict[str, str]]:
+    return dev_node.description["accounts"]
+
+
+def load_contract(name: str) -> dict[str, Any]:
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "contracts" / f"{name}.json"
+    return json.loads(path.read_text())
