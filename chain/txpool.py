@@ -203,13 +203,14 @@ class TxPool:
         candidates: list[tuple[int, int, PoolEntry]] = []
         for sender, queue in self._senders.items():
             # A transaction is ready no earlier than the ones before it in its sender's nonce
-            # order: sort by the running maximum of arrivals so nonce order is kept.
+            # order: sort by the running maximum of arrivals, then nonce (arrivals are unique,
+            # so equal ready times only occur within one sender).
             ready_at = -1
             nonce = next_nonce[sender]
             while nonce in queue:
                 entry = queue[nonce]
                 ready_at = max(ready_at, entry.arrival)
-                candidates.append((ready_at, entry.arrival, entry))
+                candidates.append((ready_at, nonce, entry))
                 nonce += 1
         candidates.sort(key=lambda item: item[:2])
         batch: list[SignedTransactionAPI] = []

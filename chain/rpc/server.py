@@ -192,10 +192,8 @@ class RpcServer:
         writer = asyncio.create_task(self._ws_writer(socket, outbox))
         try:
             async for message in socket:
-                if message.type != WSMsgType.TEXT:
-                    if message.type in (WSMsgType.ERROR, WSMsgType.CLOSE):
-                        break
-                    continue
+                if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    break  # CLOSE or ERROR; pings are answered by aiohttp itself
                 result = await self.dispatcher.handle_payload(message.data, session)
                 if result is not None and not session.enqueue(json.dumps(result)):
                     break

@@ -96,8 +96,16 @@ class RunningNode:
 
 def make_testnet(directory: Path, validators: int = 1) -> dict[str, Any]:
     pbft_node(
-        "testnet", "init", "--validators", str(validators), "--dir", str(directory),
-        "--base-http-port", str(free_port()), "--base-p2p-port", str(free_port()),
+        "testnet",
+        "init",
+        "--validators",
+        str(validators),
+        "--dir",
+        str(directory),
+        "--base-http-port",
+        str(free_port()),
+        "--base-p2p-port",
+        str(free_port()),
     )
     return json.loads((directory / "testnet.json").read_text())
 

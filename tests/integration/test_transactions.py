@@ -149,8 +149,12 @@ def test_logs_filters_and_get_logs(w3: Web3, alice: Sender, events: Any) -> None
     assert {r.blockHash for r in receipts} <= set(new_blocks)
     first, last = receipts[0].blockNumber, receipts[-1].blockNumber
     logs = w3.eth.get_logs(
-        {"fromBlock": first, "toBlock": last, "address": events.address,
-         "topics": [None, None, "0x" + (2).to_bytes(32, "big").hex()]}
+        {
+            "fromBlock": first,
+            "toBlock": last,
+            "address": events.address,
+            "topics": [None, None, "0x" + (2).to_bytes(32, "big").hex()],
+        }
     )
     assert len(logs) == 1
     assert logs[0]["transactionHash"] == receipts[1].transactionHash
@@ -188,8 +192,13 @@ def test_pool_rejections_use_geth_messages(w3: Web3, alice: Sender, bob: Sender)
     underpriced = alice.sign(to=bob.address, nonce=future, value=2, maxFeePerGas=10 * GWEI + 1)
     error = _send_raw_error(w3, underpriced)
     assert error == {"code": -32000, "message": "replacement transaction underpriced"}
-    bumped = alice.sign(to=bob.address, nonce=future, value=2,
-                        maxFeePerGas=11 * GWEI, maxPriorityFeePerGas=GWEI * 11 // 10)
+    bumped = alice.sign(
+        to=bob.address,
+        nonce=future,
+        value=2,
+        maxFeePerGas=11 * GWEI,
+        maxPriorityFeePerGas=GWEI * 11 // 10,
+    )
     assert w3.eth.send_raw_transaction(bumped)
     wrong_chain = alice.sign(to=bob.address, chainId=w3.eth.chain_id + 1)
     assert _send_raw_error(w3, wrong_chain)["message"] == "invalid chain id for signer"

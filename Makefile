@@ -1,0 +1,37 @@
+# Two commands: `make run` (set up, then a local chain with JSON-RPC on 127.0.0.1:8545) and
+# `make test` (set up, then the whole test suite and the linter).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TESTNET_DIR ?= .testnet
+VALIDATORS ?= 1
+
+.PHONY: setup run test lint unit integration clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+run: setup
+	@test -f $(TESTNET_DIR)/testnet.json || \
+		$(VENV)/bin/pbft-node testnet init --validators $(VALIDATORS) --dir $(TESTNET_DIR)
+	$(VENV)/bin/pbft-node testnet run --dir $(TESTNET_DIR)
+
+test: setup lint
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+unit: setup
+	$(PY) -m pytest -q tests/unit
+
+integration: setup
+	$(PY) -m pytest -q tests/integration
+
+clean:
+	rm -rf $(VENV) $(TESTNET_DIR) .pytest_cache .ruff_cache

@@ -1,0 +1,170 @@
+"""chain.blockchain: building with one apply_all_transactions, importing with full validation,
+committing atomically, and leaving no trace of blocks that are never committed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import rlp
+from eth.vm.forks import PragueVM
+from eth_keys import keys
+
+from chain.blockchain import Blockchain
+from chain.errors import BlockValidationError, ChainError
+from chain.genesis import Genesis, GenesisAccount
+from storage import Database
+
+GWEI = 10**9
+SENDER = keys.PrivateKey(b"\x07" * 32)
+COINBASE = b"\x33" * 20
+BUILDER = PragueVM.get_transaction_builder()
+
+
+def make_genesis(source: bytes = b"test genesis") -> Genesis:
+    return Genesis(
+        chain_id=1337,
+        engine="dev",
+        engine_params={},
+        alloc={SENDER.public_key.to_canonical_address(): GenesisAccount(balance=10**24)},
+        timestamp=1_700_000_000,
+        source=source,
+    )
+
+
+def transfers(count: int, start_nonce: int = 0, value: int = 1) -> list:
+    """Signed transfers, decoded from their bytes as the pool does (Prague transaction types)."""
+    return [
+        BUILDER.decode(
+            BUILDER.new_unsigned_dynamic_fee_transaction(
+                chain_id=1337,
+                nonce=start_nonce + n,
+                max_priority_fee_per_gas=GWEI,
+                max_fee_per_gas=10 * GWEI,
+                gas=21_000,
+                to=b"\x22" * 20,
+                value=value,
+                data=b"",
+                access_list=(),
+            )
+            .as_signed_transaction(SENDER)
+            .encode()
+        )
+        for n in range(count)
+    ]
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[Blockchain, Blockchain]]:
+    """A proposer's and a validator's chain, each in its own LevelDB."""
+    dbs = [Database(tmp_path / name) for name in ("proposer", "validator")]
+    yield tuple(Blockchain(db, make_genesis()) for db in dbs)
+    for db in dbs:
+        db.close()
+
+
+def chain_keys(chain: Blockchain) -> int:
+    return sum(1 for _ in chain.chain_keyspace.items())
+
+
+def test_same_genesis_same_hash_and_other_genesis_refused(tmp_path: Path) -> None:
+    with Database(tmp_path / "a") as a, Database(tmp_path / "b") as b:
+        assert (
+            Blockchain(a, make_genesis()).genesis_hash == Blockchain(b, make_genesis()).genesis_hash
+        )
+        with pytest.raises(ChainError, match="another genesis"):
+            Blockchain(a, make_genesis(b"a different file"))
+
+
+def test_build_import_commit_round_trip(pair: tuple[Blockchain, Blockchain]) -> None:
+    proposer, validator = pair
+    executed, left_out = proposer.build_block(
+        transfers(50), timestamp=1_700_000_001, coinbase=COINBASE
+    )
+    assert left_out == () and len(executed.block.transactions) == 50
+    assert executed.receipts[-1].gas_used == 50 * 21_000
+    assert proposer.head().block_number == 0  # nothing committed yet
+    imported = validator.execute_block(validator.decode_block(executed.encode()))
+    assert imported.hash == executed.hash and imported.state_root == executed.state_root
+    proposer.commit(executed)
+    validator.commit(imported)
+    for chain in pair:
+        head = chain.head()
+        assert (head.block_number, head.hash) == (1, executed.hash)
+        assert chain.vm_at(head).state.get_balance(b"\x22" * 20) == 50
+        assert len(chain.receipts(head)) == 50
+        assert chain.transaction_location(executed.block.transactions[7].hash) == (1, 7)
+
+
+def test_equal_timestamps_are_allowed_but_not_earlier(pair: tuple[Blockchain, Blockchain]) -> None:
+    proposer, validator = pair
+    parent_time = proposer.head().timestamp
+    executed, _ = proposer.build_block(transfers(1), timestamp=parent_time, coinbase=COINBASE)
+    assert executed.block.header.timestamp == parent_time
+    validator.commit(validator.execute_block(executed.block))
+    earlier = executed.block.copy(header=executed.block.header.copy(timestamp=parent_time - 1))
+    with pytest.raises(BlockValidationError):
+        proposer.execute_block(earlier)
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda b: b.copy(header=b.header.copy(state_root=b"\x01" * 32)),
+        lambda b: b.copy(header=b.header.copy(gas_used=b.header.gas_used + 1)),
+        lambda b: b.copy(header=b.header.copy(gas_limit=b.header.gas_limit * 2)),
+        lambda b: b.copy(header=b.header.copy(block_number=5)),
+        lambda b: b.copy(header=b.header.copy(receipt_root=b"\x02" * 32)),
+        lambda b: b.copy(header=b.header.copy(parent_hash=b"\x03" * 32)),
+        lambda b: b.copy(transactions=b.transactions[:-1]),
+    ],
+    ids=["state-root", "gas-used", "gas-limit", "number", "receipt-root", "parent", "tx-list"],
+)
+def test_bad_blocks_are_rejected_and_leave_no_trace(
+    pair: tuple[Blockchain, Blockchain], tamper
+) -> None:
+    proposer, validator = pair
+    executed, _ = proposer.build_block(transfers(3), timestamp=1_700_000_001, coinbase=COINBASE)
+    before = chain_keys(validator)
+    with pytest.raises(BlockValidationError):
+        validator.execute_block(tamper(executed.block))
+    assert chain_keys(validator) == before
+    assert validator.head().block_number == 0
+
+
+def test_invalid_transaction_in_a_proposal_is_rejected(pair: tuple[Blockchain, Blockchain]) -> None:
+    proposer, validator = pair
+    executed, _ = proposer.build_block(transfers(2), timestamp=1_700_000_001, coinbase=COINBASE)
+    replayed = executed.block.copy(transactions=transfers(1, start_nonce=5))
+    with pytest.raises(BlockValidationError):
+        validator.execute_block(replayed)
+
+
+def test_builder_leaves_out_transactions_that_fail_at_execution(
+    pair: tuple[Blockchain, Blockchain],
+) -> None:
+    proposer, _ = pair
+    batch = transfers(2) + transfers(1, start_nonce=7)  # nonce 7 cannot run after 0 and 1
+    executed, left_out = proposer.build_block(batch, timestamp=1_700_000_001, coinbase=COINBASE)
+    assert [t.nonce for t in executed.block.transactions] == [0, 1]
+    assert [t.nonce for t in left_out] == [7]
+
+
+def test_abandoned_proposal_leaves_no_trace_and_commit_checks_the_parent(
+    pair: tuple[Blockchain, Blockchain],
+) -> None:
+    proposer, _ = pair
+    before = chain_keys(proposer)
+    first, _ = proposer.build_block(transfers(2), timestamp=1_700_000_001, coinbase=COINBASE)
+    rival, _ = proposer.build_block(transfers(1), timestamp=1_700_000_001, coinbase=COINBASE)
+    assert chain_keys(proposer) == before
+    proposer.commit(first)
+    with pytest.raises(BlockValidationError, match="no longer extends the head"):
+        proposer.commit(rival)
+    assert proposer.head().hash == first.hash
+
+
+def test_undecodable_block_is_a_validation_error(pair: tuple[Blockchain, Blockchain]) -> None:
+    with pytest.raises(BlockValidationError, match="undecodable"):
+        pair[0].decode_block(rlp.encode([b"junk"]))

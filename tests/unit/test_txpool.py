@@ -1,0 +1,193 @@
+"""chain.txpool: geth's admission rules and messages, ordering, bounds, pruning."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from eth.vm.forks import PragueVM
+from eth_keys import keys
+
+from chain.errors import TxPoolError
+from chain.txpool import AccountReader, PoolLimits, TxPool, decode_raw_transaction
+
+CHAIN_ID = 1337
+GWEI = 10**9
+BUILDER = PragueVM.get_transaction_builder()
+ALICE = keys.PrivateKey(b"\x01" * 32)
+BOB = keys.PrivateKey(b"\x02" * 32)
+TO = b"\x22" * 20
+
+
+class Accounts(AccountReader):
+    """Account state as a dict, standing in for the chain head."""
+
+    def __init__(self) -> None:
+        self.nonces: dict[bytes, int] = {}
+        self.balances: dict[bytes, int] = {}
+
+    def nonce(self, address: bytes) -> int:
+        return self.nonces.get(address, 0)
+
+    def balance(self, address: bytes) -> int:
+        return self.balances.get(address, 10**21)
+
+
+def tx(
+    key=ALICE,
+    nonce=0,
+    max_fee=10 * GWEI,
+    tip=GWEI,
+    gas=21_000,
+    value=1,
+    chain_id=CHAIN_ID,
+    data=b"",
+):
+    unsigned = BUILDER.new_unsigned_dynamic_fee_transaction(
+        chain_id=chain_id,
+        nonce=nonce,
+        max_priority_fee_per_gas=tip,
+        max_fee_per_gas=max_fee,
+        gas=gas,
+        to=TO,
+        value=value,
+        data=data,
+        access_list=(),
+    )
+    return unsigned.as_signed_transaction(key)
+
+
+def address(key: keys.PrivateKey) -> bytes:
+    return key.public_key.to_canonical_address()
+
+
+@pytest.fixture
+def accounts() -> Accounts:
+    return Accounts()
+
+
+@pytest.fixture
+def pool(accounts: Accounts) -> TxPool:
+    return TxPool(CHAIN_ID, accounts, block_gas_limit=30_000_000)
+
+
+def add(pool: TxPool, transaction) -> None:
+    pool.add(transaction, len(transaction.encode()))
+
+
+def test_accepts_and_orders_by_arrival_and_nonce(pool: TxPool) -> None:
+    a1, b0, a0 = tx(nonce=1), tx(key=BOB, nonce=0), tx(nonce=0)
+    for t in (a1, b0, a0):
+        add(pool, t)
+    batch = pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=10)
+    # alice's nonce 1 arrived first but waits for her nonce 0, which arrived after bob's
+    assert [t.hash for t in batch] == [b0.hash, a0.hash, a1.hash]
+    assert pool.pending_nonce(address(ALICE)) == 2
+
+
+def test_future_nonce_is_held_until_the_gap_closes(pool: TxPool) -> None:
+    add(pool, tx(nonce=2))
+    assert pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=10) == []
+    add(pool, tx(nonce=0))
+    add(pool, tx(nonce=1))
+    assert len(pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=10)) == 3
+
+
+def test_batch_bounds_gas_count_and_base_fee(pool: TxPool) -> None:
+    for n in range(5):
+        add(pool, tx(nonce=n))
+    add(pool, tx(key=BOB, max_fee=GWEI // 2, tip=1))
+    assert len(pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=3)) == 3
+    assert len(pool.executable(base_fee=GWEI, gas_limit=21_000 * 2, max_count=10)) == 2
+    cheap_excluded = pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=10)
+    assert all(t.sender != address(BOB) for t in cheap_excluded)
+
+
+@pytest.mark.parametrize(
+    ("transaction", "message"),
+    [
+        (tx(chain_id=1), "invalid chain id for signer"),
+        (tx(gas=30_000_001), "exceeds block gas limit"),
+        (tx(gas=20_000), "intrinsic gas too low"),
+        (tx(gas=21_000, data=b"\x01" * 10), "intrinsic gas too low"),
+        (tx(max_fee=GWEI, tip=2 * GWEI), "max priority fee per gas higher than max fee per gas"),
+        (tx(value=10**22), "insufficient funds for gas * price + value"),
+        (tx(nonce=65), "nonce too high"),
+    ],
+)
+def test_rejections(pool: TxPool, transaction, message: str) -> None:
+    with pytest.raises(TxPoolError, match=re.escape(message)) as raised:
+        add(pool, transaction)
+    assert raised.value.code == -32000
+    assert len(pool) == 0
+
+
+def test_nonce_too_low_and_already_known(pool: TxPool, accounts: Accounts) -> None:
+    accounts.nonces[address(ALICE)] = 3
+    with pytest.raises(TxPoolError, match="nonce too low"):
+        add(pool, tx(nonce=2))
+    add(pool, tx(nonce=3))
+    with pytest.raises(TxPoolError, match="already known"):
+        add(pool, tx(nonce=3))
+
+
+def test_unprotected_legacy_and_bad_signature(pool: TxPool) -> None:
+    legacy = BUILDER.create_unsigned_transaction(
+        nonce=0, gas_price=GWEI, gas=21_000, to=TO, value=1, data=b""
+    )
+    with pytest.raises(TxPoolError, match="replay-protected"):
+        add(pool, legacy.as_signed_transaction(ALICE))
+    forged = decode_raw_transaction(BUILDER, tx().copy(r=12345).encode())
+    with pytest.raises(TxPoolError, match="invalid sender"):
+        add(pool, forged)
+    with pytest.raises(TxPoolError, match="invalid raw transaction"):
+        decode_raw_transaction(BUILDER, b"\xc0")
+
+
+def test_replacement_needs_a_ten_percent_bump(pool: TxPool) -> None:
+    add(pool, tx(max_fee=10 * GWEI, tip=GWEI))
+    for max_fee, tip in [(10 * GWEI, GWEI), (11 * GWEI - 1, 2 * GWEI), (11 * GWEI, GWEI)]:
+        with pytest.raises(TxPoolError, match="replacement transaction underpriced"):
+            add(pool, tx(max_fee=max_fee, tip=tip, value=2))
+    replacement = tx(max_fee=11 * GWEI, tip=GWEI * 11 // 10, value=2)
+    add(pool, replacement)
+    assert len(pool) == 1 and replacement.hash in pool
+
+
+def test_balance_counts_earlier_pending_transactions(pool: TxPool, accounts: Accounts) -> None:
+    cost = 21_000 * 10 * GWEI + 1
+    accounts.balances[address(ALICE)] = 2 * cost
+    add(pool, tx(nonce=0))
+    add(pool, tx(nonce=1))
+    with pytest.raises(TxPoolError, match="insufficient funds"):
+        add(pool, tx(nonce=2))
+
+
+def test_size_and_count_limits(accounts: Accounts) -> None:
+    small = TxPool(CHAIN_ID, accounts, 30_000_000, PoolLimits(max_transactions=2))
+    add(small, tx(nonce=0))
+    add(small, tx(nonce=1))
+    with pytest.raises(TxPoolError, match="txpool is full"):
+        add(small, tx(key=BOB))
+    tight = TxPool(CHAIN_ID, accounts, 30_000_000, PoolLimits(max_transaction_size=100))
+    with pytest.raises(TxPoolError, match="oversized data"):
+        add(tight, tx(gas=100_000, data=b"\x01" * 200))
+    per_sender = TxPool(CHAIN_ID, accounts, 30_000_000, PoolLimits(max_per_sender=1))
+    add(per_sender, tx(nonce=0))
+    with pytest.raises(TxPoolError, match="account limit exceeded"):
+        add(per_sender, tx(nonce=1))
+    by_bytes = TxPool(CHAIN_ID, accounts, 30_000_000, PoolLimits(max_bytes=150))
+    add(by_bytes, tx(nonce=0))
+    with pytest.raises(TxPoolError, match="txpool is full"):
+        add(by_bytes, tx(nonce=1))
+
+
+def test_remove_and_prune_after_a_commit(pool: TxPool, accounts: Accounts) -> None:
+    txs = [tx(nonce=n) for n in range(3)]
+    for t in txs:
+        add(pool, t)
+    pool.remove([txs[0].hash])
+    accounts.nonces[address(ALICE)] = 2  # nonce 1 was used by a transaction from elsewhere
+    pool.prune([address(ALICE)])
+    assert [e.tx.hash for e in pool.entries()] == [txs[2].hash]
+    assert pool.size_bytes == len(txs[2].encode())
