@@ -1,0 +1,142 @@
+"""pbft-node's commands as a user runs them: accounts, init, run, testnet, status, and the
+one-line errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from eth_account import Account
+from web3 import Web3
+
+from tests.integration.conftest import free_port, make_testnet, pbft_node, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], fragment: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0], lines[0]
+
+
+def test_account_new_and_list(tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text("correct horse\n")
+    keystore = tmp_path / "keystore"
+    created = pbft_node(
+        "account", "new", "--keystore", str(keystore), "--password-file", str(password)
+    )
+    address = created.stdout.split()[1]
+    listed = pbft_node("account", "list", "--keystore", str(keystore)).stdout
+    assert address.lower() in listed
+    (keyfile,) = keystore.iterdir()
+    document = json.loads(keyfile.read_text())
+    assert document["version"] == 3
+    assert Account.from_key(Account.decrypt(document, "correct horse")).address == address
+
+
+def test_account_new_without_password_is_a_clear_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.node", "account", "new", "--keystore", str(tmp_path)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert_one_line_error(result, "--password-file")
+
+
+def test_init_run_status_and_errors(tmp_path: Path) -> None:
+    datadir = tmp_path / "data"
+    init = pbft_node(
+        "init", "--genesis", str(REPO / "genesis" / "dev.json"), "--datadir", str(datadir)
+    )
+    assert "genesis block hash 0x" in init.stdout
+    bad_genesis = tmp_path / "bad.json"
+    bad_genesis.write_text('{"config": {"chainId": 1, "clique": {}}}')
+    assert_one_line_error(
+        pbft_node(
+            "init", "--genesis", str(bad_genesis), "--datadir", str(tmp_path / "x"), check=False
+        ),
+        "unknown consensus engine 'clique'",
+    )
+    assert_one_line_error(
+        pbft_node("run", "--datadir", str(tmp_path / "empty"), check=False), "not initialised"
+    )
+    port = free_port()
+    log = open(tmp_path / "node.log", "wb")
+    node = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cli.node",
+            "run",
+            "--datadir",
+            str(datadir),
+            "--http.port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        w3 = Web3(Web3.HTTPProvider(url))
+        wait_for(lambda: _connected(w3), 60, "the node's JSON-RPC")
+        status = pbft_node("status", "--rpc", url).stdout
+        assert "chain id 1337" in status and "head     #0" in status
+        second = pbft_node(
+            "run", "--datadir", str(datadir), "--http.port", str(free_port()), check=False
+        )
+        assert_one_line_error(second, "in use by another process")
+    finally:
+        node.send_signal(signal.SIGINT)
+        assert node.wait(timeout=30) == 0
+        log.close()
+    assert "database closed" in (tmp_path / "node.log").read_text()
+    assert_one_line_error(pbft_node("status", "--rpc", url, check=False), "cannot reach")
+
+
+def _connected(w3: Web3) -> bool:
+    try:
+        return w3.is_connected()
+    except Exception:
+        return False
+
+
+def test_testnet_run_serves_web3_end_to_end(tmp_path: Path) -> None:
+    description = make_testnet(tmp_path / "net")
+    assert description["engine"] == "dev" and len(description["nodes"]) == 1
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "cli.node", "testnet", "run", "--dir", str(tmp_path / "net")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        w3 = Web3(Web3.HTTPProvider(description["nodes"][0]["rpc_url"]))
+        wait_for(lambda: _connected(w3), 60, "the testnet's JSON-RPC")
+        account = Account.from_key(description["accounts"][0]["private_key"])
+        tx = {
+            "chainId": description["chain_id"],
+            "nonce": 0,
+            "gas": 21_000,
+            "value": 5,
+            "to": description["accounts"][1]["address"],
+            "maxFeePerGas": 10**10,
+            "maxPriorityFeePerGas": 10**9,
+        }
+        tx_hash = w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction)
+        assert w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30).status == 1
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        output = supervisor.communicate(timeout=60)[0].decode()
+    assert supervisor.returncode == 0, output
+    assert (
+        "committed block #1" in (Path(description["nodes"][0]["datadir"]) / "node.log").read_text()
+    )
