@@ -70,23 +70,11 @@ def test_init_run_status_and_errors(tmp_path: Path) -> None:
         pbft_node("run", "--datadir", str(tmp_path / "empty"), check=False), "not initialised"
     )
     port = free_port()
-    log = open(tmp_path / "node.log", "wb")
-    node = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cli.node",
-            "run",
-            "--datadir",
-            str(datadir),
-            "--http.port",
-            str(port),
-        ],
-        stdout=log,
-        stderr=log,
-    )
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "cli.node", "run", "--datadir", str(datadir)]
+    with open(tmp_path / "node.log", "wb") as log:
+        node = subprocess.Popen([*command, "--http.port", str(port)], stdout=log, stderr=log)
     try:
-        url = f"http://127.0.0.1:{port}"
         w3 = Web3(Web3.HTTPProvider(url))
         wait_for(lambda: _connected(w3), 60, "the node's JSON-RPC")
         status = pbft_node("status", "--rpc", url).stdout
@@ -98,7 +86,6 @@ def test_init_run_status_and_errors(tmp_path: Path) -> None:
     finally:
         node.send_signal(signal.SIGINT)
         assert node.wait(timeout=30) == 0
-        log.close()
     assert "database closed" in (tmp_path / "node.log").read_text()
     assert_one_line_error(pbft_node("status", "--rpc", url, check=False), "cannot reach")
 

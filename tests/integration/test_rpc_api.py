@@ -222,36 +222,49 @@ def test_http_guards(dev_node: RunningNode) -> None:
     assert response.status_code == 413
 
 
-def test_websocket_new_heads_subscription(dev_node: RunningNode, w3: Web3) -> None:
-    account = Account.from_key(dev_node.description["accounts"][3]["private_key"])
+def test_websocket_new_heads_and_logs_subscriptions(
+    dev_node: RunningNode, chain_with_activity: dict
+) -> None:
+    account = Account.from_key(dev_node.description["accounts"][2]["private_key"])
+    artifact = load_contract("Events")
 
-    async def scenario() -> tuple[dict, dict | None]:
+    async def scenario() -> tuple[list[dict], dict]:
         async with AsyncWeb3(WebSocketProvider(dev_node.ws_url)) as aw3:
-            heads_id = await aw3.eth.subscribe("newHeads")
-            assert heads_id
-            tx = {
-                "chainId": 1337,
-                "nonce": await aw3.eth.get_transaction_count(account.address),
-                "gas": 21_000,
-                "maxFeePerGas": 10 * GWEI,
-                "maxPriorityFeePerGas": GWEI,
-                "to": account.address,
-                "value": 1,
-            }
-            tx_hash = await aw3.eth.send_raw_transaction(
-                account.sign_transaction(tx).raw_transaction
+            contract = aw3.eth.contract(
+                address=chain_with_activity["contract"], abi=artifact["abi"]
             )
+            heads_id = await aw3.eth.subscribe("newHeads")
+            logs_id = await aw3.eth.subscribe("logs", {"address": contract.address})
+            store = await contract.functions.store(5, 55).build_transaction(
+                {
+                    "from": account.address,
+                    "gas": 200_000,
+                    "maxFeePerGas": 10 * GWEI,
+                    "maxPriorityFeePerGas": GWEI,
+                    "chainId": 1337,
+                    "nonce": await aw3.eth.get_transaction_count(account.address),
+                }
+            )
+            signed = account.sign_transaction(store)
+            tx_hash = await aw3.eth.send_raw_transaction(signed.raw_transaction)
 
-            async def first_head() -> dict:
+            async def two_messages() -> list[dict]:
+                messages = []
                 async for message in aw3.socket.process_subscriptions():
-                    return message
+                    messages.append(message)
+                    if len(messages) == 2:
+                        return messages
+                return messages
 
-            message = await asyncio.wait_for(first_head(), timeout=30)
+            messages = await asyncio.wait_for(two_messages(), timeout=30)
             receipt = await aw3.eth.wait_for_transaction_receipt(tx_hash, timeout=30)
             assert await aw3.eth.unsubscribe(heads_id)
-            return message, receipt
+            assert await aw3.eth.unsubscribe(logs_id)
+            by_subscription = {m["subscription"]: m["result"] for m in messages}
+            return [by_subscription[heads_id], by_subscription[logs_id]], receipt
 
-    message, receipt = asyncio.run(scenario())
-    head = message["result"]
+    (head, log), receipt = asyncio.run(scenario())
     assert head["number"] == receipt["blockNumber"]
     assert head["hash"] == receipt["blockHash"]
+    assert log["transactionHash"] == receipt["transactionHash"]
+    assert log["address"] == chain_with_activity["contract"]
