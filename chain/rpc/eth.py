@@ -26,6 +26,7 @@ from chain.rpc.hexcodec import (
     parse_data,
     parse_hash,
     parse_quantity,
+    parse_storage_slot,
     quantity,
 )
 
@@ -185,9 +186,7 @@ class EthApi:
     async def eth_getStorageAt(  # noqa: N802
         self, address: Any, slot: Any, block: Any = "latest"
     ) -> str:
-        key = parse_quantity(slot, "storage slot") if len(str(slot)) <= 66 else None
-        if key is None:
-            raise InvalidParams("invalid argument 1: hex string too long, want at most 32 bytes")
+        key = parse_storage_slot(slot)
         value = self._state_at(block).get_storage(parse_address(address), key)
         return data(value.to_bytes(32, "big"))
 

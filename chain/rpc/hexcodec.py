@@ -50,3 +50,12 @@ def parse_address(value: Any, what: str = "address") -> bytes:
 
 def parse_hash(value: Any, what: str = "hash") -> bytes:
     return parse_data(value, what, length=32)
+
+
+def parse_storage_slot(value: Any) -> int:
+    """A storage slot as geth takes it: up to 32 bytes of hex, leading zeros allowed."""
+    if not isinstance(value, str) or not re.match(r"^0x[0-9a-fA-F]{1,64}$", value):
+        raise InvalidParams(
+            f"invalid argument 1: storage slot {value!r} is not hex of at most 32 bytes"
+        )
+    return int(value, 16)

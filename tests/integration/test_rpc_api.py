@@ -95,7 +95,8 @@ def test_every_method_matches_the_spec(dev_node: RunningNode, chain_with_activit
     assert result(url, "eth_getTransactionCount", account, "pending") == "0x2"
     assert len(result(url, "eth_getCode", contract, "latest")) > 2
     assert result(url, "eth_getCode", contract, "earliest") == "0x"
-    result(url, "eth_getStorageAt", contract, "0x0", "latest")
+    slot_zero = result(url, "eth_getStorageAt", contract, "0x0", "latest")
+    assert result(url, "eth_getStorageAt", contract, "0x" + "00" * 32, "latest") == slot_zero
     getter = "0x9507d39a" + (9).to_bytes(32, "big").hex()  # get(9)
     call = {"to": contract, "input": getter}
     assert int(result(url, "eth_call", call, "latest"), 16) == 99
@@ -152,6 +153,7 @@ def test_every_method_matches_the_spec(dev_node: RunningNode, chain_with_activit
         ("eth_getBlockByNumber", ["0x1", "yes"], -32602),  # not a boolean
         ("eth_getBalance", ["0x" + "11" * 20, "0xffffff"], -32000),  # beyond the head
         ("eth_subscribe", ["newHeads"], -32601),  # needs a WebSocket
+        ("eth_getStorageAt", ["0x" + "11" * 20, "0x" + "00" * 33, "latest"], -32602),
     ],
 )
 def test_error_codes(dev_node: RunningNode, method: str, params: list, code: int) -> None:
