@@ -127,3 +127,23 @@ def test_testnet_run_serves_web3_end_to_end(tmp_path: Path) -> None:
     assert (
         "committed block #1" in (Path(description["nodes"][0]["datadir"]) / "node.log").read_text()
     )
+
+
+def test_dev_period_seals_empty_blocks(tmp_path: Path) -> None:
+    genesis = json.loads((REPO / "genesis" / "dev.json").read_text())
+    genesis["config"]["dev"]["period"] = 1
+    genesis_path = tmp_path / "genesis.json"
+    genesis_path.write_text(json.dumps(genesis))
+    datadir = tmp_path / "data"
+    pbft_node("init", "--genesis", str(genesis_path), "--datadir", str(datadir))
+    port = free_port()
+    command = [sys.executable, "-m", "cli.node", "run", "--datadir", str(datadir)]
+    with open(tmp_path / "node.log", "wb") as log:
+        node = subprocess.Popen([*command, "--http.port", str(port)], stdout=log, stderr=log)
+    try:
+        w3 = Web3(Web3.HTTPProvider(f"http://127.0.0.1:{port}"))
+        wait_for(lambda: _connected(w3) and w3.eth.block_number >= 2, 30, "two sealed blocks")
+        assert w3.eth.get_block(2).transactions == []
+    finally:
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=30) == 0
