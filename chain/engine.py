@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
 from eth.abc import BlockHeaderAPI
+from eth_keys.datatypes import PrivateKey
 
 from chain.blockchain import ExecutedBlock
 from storage import Database, Keyspace, WriteBatch
@@ -28,6 +29,7 @@ class EngineContext(ABC):
 
     chain_id: int
     database: Database
+    validator_key: PrivateKey | None  # this node's validator key, if it has one
 
     @abstractmethod
     def head(self) -> BlockHeaderAPI:
@@ -57,11 +59,11 @@ class EngineContext(ABC):
 
     @abstractmethod
     def send(self, peer: bytes, payload: bytes) -> None:
-        """Send an engine message to one validator (by address)."""
+        """Send an engine message to one validator (by address); dropped if unreachable."""
 
     @abstractmethod
     def broadcast(self, payload: bytes) -> None:
-        """Send an engine message to every other validator."""
+        """Send an engine message to every other connected validator."""
 
     @abstractmethod
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from eth.abc import BlockAPI, BlockHeaderAPI, ReceiptAPI, StateAPI
+from eth_keys.datatypes import PrivateKey
 
 from chain.blockchain import Blockchain, ExecutedBlock
 from chain.engine import ConsensusEngine, EngineContext, TimerHandle
-from chain.errors import NodeError
+from chain.errors import NodeError, TxPoolError
 from chain.genesis import Genesis, load_genesis_bytes
 from chain.registry import available_engines, load_engine_class
+from chain.transport import Channel, Transport
 from chain.txpool import AccountReader, PoolLimits, TxPool, decode_raw_transaction
 from storage import Database, Keyspace, WriteBatch
 
@@ -31,6 +33,10 @@ CHAINDATA = "chaindata"
 @dataclass
 class NodeConfig:
     datadir: Path
+    validator_key: PrivateKey | None = None
+    p2p_addr: str = "127.0.0.1"
+    p2p_port: int = 30303
+    peers: dict[bytes, tuple[str, int]] = field(default_factory=dict)  # address -> host, port
     http_addr: str = "127.0.0.1"
     http_port: int = 8545
     http_enabled: bool = True
@@ -116,9 +122,23 @@ class Node:
         engine_class = load_engine_class(self.genesis.engine)
         self.engine: ConsensusEngine = engine_class(self.context, self.genesis.engine_params)
         self.rpc_server: Any = None
+        self.transport: Transport | None = None
         self.started_at = time.time()
 
     async def start(self) -> None:
+        config = self.config
+        if config.peers:
+            if config.validator_key is None:
+                raise NodeError("peers are configured but no validator key (--keystore)")
+            self.transport = Transport(
+                config.validator_key,
+                self.chain_id,
+                config.peers,
+                config.p2p_addr,
+                config.p2p_port,
+                self._on_peer_message,
+            )
+            await self.transport.start()
         if self.config.http_enabled:
             from chain.rpc.server import RpcServer
 
@@ -130,6 +150,8 @@ class Node:
 
     async def stop(self) -> None:
         await self.engine.stop()
+        if self.transport is not None:
+            await self.transport.stop()
         if self.rpc_server is not None:
             await self.rpc_server.stop()
         self._executor.shutdown(wait=True)
@@ -146,15 +168,34 @@ class Node:
         """Admit a raw transaction to the pool (TxPoolError if refused); returns its hash."""
         tx = decode_raw_transaction(self.tx_builder, raw)
         entry = self.pool.add(tx, len(raw))
+        if self.transport is not None:
+            self.transport.broadcast(Channel.TX_GOSSIP, raw)
         self.engine.on_transactions([entry.tx.hash])
         return entry.tx.hash
+
+    def _on_peer_message(self, sender: bytes, channel: int, payload: bytes) -> None:
+        if channel == Channel.ENGINE:
+            self.engine.on_message(sender, payload)
+        elif channel == Channel.TX_GOSSIP:
+            self._on_gossiped_transaction(payload)
+
+    def _on_gossiped_transaction(self, raw: bytes) -> None:
+        """A transaction another validator accepted; every validator gets it from its origin,
+        so it is not forwarded again."""
+        try:
+            tx = decode_raw_transaction(self.tx_builder, raw)
+            entry = self.pool.add(tx, len(raw))
+        except TxPoolError as exc:
+            log.debug("gossiped transaction refused: %s", exc.message)
+            return
+        self.engine.on_transactions([entry.tx.hash])
 
     def next_base_fee(self) -> int:
         view = self.blockchain.view()
         return view.create_header_from_parent(view.get_canonical_head()).base_fee_per_gas
 
     def peer_count(self) -> int:
-        return 0  # the dev engine has no peers; the peer transport reports its own
+        return len(self.transport.connected_peers()) if self.transport else 0
 
     def sync_status(self) -> dict[str, str] | None:
         return None  # a node follows its engine; catching up is reported by pbft_status
@@ -187,6 +228,7 @@ class NodeContext(EngineContext):
         self._node = node
         self.chain_id = node.chain_id
         self.database = node.db
+        self.validator_key = node.config.validator_key
 
     def head(self) -> BlockHeaderAPI:
         return self._node.blockchain.head()
@@ -245,10 +287,12 @@ class NodeContext(EngineContext):
         return self._node.db.keyspace(b"engine/" + prefix)
 
     def send(self, peer: bytes, payload: bytes) -> None:
-        raise NodeError("this node has no peer transport")
+        if self._node.transport is not None:
+            self._node.transport.send(peer, Channel.ENGINE, payload)
 
     def broadcast(self, payload: bytes) -> None:
-        raise NodeError("this node has no peer transport")
+        if self._node.transport is not None:
+            self._node.transport.broadcast(Channel.ENGINE, payload)
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
         return _LoopTimer(asyncio.get_running_loop().call_later(delay, callback))

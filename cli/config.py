@@ -1,6 +1,12 @@
 """`pbft-node run` settings: a TOML config file, overridden by command-line flags.
 
 datadir = "node0"
+keystore = "keystore"                # the validator key (one V3 keyfile)
+password_file = "password.txt"
+[p2p]
+addr = "127.0.0.1"
+port = 30303
+peers = ["0xADDRESS@127.0.0.1:30304"]  # the other validators
 [http]
 addr = "127.0.0.1"
 port = 8545
@@ -17,8 +23,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from eth_keys.datatypes import PrivateKey
+
 from chain.node import NodeConfig
 from cli.errors import CliError
+from cli.keys import list_keyfiles, read_password, unlock_keyfile
 
 # flag name -> (section, key) in the config file
 FLAG_KEYS = {
@@ -27,8 +36,14 @@ FLAG_KEYS = {
     "http_port": ("http", "port"),
     "http_hosts": ("http", "hosts"),
     "http_corsdomain": ("http", "corsdomain"),
+    "p2p_addr": ("p2p", "addr"),
+    "p2p_port": ("p2p", "port"),
+    "peers": ("p2p", "peers"),
+    "keystore": ("", "keystore"),
+    "password_file": ("", "password_file"),
     "log_level": ("log", "level"),
 }
+PATH_SETTINGS = ("datadir", "keystore", "password_file")
 
 
 def load_config_file(path: str) -> dict[str, Any]:
@@ -55,7 +70,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, flag, None)
         if value is None:
             value = _lookup(document, section, key)
-            if flag == "datadir" and value is not None:
+            if flag in PATH_SETTINGS and value is not None:
                 value = str(base / value)
         settings[flag] = value
     if not settings["datadir"]:
@@ -71,15 +86,55 @@ def _split(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value)
 
 
+def _port(value: Any, what: str) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+        raise CliError(f"{what} {value!r} is not a port number (0-65535)")
+    return value
+
+
+def parse_peers(value: Any) -> dict[bytes, tuple[str, int]]:
+    """`0xADDRESS@host:port` entries (comma-separated or a list) to address -> (host, port)."""
+    peers = {}
+    for entry in _split(value):
+        address, _, endpoint = entry.partition("@")
+        host, _, port = endpoint.rpartition(":")
+        try:
+            raw = bytes.fromhex(address.removeprefix("0x"))
+        except ValueError:
+            raw = b""
+        if len(raw) != 20 or not host:
+            raise CliError(f"peer {entry!r} is not ADDRESS@host:port")
+        peers[raw] = (host, _port(port, f"peer {entry!r}: port"))
+    return peers
+
+
+def _validator_key(settings: dict[str, Any]) -> PrivateKey | None:
+    if not settings["keystore"]:
+        return None
+    keyfiles = list_keyfiles(Path(settings["keystore"]))
+    if len(keyfiles) != 1:
+        raise CliError(
+            f"keystore {settings['keystore']} holds {len(keyfiles)} keyfiles; a validator "
+            "keystore must hold exactly one"
+        )
+    return unlock_keyfile(keyfiles[0][1], read_password(settings["password_file"]))
+
+
 def node_config(settings: dict[str, Any]) -> NodeConfig:
     config = NodeConfig(datadir=Path(settings["datadir"]))
+    config.validator_key = _validator_key(settings)
     if settings["http_addr"] is not None:
         config.http_addr = str(settings["http_addr"])
     if settings["http_port"] is not None:
-        port = settings["http_port"]
-        if not isinstance(port, int) or not 0 <= port <= 65535:
-            raise CliError(f"http port {port!r} is not a port number (0-65535)")
-        config.http_port = port
+        config.http_port = _port(settings["http_port"], "http port")
+    if settings["p2p_addr"] is not None:
+        config.p2p_addr = str(settings["p2p_addr"])
+    if settings["p2p_port"] is not None:
+        config.p2p_port = _port(settings["p2p_port"], "p2p port")
+    if settings["peers"] is not None:
+        config.peers = parse_peers(settings["peers"])
     if settings["http_hosts"] is not None:
         config.host_allowlist = _split(settings["http_hosts"])
     if settings["http_corsdomain"] is not None:

@@ -148,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--http.port", dest="http_port", type=int, help="JSON-RPC port (8545)")
     run.add_argument("--http.hosts", dest="http_hosts", help="Host allowlist, comma-separated")
     run.add_argument("--http.corsdomain", dest="http_corsdomain", help="allowed browser origins")
+    run.add_argument("--p2p.addr", dest="p2p_addr", help="validator transport address")
+    run.add_argument("--p2p.port", dest="p2p_port", type=int, help="validator transport port")
+    run.add_argument("--peers", help="the other validators: ADDRESS@host:port,...")
+    run.add_argument("--keystore", help="keystore holding this validator's key")
+    run.add_argument("--password-file", dest="password_file", help="the keystore password")
     run.add_argument("--log.level", dest="log_level", help="debug, info, warning or error")
     run.set_defaults(handler=_run)
 

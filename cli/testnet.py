@@ -24,6 +24,14 @@ from cli.keys import dev_private_key, write_keyfile
 
 DEV_ACCOUNTS = 10
 DEV_BALANCE = 10**24  # one million ether each
+TESTNET_PBFT_PARAMS = {  # short periods so a local cluster reacts quickly
+    "checkpoint_interval": 10,
+    "log_multiplier": 4,
+    "request_timeout": 2,
+    "new_view_timeout": 2,
+    "new_view_timeout_cap": 30,
+    "block_period": 1,
+}
 TESTNET_PASSWORD = "testnet"  # the validator keystores of a local testnet; not for real keys
 
 
@@ -36,7 +44,7 @@ def _genesis_document(chain_id: int, validators: list[str], accounts: list[str])
                 f"a testnet of {len(validators)} validators needs the pbft engine, which is "
                 "not installed in this version; use --validators 1 (the dev engine)"
             )
-        engine = {"pbft": {"validators": validators}}
+        engine = {"pbft": {"validators": validators, **TESTNET_PBFT_PARAMS}}
     return {
         "config": {"chainId": chain_id, **engine},
         "alloc": {address: {"balance": hex(DEV_BALANCE)} for address in accounts},
@@ -45,6 +53,15 @@ def _genesis_document(chain_id: int, validators: list[str], accounts: list[str])
         "timestamp": hex(int(time.time())),
         "extraData": "0x",
     }
+
+
+def _node_config(http_port: int, p2p_port: int, peers: list[str]) -> str:
+    p2p = f'\n[p2p]\naddr = "127.0.0.1"\nport = {p2p_port}\npeers = {json.dumps(peers)}\n'
+    return (
+        'datadir = "."\nkeystore = "keystore"\npassword_file = "password.txt"\n'
+        + (p2p if peers else "")
+        + f'\n[http]\naddr = "127.0.0.1"\nport = {http_port}\n\n[log]\nlevel = "info"\n'
+    )
 
 
 def init_testnet(
@@ -80,10 +97,12 @@ def init_testnet(
         http_port = base_http_port + index
         p2p_port = base_p2p_port + index
         config_path = node_dir / "config.toml"
-        config_path.write_text(
-            f'datadir = "."\n\n[http]\naddr = "127.0.0.1"\nport = {http_port}\n\n'
-            '[log]\nlevel = "info"\n'
-        )
+        peers = [
+            f"{address}@127.0.0.1:{base_p2p_port + other}"
+            for other, address in enumerate(validator_addresses)
+            if other != index
+        ]
+        config_path.write_text(_node_config(http_port, p2p_port, peers))
         nodes.append(
             {
                 "index": index,

@@ -133,7 +133,10 @@ class WriteBatch:
     def delete_range(
         self, keyspace: Keyspace, start: bytes | None = None, stop: bytes | None = None
     ) -> int:
-        """Delete every key of `keyspace` in [start, stop); returns how many."""
+        """Delete every key of `keyspace` in [start, stop) that is on disk; returns how many.
+
+        Keys put earlier in this same batch are not seen (LevelDB batches cannot be read).
+        """
         count = 0
         for key in keyspace.keys(start, stop):
             self._batch.delete(keyspace.prefix + key)

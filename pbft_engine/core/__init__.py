@@ -1,0 +1,40 @@
+"""The pure PBFT core: `Replica.step(event) -> [action]`. No I/O, no clock (DESIGN.md section 2)."""
+
+from pbft_engine.core.actions import (
+    Action,
+    Alarm,
+    Broadcast,
+    BuildBlock,
+    CancelTimer,
+    CommitBlock,
+    FetchCommitted,
+    Persist,
+    SendTo,
+    SetTimer,
+    ValidateBlock,
+)
+from pbft_engine.core.events import (
+    BlockBuilt,
+    BlockCommitted,
+    BlockValidated,
+    Event,
+    FetchCompleted,
+    FetchFailed,
+    MessageReceived,
+    RequestDropped,
+    RequestReceived,
+    TimerFired,
+    TimerKind,
+)
+from pbft_engine.core.params import EngineParams
+from pbft_engine.core.records import Delete, DeleteRange, Put, RecordReader, StoreName, StoreOp
+from pbft_engine.core.replica import ChainHead, Replica, ReplicaStatus
+
+__all__ = [
+    "Action", "Alarm", "BlockBuilt", "BlockCommitted", "BlockValidated", "Broadcast",
+    "BuildBlock", "CancelTimer", "ChainHead", "CommitBlock", "Delete", "DeleteRange",
+    "EngineParams", "Event", "FetchCommitted", "FetchCompleted", "FetchFailed",
+    "MessageReceived", "Persist", "Put", "RecordReader", "Replica", "ReplicaStatus",
+    "RequestDropped", "RequestReceived", "SendTo", "SetTimer", "StoreName", "StoreOp",
+    "TimerFired", "TimerKind", "ValidateBlock",
+]

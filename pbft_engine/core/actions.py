@@ -1,0 +1,107 @@
+"""Actions: what `Replica.step` asks the adapter to do, in order.
+
+Contract for the adapter: perform the actions of one step in list order. A step has at most
+one `Persist` and it comes first: write all its operations in ONE synced WriteBatch before
+performing any later action (every message sent depends on it). Block actions are answered
+with the matching event (`BuildBlock` -> `BlockBuilt`, `ValidateBlock` -> `BlockValidated`,
+`CommitBlock` -> `BlockCommitted`, `FetchCommitted` -> `FetchCompleted` | `FetchFailed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pbft_engine.core.events import TimerKind
+from pbft_engine.core.records import StoreOp
+
+
+@dataclass(frozen=True)
+class Persist:
+    ops: tuple[StoreOp, ...]
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """Send `data` (an encoded WireMessage) to every other validator."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class SendTo:
+    replica: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class SetTimer:
+    """(Re)arm the timer (kind, key) to fire `TimerFired(kind, key)` after duration_ms."""
+
+    kind: TimerKind
+    key: bytes
+    duration_ms: int
+
+
+@dataclass(frozen=True)
+class CancelTimer:
+    kind: TimerKind
+    key: bytes
+
+
+@dataclass(frozen=True)
+class BuildBlock:
+    """Build block seq_no on parent_hash from the pool (empty only if allow_empty)."""
+
+    seq_no: int
+    parent_hash: bytes
+    allow_empty: bool
+
+
+@dataclass(frozen=True)
+class ValidateBlock:
+    """Check that `block` hashes to digest, is block number seq_no and executes on the head."""
+
+    seq_no: int
+    digest: bytes
+    block: bytes
+
+
+@dataclass(frozen=True)
+class CommitBlock:
+    """Import `block` as canonical with its commit certificate (encoded COMMITs)."""
+
+    seq_no: int
+    digest: bytes
+    block: bytes
+    certificate: bytes
+
+
+@dataclass(frozen=True)
+class FetchCommitted:
+    """This replica fell behind: fetch and import certified blocks up to target_seq_no."""
+
+    target_seq_no: int
+    block_hash: bytes
+    state_root: bytes
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """Something an operator must look at (e.g. conflicting checkpoints); the replica halts."""
+
+    kind: str
+    detail: str
+
+
+Action = (
+    Persist
+    | Broadcast
+    | SendTo
+    | SetTimer
+    | CancelTimer
+    | BuildBlock
+    | ValidateBlock
+    | CommitBlock
+    | FetchCommitted
+    | Alarm
+)

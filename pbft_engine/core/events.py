@@ -1,0 +1,99 @@
+"""Events: what the adapter feeds into `Replica.step` (messages, timers, block outcomes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class TimerKind(Enum):
+    REQUEST = "request"  # key: tx hash; a known transaction was not committed in time
+    NEW_VIEW = "new_view"  # key: view (8 bytes BE); no valid NEW-VIEW after N-f VIEW-CHANGEs
+    VIEW_CHANGE_RESEND = "view_change_resend"  # key: view; resend our VIEW-CHANGE
+    BLOCK_PERIOD = "block_period"  # key: b""; the primary may propose an empty block
+
+
+@dataclass(frozen=True)
+class MessageReceived:
+    """Bytes of a `WireMessage` from a peer (authenticated by its signature, not the link)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class RequestReceived:
+    """A transaction entered the local pool (directly or by gossip)."""
+
+    tx_hash: bytes
+
+
+@dataclass(frozen=True)
+class RequestDropped:
+    """A transaction left the pool without being committed (invalid, replaced, evicted)."""
+
+    tx_hash: bytes
+
+
+@dataclass(frozen=True)
+class TimerFired:
+    kind: TimerKind
+    key: bytes
+
+
+@dataclass(frozen=True)
+class BlockBuilt:
+    """Reply to `BuildBlock`: the candidate block and the transactions in it."""
+
+    seq_no: int
+    digest: bytes
+    block: bytes
+    tx_hashes: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class BlockValidated:
+    """Reply to `ValidateBlock`: ok iff the block hashes to digest and executes on the head."""
+
+    seq_no: int
+    digest: bytes
+    ok: bool
+
+
+@dataclass(frozen=True)
+class BlockCommitted:
+    """Reply to `CommitBlock`: the block was imported as canonical."""
+
+    seq_no: int
+    block_hash: bytes
+    state_root: bytes
+    tx_hashes: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class FetchCompleted:
+    """Reply to `FetchCommitted`: certified blocks up to seq_no were verified and imported."""
+
+    seq_no: int
+    block_hash: bytes
+    state_root: bytes
+    tx_hashes: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class FetchFailed:
+    """Reply to `FetchCommitted` when no peer could serve the target."""
+
+    target_seq_no: int
+
+
+Event = (
+    MessageReceived
+    | RequestReceived
+    | RequestDropped
+    | TimerFired
+    | BlockBuilt
+    | BlockValidated
+    | BlockCommitted
+    | FetchCompleted
+    | FetchFailed
+)

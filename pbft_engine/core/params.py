@@ -1,0 +1,92 @@
+"""Engine parameters: the genesis `config.pbft` section, validated, with the quorum arithmetic."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pbft_engine.errors import ConfigError
+from pbft_engine.quorum import max_faulty, quorum, view_change_quorum, weak_quorum
+
+ADDRESS_SIZE = 20
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """Static parameters shared by every replica of one chain. Durations are in milliseconds."""
+
+    chain_id: int
+    validators: tuple[bytes, ...]
+    checkpoint_interval: int = 10  # K
+    log_multiplier: int = 4  # L = K * log_multiplier
+    request_timeout_ms: int = 2_000
+    new_view_timeout_ms: int = 2_000  # also the VIEW-CHANGE resend period
+    new_view_timeout_cap_ms: int = 60_000
+    block_period_ms: int = 1_000
+    empty_blocks: bool = False  # propose a block every block period even without requests
+
+    def __post_init__(self) -> None:
+        if not self.validators:
+            raise ConfigError("config.pbft.validators must list at least one address")
+        if any(len(v) != ADDRESS_SIZE for v in self.validators):
+            raise ConfigError("config.pbft.validators must be 20-byte addresses")
+        if len(set(self.validators)) != len(self.validators):
+            raise ConfigError("config.pbft.validators lists an address twice")
+        if self.checkpoint_interval < 1 or self.log_multiplier < 2:
+            raise ConfigError("checkpoint_interval must be >= 1 and log_multiplier >= 2")
+        if min(self.request_timeout_ms, self.new_view_timeout_ms, self.block_period_ms) <= 0:
+            raise ConfigError("timeouts and the block period must be positive")
+        if self.new_view_timeout_cap_ms < self.new_view_timeout_ms:
+            raise ConfigError("new_view_timeout_cap must be >= new_view_timeout")
+
+    @classmethod
+    def from_genesis(cls, chain_id: int, config: Mapping[str, Any]) -> EngineParams:
+        """From genesis `config.pbft`: addresses as 0x-hex, durations in (fractional) seconds."""
+        try:
+            validators = tuple(bytes.fromhex(a.removeprefix("0x")) for a in config["validators"])
+            return cls(
+                chain_id=chain_id,
+                validators=validators,
+                checkpoint_interval=int(config.get("checkpoint_interval", 10)),
+                log_multiplier=int(config.get("log_multiplier", 4)),
+                request_timeout_ms=_ms(config.get("request_timeout", 2)),
+                new_view_timeout_ms=_ms(config.get("new_view_timeout", 2)),
+                new_view_timeout_cap_ms=_ms(config.get("new_view_timeout_cap", 60)),
+                block_period_ms=_ms(config.get("block_period", 1)),
+                empty_blocks=bool(config.get("empty_blocks", False)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"invalid config.pbft section: {exc!r}") from None
+
+    @property
+    def n(self) -> int:
+        return len(self.validators)
+
+    @property
+    def f(self) -> int:
+        return max_faulty(self.n)
+
+    @property
+    def quorum(self) -> int:
+        return quorum(self.n)
+
+    @property
+    def view_change_quorum(self) -> int:
+        return view_change_quorum(self.n)
+
+    @property
+    def weak_quorum(self) -> int:
+        return weak_quorum(self.n)
+
+    @property
+    def log_size(self) -> int:
+        """L: the width of the watermark window, H = h + L."""
+        return self.checkpoint_interval * self.log_multiplier
+
+    def primary(self, view: int) -> int:
+        return view % self.n
+
+
+def _ms(seconds: object) -> int:
+    return round(float(seconds) * 1000)  # type: ignore[arg-type]

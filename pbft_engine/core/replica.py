@@ -1,0 +1,978 @@
+"""The PBFT replica: a pure state machine. `step(event)` returns the actions to perform.
+
+One replica of the geth-pbft port of Fabric v0.6's pbftCore, with blocks as request batches:
+normal case (PRE-PREPARE / PREPARE / COMMIT), checkpoints and watermarks, falling behind,
+view change with signed P sets, and restore from the persisted stores. No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import rlp
+
+from pbft_engine.core.actions import (
+    Action,
+    Alarm,
+    Broadcast,
+    BuildBlock,
+    CancelTimer,
+    CommitBlock,
+    FetchCommitted,
+    Persist,
+    SendTo,
+    SetTimer,
+    ValidateBlock,
+)
+from pbft_engine.core.events import (
+    BlockBuilt,
+    BlockCommitted,
+    BlockValidated,
+    Event,
+    FetchCompleted,
+    FetchFailed,
+    MessageReceived,
+    RequestDropped,
+    RequestReceived,
+    TimerFired,
+    TimerKind,
+)
+from pbft_engine.core.params import EngineParams
+from pbft_engine.core.records import (
+    META_NEW_VIEW,
+    META_STATE,
+    VIEW_MESSAGE_SEQ_NO,
+    Delete,
+    DeleteRange,
+    Put,
+    RecordReader,
+    StoreName,
+    StoreOp,
+    cert_key,
+    evidence_key,
+    read_u64,
+    signed_key,
+    u16,
+    u64,
+    up_to,
+)
+from pbft_engine.core.view_change import (
+    NewViewPlan,
+    plan_new_view,
+    select_view_changes,
+    verify_new_view,
+    verify_view_change,
+)
+from pbft_engine.errors import ConfigError, MessageError, SafetyError, StoreError
+from pbft_engine.messages import (
+    Authenticator,
+    Checkpoint,
+    Commit,
+    MessageType,
+    NewView,
+    PhaseMessage,
+    Prepare,
+    PreparedProof,
+    PrePrepare,
+    PrePreparedEntry,
+    Signed,
+    Signer,
+    Verifier,
+    ViewChange,
+    WireMessage,
+    decode_commit_certificate,
+    decode_signed_bytes,
+    encode_commit_certificate,
+    encode_uint,
+)
+
+
+@dataclass(frozen=True)
+class ChainHead:
+    """The last block imported into the chain (the last executed seqNo)."""
+
+    seq_no: int
+    block_hash: bytes
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    view: int
+    active: bool
+    seq_no: int
+    low_watermark: int
+    high_watermark: int
+    primary: int
+    stable_checkpoint: int
+    last_executed: int
+    fetching: int | None
+
+
+@dataclass
+class Slot:
+    """certStore entry for one (view, seqNo)."""
+
+    pre_prepare: Signed[PrePrepare] | None = None
+    prepares: dict[int, Signed[Prepare]] = field(default_factory=dict)
+    commits: dict[int, Signed[Commit]] = field(default_factory=dict)
+    validated: bool = False
+    validating: bool = False
+
+    @property
+    def digest(self) -> bytes | None:
+        return self.pre_prepare.body.digest if self.pre_prepare else None
+
+    def matching(self, votes: dict[int, Any], exclude: int | None = None) -> list[Any]:
+        return sorted(
+            (m for r, m in votes.items() if r != exclude and m.body.digest == self.digest),
+            key=lambda m: m.body.replica,
+        )
+
+
+class Replica:
+    """One PBFT replica. Construct it fresh or with `restore`, call `start()`, then `step()`."""
+
+    def __init__(
+        self,
+        params: EngineParams,
+        replica: int,
+        signer: Signer,
+        verifier: Verifier,
+        head: ChainHead,
+    ) -> None:
+        if signer.address != params.validators[replica]:
+            raise ConfigError(f"the signing key is not validator {replica}")
+        self.params = params
+        self.me = replica
+        self.signer = signer
+        self.auth = Authenticator(params.chain_id, params.validators, verifier)
+        self.view = 0
+        self.active = True  # False while changing to `self.view`
+        self.seq_no = head.seq_no
+        self.low_watermark = head.seq_no - head.seq_no % params.checkpoint_interval
+        self.stable_checkpoint = 0
+        self.new_view_timeout_ms = params.new_view_timeout_ms
+        self.last_exec = head.seq_no
+        self.last_exec_hash = head.block_hash
+        self.executing: int | None = None
+        self.building: int | None = None
+        self.fetching: int | None = None
+        self.block_due = False
+        self.halted = False
+        self.new_view_timer_armed = False
+        self.certs: dict[tuple[int, int], Slot] = {}  # cert_store, by (view, seqNo)
+        self.block_store: dict[int, tuple[int, bytes, bytes]] = {}  # seqNo -> view, digest, block
+        self.outstanding_blocks: dict[tuple[int, bytes], bytes] = {}
+        self.pset: dict[int, PreparedProof] = {}
+        self.qset: dict[tuple[int, bytes], int] = {}
+        self.checkpoints: dict[int, dict[int, Signed[Checkpoint]]] = {}
+        self.high_checkpoints: dict[int, Signed[Checkpoint]] = {}  # latest above H per replica
+        self.certified: dict[int, tuple[bytes, bytes]] = {}  # seqNo -> digest, certificate
+        self.signed: dict[bytes, Signed[Any]] = {}  # signed_key -> what we signed
+        self.view_changes: dict[int, WireMessage] = {}  # latest VIEW-CHANGE per replica
+        self.last_new_view: Signed[NewView] | None = None
+        self.future: dict[tuple[int, int, int], WireMessage] = {}  # (replica, type, seqNo)
+        self.evidence: set[bytes] = set()
+        self.requests: set[bytes] = set()
+        self.dropped: Counter[str] = Counter()
+        self._ops: list[StoreOp] = []
+        self._out: list[Action] = []
+
+    # --- construction from the stores -------------------------------------------------
+
+    @classmethod
+    def restore(
+        cls,
+        params: EngineParams,
+        replica: int,
+        signer: Signer,
+        verifier: Verifier,
+        head: ChainHead,
+        records: RecordReader,
+    ) -> Replica:
+        """A replica restarted from its data directory (first start: nothing persisted)."""
+        self = cls(params, replica, signer, verifier, head)
+        try:
+            self._load(records)
+        except (MessageError, ValueError, IndexError, rlp.exceptions.RLPException) as exc:
+            raise StoreError(f"cannot restore the consensus state: {exc}") from None
+        return self
+
+    def _load(self, records: RecordReader) -> None:
+        state = records.get(StoreName.META, META_STATE)
+        if state is not None:
+            fields = [int.from_bytes(x, "big") for x in rlp.decode(state)]
+            view, active, seq_no, h, stable, timeout = fields
+            self.view, self.active, self.stable_checkpoint = view, bool(active), stable
+            self.seq_no = max(self.seq_no, seq_no)
+            self.low_watermark, self.new_view_timeout_ms = h, timeout
+        new_view = records.get(StoreName.META, META_NEW_VIEW)
+        if new_view is not None:
+            self.last_new_view = decode_signed_bytes(new_view, NewView)
+        for key, value in records.items(StoreName.SIGNED):
+            self.signed[key] = decode_signed_bytes(value)
+        for _, value in records.items(StoreName.CERT_STORE):
+            self._load_cert_message(decode_signed_bytes(value))
+        for key, value in records.items(StoreName.BLOCK_STORE):
+            view, digest, block = rlp.decode(value)
+            self.block_store[read_u64(key)] = (int.from_bytes(view, "big"), digest, block)
+        for key, value in records.items(StoreName.OUTSTANDING_BLOCKS):
+            self.outstanding_blocks[(read_u64(key), key[8:])] = value
+        for key, value in records.items(StoreName.PSET):
+            self.pset[read_u64(key)] = PreparedProof.from_fields(rlp.decode(value))
+        for key, value in records.items(StoreName.QSET):
+            self.qset[(read_u64(key), key[8:])] = int.from_bytes(rlp.decode(value), "big")
+        for _, value in records.items(StoreName.CHECKPOINTS):
+            checkpoint = decode_signed_bytes(value, Checkpoint)
+            self.checkpoints.setdefault(checkpoint.body.seq_no, {})[
+                checkpoint.body.replica
+            ] = checkpoint
+        for key, value in records.items(StoreName.COMMIT_CERTIFICATES, up_to(self.low_watermark)):
+            digest = decode_commit_certificate(value)[0].body.digest
+            self.certified[read_u64(key)] = (digest, value)
+        for key, _ in records.items(StoreName.EVIDENCE):
+            self.evidence.add(key)
+        # View and seqNo also follow from what was pre-prepared (pset/qset), as in restoreState.
+        self.view = max([self.view, *self.qset.values()])
+        self.seq_no = max([self.seq_no, self.low_watermark, *(n for n, _ in self.qset)])
+
+    def _load_cert_message(self, message: Signed[Any]) -> None:
+        body = message.body
+        slot = self._slot(body.view, body.seq_no)
+        if isinstance(body, PrePrepare):
+            slot.pre_prepare = message
+            slot.validated = body.replica == self.me
+        elif isinstance(body, Prepare):
+            slot.prepares[body.replica] = message
+            slot.validated |= body.replica == self.me
+        else:
+            slot.commits[body.replica] = message
+            slot.validated |= body.replica == self.me
+
+    # --- the step interface -----------------------------------------------------------
+
+    @property
+    def high_watermark(self) -> int:
+        return self.low_watermark + self.params.log_size
+
+    @property
+    def primary(self) -> int:
+        return self.params.primary(self.view)
+
+    def status(self) -> ReplicaStatus:
+        return ReplicaStatus(
+            self.view, self.active, self.seq_no, self.low_watermark, self.high_watermark,
+            self.primary, self.stable_checkpoint, self.last_exec, self.fetching,
+        )
+
+    def start(self) -> list[Action]:
+        """The first step after construction or restore: re-arm timers, resend, resume."""
+        return self._run(self._resume)
+
+    def step(self, event: Event) -> list[Action]:
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            raise TypeError(f"not a replica event: {event!r}")
+        return self._run(lambda: handler(event))
+
+    @property
+    def _handlers(self) -> dict[type, Callable[[Any], None]]:
+        return {
+            MessageReceived: self._on_message,
+            RequestReceived: self._on_request,
+            RequestDropped: self._on_request_dropped,
+            TimerFired: self._on_timer,
+            BlockBuilt: self._on_block_built,
+            BlockValidated: self._on_block_validated,
+            BlockCommitted: self._on_block_committed,
+            FetchCompleted: self._on_fetch_completed,
+            FetchFailed: self._on_fetch_failed,
+        }
+
+    def _run(self, work: Callable[[], None]) -> list[Action]:
+        self._ops, self._out = [], []
+        if not self.halted:
+            try:
+                work()
+            except SafetyError as exc:
+                self._alarm("safety", str(exc))
+        ops, out = self._ops, self._out
+        self._ops, self._out = [], []
+        return [Persist(tuple(ops)), *out] if ops else out
+
+    # --- small helpers ----------------------------------------------------------------
+
+    def _put(self, store: StoreName, key: bytes, value: bytes) -> None:
+        self._ops.append(Put(store, key, value))
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+
+    def _alarm(self, kind: str, detail: str) -> None:
+        self.halted = True
+        self._out.append(Alarm(kind, detail))
+
+    def _broadcast(self, signed: Signed[Any], blocks: tuple[bytes, ...] = ()) -> None:
+        self._out.append(Broadcast(WireMessage(signed, blocks).encode()))
+
+    def _in_window(self, seq_no: int) -> bool:
+        return self.low_watermark < seq_no <= self.high_watermark
+
+    def _slot(self, view: int, seq_no: int) -> Slot:
+        return self.certs.setdefault((view, seq_no), Slot())
+
+    def _persist_meta(self) -> None:
+        fields = [self.view, int(self.active), self.seq_no, self.low_watermark,
+                  self.stable_checkpoint, self.new_view_timeout_ms]
+        self._put(StoreName.META, META_STATE, rlp.encode([encode_uint(x) for x in fields]))
+
+    def _sign(self, body: Any) -> Signed[Any]:
+        """Sign `body`, never two different bodies for one (type, view, seqNo), across restarts."""
+        seq_no = getattr(body, "seq_no", VIEW_MESSAGE_SEQ_NO)
+        key = signed_key(seq_no, body.TYPE, getattr(body, "view", 0))
+        existing = self.signed.get(key)
+        if existing is not None:
+            if existing.body != body:
+                raise SafetyError(f"refusing to sign a second {body.TYPE.name} for {key.hex()}")
+            return existing
+        signed = self.auth.sign(body, self.signer)
+        self.signed[key] = signed
+        self._put(StoreName.SIGNED, key, signed.encode())
+        return signed
+
+    def _set_timer(self, kind: TimerKind, key: bytes, duration_ms: int) -> None:
+        self._out.append(SetTimer(kind, key, duration_ms))
+
+    def _block_for(self, seq_no: int, digest: bytes) -> bytes | None:
+        stored = self.block_store.get(seq_no)
+        if stored is not None and stored[1] == digest:
+            return stored[2]
+        return self.outstanding_blocks.get((seq_no, digest))
+
+    def _store_block(self, view: int, seq_no: int, digest: bytes, block: bytes) -> None:
+        self.block_store[seq_no] = (view, digest, block)
+        self._put(StoreName.BLOCK_STORE, u64(seq_no),
+                  rlp.encode([encode_uint(view), digest, block]))
+        self.outstanding_blocks[(seq_no, digest)] = block
+        self._put(StoreName.OUTSTANDING_BLOCKS, u64(seq_no) + digest, block)
+
+    def _discard_block(self, seq_no: int, digest: bytes) -> None:
+        """Forget a block that failed validation (blocks travel unsigned: a later copy from a
+        NEW-VIEW or VIEW-CHANGE may be the genuine one)."""
+        if self.block_store.get(seq_no, (0, b""))[1] == digest:
+            del self.block_store[seq_no]
+            self._ops.append(Delete(StoreName.BLOCK_STORE, u64(seq_no)))
+        if self.outstanding_blocks.pop((seq_no, digest), None) is not None:
+            self._ops.append(Delete(StoreName.OUTSTANDING_BLOCKS, u64(seq_no) + digest))
+
+    def _record_evidence(self, first: Signed[Any], second: Signed[Any] | None) -> None:
+        body = first.body
+        key = evidence_key(body.replica, body.TYPE, getattr(body, "view", 0),
+                           getattr(body, "seq_no", VIEW_MESSAGE_SEQ_NO))
+        self._drop("equivocation")
+        if key not in self.evidence:
+            self.evidence.add(key)
+            pair = [first.encode(), second.encode() if second else b""]
+            self._put(StoreName.EVIDENCE, key, rlp.encode(pair))
+
+    # --- requests and timers ------------------------------------------------------------
+
+    def _on_request(self, event: RequestReceived) -> None:
+        if event.tx_hash in self.requests:
+            return
+        self.requests.add(event.tx_hash)
+        if self.active:
+            self._set_timer(TimerKind.REQUEST, event.tx_hash, self.params.request_timeout_ms)
+        self._maybe_propose()
+
+    def _on_request_dropped(self, event: RequestDropped) -> None:
+        self._forget_requests((event.tx_hash,))
+
+    def _forget_requests(self, tx_hashes: Iterable[bytes]) -> None:
+        for tx_hash in tx_hashes:
+            if tx_hash in self.requests:
+                self.requests.discard(tx_hash)
+                self._out.append(CancelTimer(TimerKind.REQUEST, tx_hash))
+
+    def _arm_request_timers(self) -> None:
+        for tx_hash in sorted(self.requests):
+            self._set_timer(TimerKind.REQUEST, tx_hash, self.params.request_timeout_ms)
+
+    def _on_timer(self, event: TimerFired) -> None:
+        if event.kind is TimerKind.REQUEST:
+            if event.key in self.requests and self.active:
+                self._start_view_change(self.view + 1)
+        elif event.kind is TimerKind.BLOCK_PERIOD:
+            self.block_due = True
+            self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
+            self._maybe_propose()
+        elif read_u64(event.key) == self.view and not self.active:
+            if event.kind is TimerKind.NEW_VIEW:
+                self.new_view_timeout_ms = min(
+                    2 * self.new_view_timeout_ms, self.params.new_view_timeout_cap_ms
+                )
+                self._start_view_change(self.view + 1)
+            else:
+                self._resend_view_change()
+
+    def _resume(self) -> None:
+        if self.params.empty_blocks:
+            self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
+        if not self.active:
+            self._resend_view_change()
+            return
+        for (view, seq_no), slot in sorted(self.certs.items()):
+            if view == self.view and seq_no not in self.certified:
+                self._resend_own(slot)
+        self._advance()
+
+    def _resend_own(self, slot: Slot) -> None:
+        if slot.pre_prepare is not None and slot.pre_prepare.body.replica == self.me:
+            block = self._block_for(slot.pre_prepare.body.seq_no, slot.pre_prepare.body.digest)
+            self._broadcast(slot.pre_prepare, (block,) if block is not None else ())
+        for votes in (slot.prepares, slot.commits):
+            if self.me in votes:
+                self._broadcast(votes[self.me])
+
+    # --- normal case --------------------------------------------------------------------
+
+    def _maybe_propose(self) -> None:
+        if not (self.active and self.me == self.primary) or self.fetching is not None:
+            return
+        if self.building is not None or self.executing is not None:
+            return
+        if self.seq_no != self.last_exec or not (self.requests or self.block_due):
+            return
+        if self.seq_no + 1 > self.high_watermark:
+            self._drop("primary at the high watermark")
+            return
+        self.building = self.seq_no + 1
+        self._out.append(BuildBlock(self.building, self.last_exec_hash, self.block_due))
+
+    def _on_block_built(self, event: BlockBuilt) -> None:
+        if self.building != event.seq_no:
+            return
+        self.building = None
+        if not event.tx_hashes and not self.block_due:
+            return
+        if not (self.active and self.me == self.primary and self.seq_no + 1 == event.seq_no):
+            return
+        if self.last_exec != self.seq_no or not self._in_window(event.seq_no):
+            return
+        self.block_due = False
+        pre_prepare = self._sign(PrePrepare(self.view, event.seq_no, event.digest, self.me))
+        self._accept_pre_prepare(pre_prepare, event.block)
+        self.certs[(self.view, event.seq_no)].validated = True
+        self._broadcast(pre_prepare, (event.block,))
+        self._check_prepared(self.view, event.seq_no)
+
+    def _accept_pre_prepare(self, pre_prepare: Signed[PrePrepare], block: bytes | None) -> None:
+        body = pre_prepare.body
+        self._slot(body.view, body.seq_no).pre_prepare = pre_prepare
+        self._put(StoreName.CERT_STORE,
+                  cert_key(body.seq_no, body.view, body.TYPE, body.replica), pre_prepare.encode())
+        if block is not None:
+            self._store_block(body.view, body.seq_no, body.digest, block)
+        qkey = (body.seq_no, body.digest)
+        if self.qset.get(qkey, -1) < body.view:
+            self.qset[qkey] = body.view
+            self._put(StoreName.QSET, u64(body.seq_no) + body.digest,
+                      rlp.encode(encode_uint(body.view)))
+        if body.seq_no > self.seq_no:
+            self.seq_no = body.seq_no
+        self._persist_meta()
+
+    def _on_message(self, event: MessageReceived) -> None:
+        try:
+            wire = WireMessage.decode(event.data)
+            self.auth.verify(wire.signed)
+        except MessageError as exc:
+            self._drop(type(exc).__name__)
+            return
+        if wire.signed.body.replica == self.me:
+            self._drop("own message")
+            return
+        self._dispatch(wire)
+
+    def _dispatch(self, wire: WireMessage) -> None:
+        body = wire.signed.body
+        if isinstance(body, PhaseMessage):
+            self._on_phase_message(wire)
+        elif isinstance(body, Checkpoint):
+            self._on_checkpoint(wire.signed)
+        elif isinstance(body, ViewChange):
+            self._on_view_change(wire)
+        else:
+            self._on_new_view(wire)
+
+    def _on_phase_message(self, wire: WireMessage) -> None:
+        body = wire.signed.body
+        if not self._in_window(body.seq_no):
+            self._drop("outside the watermarks")
+        elif body.view > self.view or (body.view == self.view and not self.active):
+            self._buffer_future(wire)
+        elif body.view < self.view:
+            self._drop("old view")
+        elif isinstance(body, PrePrepare):
+            self._on_pre_prepare(wire)
+        elif body.replica == self.primary and isinstance(body, Prepare):
+            self._record_evidence(wire.signed, None)  # a primary never prepares
+            self._start_view_change(self.view + 1)
+        else:
+            self._on_vote(wire.signed)
+
+    def _buffer_future(self, wire: WireMessage) -> None:
+        """Keep (bounded: one per replica, type and seqNo) messages for a view not yet entered."""
+        body = wire.signed.body
+        key = (body.replica, body.TYPE, body.seq_no)
+        held = self.future.get(key)
+        if held is None or held.signed.body.view <= body.view:
+            self.future[key] = wire
+
+    def _on_pre_prepare(self, wire: WireMessage) -> None:
+        pre_prepare: Signed[PrePrepare] = wire.signed
+        body = pre_prepare.body
+        if body.replica != self.primary or len(wire.blocks) != 1:
+            self._drop("pre-prepare not from the primary or without its block")
+            return
+        slot = self._slot(body.view, body.seq_no)
+        if slot.pre_prepare is not None:
+            if slot.pre_prepare.body != body:
+                self._record_evidence(slot.pre_prepare, pre_prepare)
+                self._start_view_change(self.view + 1)
+            else:
+                self._drop("duplicate")
+            return
+        self._accept_pre_prepare(pre_prepare, wire.blocks[0])
+        self._advance()
+
+    def _on_vote(self, vote: Signed[Any]) -> None:
+        body = vote.body
+        slot = self._slot(body.view, body.seq_no)
+        votes = slot.prepares if isinstance(body, Prepare) else slot.commits
+        held = votes.get(body.replica)
+        if held is not None:
+            if held.body != body:
+                self._record_evidence(held, vote)
+            else:
+                self._drop("duplicate")
+            return
+        votes[body.replica] = vote
+        self._put(StoreName.CERT_STORE,
+                  cert_key(body.seq_no, body.view, body.TYPE, body.replica), vote.encode())
+        self._check_prepared(body.view, body.seq_no)
+
+    def _validate_next(self) -> None:
+        """Validate the pre-prepared block on top of the chain head (one block at a time)."""
+        seq_no = self.last_exec + 1
+        slot = self.certs.get((self.view, seq_no))
+        if slot is None or slot.pre_prepare is None or slot.validated or slot.validating:
+            return
+        block = self._block_for(seq_no, slot.pre_prepare.body.digest)
+        if block is None:
+            self._drop("pre-prepared block unavailable")
+            return
+        slot.validating = True
+        self._out.append(ValidateBlock(seq_no, slot.pre_prepare.body.digest, block))
+
+    def _on_block_validated(self, event: BlockValidated) -> None:
+        slot = self.certs.get((self.view, event.seq_no))
+        if slot is None or not slot.validating or slot.digest != event.digest:
+            return
+        slot.validating = False
+        if not event.ok:
+            self._drop("invalid block")
+            self._discard_block(event.seq_no, event.digest)
+            return
+        self._mark_validated(self.view, event.seq_no)
+
+    def _mark_validated(self, view: int, seq_no: int) -> None:
+        slot = self.certs[(view, seq_no)]
+        slot.validated = True
+        if self.me != self.params.primary(view):
+            prepare = self._sign(Prepare(view, seq_no, slot.digest, self.me))
+            slot.prepares[self.me] = prepare
+            self._put(StoreName.CERT_STORE,
+                      cert_key(seq_no, view, prepare.body.TYPE, self.me), prepare.encode())
+            self._broadcast(prepare)
+        self._check_prepared(view, seq_no)
+
+    def _check_prepared(self, view: int, seq_no: int) -> None:
+        """Prepared: our validated pre-prepare and Q-1 matching prepares -> COMMIT."""
+        slot = self.certs[(view, seq_no)]
+        if slot.pre_prepare is None or not slot.validated:
+            return
+        if self.me not in slot.commits:
+            primary = self.params.primary(view)
+            prepares = slot.matching(slot.prepares, exclude=primary)
+            if len(prepares) < self.params.quorum - 1:
+                return
+            proof = PreparedProof(slot.pre_prepare, tuple(prepares))
+            self.pset[seq_no] = proof
+            self._put(StoreName.PSET, u64(seq_no), rlp.encode(proof.fields()))
+            commit = self._sign(Commit(view, seq_no, slot.digest, self.me))
+            slot.commits[self.me] = commit
+            self._put(StoreName.CERT_STORE,
+                      cert_key(seq_no, view, commit.body.TYPE, self.me), commit.encode())
+            self._broadcast(commit)
+        self._check_committed(slot, seq_no)
+
+    def _check_committed(self, slot: Slot, seq_no: int) -> None:
+        commits = slot.matching(slot.commits)
+        if len(commits) < self.params.quorum or seq_no in self.certified:
+            return
+        certificate = encode_commit_certificate(commits)
+        self.certified[seq_no] = (slot.digest, certificate)
+        self._put(StoreName.COMMIT_CERTIFICATES, u64(seq_no), certificate)
+        self._advance()
+
+    def _advance(self) -> None:
+        """Execute the next certified block, validate the next pre-prepared one, propose."""
+        if self.fetching is not None:
+            return
+        seq_no = self.last_exec + 1
+        if self.executing is None and seq_no in self.certified:
+            digest, certificate = self.certified[seq_no]
+            block = self._block_for(seq_no, digest)
+            if block is None:
+                self._drop("certified block unavailable")
+            else:
+                self.executing = seq_no
+                self._out.append(CommitBlock(seq_no, digest, block, certificate))
+        if self.active and self.executing is None:
+            self._validate_next()
+        self._maybe_propose()
+
+    def _on_block_committed(self, event: BlockCommitted) -> None:
+        if self.executing != event.seq_no:
+            return
+        self.executing = None
+        if self.certified.get(event.seq_no, (event.block_hash,))[0] != event.block_hash:
+            self._alarm("commit", f"block {event.seq_no} imported with another hash")
+            return
+        self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
+        self._forget_requests(event.tx_hashes)
+        self.outstanding_blocks = {
+            k: v for k, v in self.outstanding_blocks.items() if k[0] != event.seq_no
+        }
+        self._ops.append(DeleteRange(StoreName.OUTSTANDING_BLOCKS, u64(event.seq_no),
+                                     up_to(event.seq_no)))
+        if event.seq_no % self.params.checkpoint_interval == 0:
+            self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
+        self._advance()
+
+    # --- checkpoints, watermarks, falling behind --------------------------------------
+
+    def _send_checkpoint(self, seq_no: int, block_hash: bytes, state_root: bytes) -> None:
+        checkpoint = self._sign(Checkpoint(seq_no, block_hash, state_root, self.me))
+        self._broadcast(checkpoint)
+        self._store_checkpoint(checkpoint)
+
+    def _on_checkpoint(self, checkpoint: Signed[Checkpoint]) -> None:
+        seq_no = checkpoint.body.seq_no
+        if seq_no <= self.low_watermark:
+            self._drop("checkpoint below the low watermark")
+        elif seq_no > self.high_watermark:
+            self._note_high_checkpoint(checkpoint)
+        else:
+            held = self.checkpoints.get(seq_no, {}).get(checkpoint.body.replica)
+            if held is None:
+                self._store_checkpoint(checkpoint)
+            elif held.body != checkpoint.body:
+                self._record_evidence(held, checkpoint)
+            else:
+                self._drop("duplicate")
+
+    def _store_checkpoint(self, checkpoint: Signed[Checkpoint]) -> None:
+        body = checkpoint.body
+        self.checkpoints.setdefault(body.seq_no, {})[body.replica] = checkpoint
+        self._put(StoreName.CHECKPOINTS, u64(body.seq_no) + u16(body.replica),
+                  checkpoint.encode())
+        self._check_stable(body.seq_no)
+
+    def _check_stable(self, seq_no: int) -> None:
+        votes = self.checkpoints[seq_no]
+        tally = Counter(c.body.value for c in votes.values())
+        own = votes.get(self.me)
+        heavy = {value for value, count in tally.items() if count >= self.params.weak_quorum}
+        if (own is not None and heavy - {own.body.value}) or len(heavy) > 1:
+            self._alarm("checkpoint_conflict",
+                        f"checkpoint {seq_no}: replicas disagree on the block or state root")
+            return
+        stable = own is not None and tally[own.body.value] >= self.params.quorum
+        if stable and seq_no > self.stable_checkpoint:
+            self._mark_stable(seq_no)
+
+    def _mark_stable(self, seq_no: int) -> None:
+        self.stable_checkpoint = seq_no
+        keep = self.checkpoints.get(seq_no, {})
+        self.checkpoints = {n: v for n, v in self.checkpoints.items() if n >= seq_no}
+        self.checkpoints[seq_no] = keep
+        self._ops.append(DeleteRange(StoreName.CHECKPOINTS, None, u64(seq_no)))
+        self.pset = {n: p for n, p in self.pset.items() if n > seq_no}
+        self.qset = {k: v for k, v in self.qset.items() if k[0] > seq_no}
+        for store in (StoreName.PSET, StoreName.QSET):
+            self._ops.append(DeleteRange(store, None, up_to(seq_no)))
+        if seq_no > self.low_watermark:
+            self._move_watermarks(seq_no)
+        else:
+            self._persist_meta()
+
+    def _move_watermarks(self, seq_no: int) -> None:
+        """moveWatermarks: h = seq_no; forget the log at and below it, in memory and on disk.
+
+        pset/qset/checkpoints follow the stable checkpoint (`_mark_stable`) instead, so a
+        VIEW-CHANGE can always prove everything above its checkpoint.
+        """
+        self.low_watermark = seq_no
+        self.seq_no = max(self.seq_no, seq_no)
+        self.certs = {k: s for k, s in self.certs.items() if k[1] > seq_no}
+        self.block_store = {n: b for n, b in self.block_store.items() if n > seq_no}
+        self.outstanding_blocks = {k: b for k, b in self.outstanding_blocks.items()
+                                   if k[0] > seq_no}
+        self.certified = {n: c for n, c in self.certified.items() if n > seq_no}
+        self.signed = {k: s for k, s in self.signed.items() if read_u64(k) > seq_no}
+        self.future = {k: w for k, w in self.future.items() if k[2] > seq_no}
+        for store in (StoreName.CERT_STORE, StoreName.BLOCK_STORE,
+                      StoreName.OUTSTANDING_BLOCKS, StoreName.SIGNED):
+            self._ops.append(DeleteRange(store, None, up_to(seq_no)))
+        self._persist_meta()
+        due = sorted((c for c in self.high_checkpoints.values()
+                      if c.body.seq_no <= self.high_watermark), key=lambda c: c.body.seq_no)
+        for checkpoint in due:
+            del self.high_checkpoints[checkpoint.body.replica]
+        for checkpoint in due:
+            self._on_checkpoint(checkpoint)
+        self._maybe_propose()
+
+    def _note_high_checkpoint(self, checkpoint: Signed[Checkpoint]) -> None:
+        """Checkpoints above H are kept one per replica; f+1 matching mean we fell behind."""
+        held = self.high_checkpoints.get(checkpoint.body.replica)
+        if held is None or held.body.seq_no < checkpoint.body.seq_no:
+            self.high_checkpoints[checkpoint.body.replica] = checkpoint
+        if self.fetching is not None:
+            return
+        tally = Counter((c.body.seq_no, c.body.value) for c in self.high_checkpoints.values())
+        weak = [key for key, count in tally.items() if count >= self.params.weak_quorum]
+        if weak:
+            seq_no, (block_hash, state_root) = max(weak)
+            self._fall_behind(seq_no, block_hash, state_root)
+
+    def _fall_behind(self, seq_no: int, block_hash: bytes, state_root: bytes) -> None:
+        """Drop the uncommitted blocks and ask the adapter to fetch certified blocks."""
+        self.fetching = seq_no
+        self.block_store, self.outstanding_blocks = {}, {}
+        for store in (StoreName.BLOCK_STORE, StoreName.OUTSTANDING_BLOCKS):
+            self._ops.append(DeleteRange(store, None, None))
+        self._out.append(FetchCommitted(seq_no, block_hash, state_root))
+
+    def _on_fetch_completed(self, event: FetchCompleted) -> None:
+        if self.fetching is None:
+            return
+        self.fetching = None
+        self.executing = None
+        if event.seq_no > self.last_exec:
+            self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
+        self._forget_requests(event.tx_hashes)
+        if event.seq_no > self.low_watermark:
+            self._move_watermarks(event.seq_no)
+        if event.seq_no % self.params.checkpoint_interval == 0:
+            self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
+        self._advance()
+
+    def _on_fetch_failed(self, event: FetchFailed) -> None:
+        if self.fetching == event.target_seq_no:
+            self.fetching = None
+
+    # --- view change ------------------------------------------------------------------
+
+    def _start_view_change(self, view: int) -> None:
+        """Leave the current view and send VIEW-CHANGE(view)."""
+        if view <= self.view:
+            return
+        if self.active:
+            for tx_hash in sorted(self.requests):
+                self._out.append(CancelTimer(TimerKind.REQUEST, tx_hash))
+        self.view, self.active = view, False
+        self.new_view_timer_armed = False
+        self.building = None
+        self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= view}
+        self._persist_meta()
+        stable = self.stable_checkpoint
+        pset = tuple(self.pset[n] for n in sorted(self.pset) if n > stable)
+        qset = tuple(PrePreparedEntry(n, d, v) for (n, d), v in sorted(self.qset.items())
+                     if n > stable)
+        self._sign(ViewChange(view, stable, self._stable_proof(), pset, qset, self.me))
+        self._resend_view_change()
+        self._check_view_change_quorum()
+
+    def _stable_proof(self) -> tuple[Signed[Checkpoint], ...]:
+        """C: the Q matching CHECKPOINTs that made our stable checkpoint stable."""
+        if self.stable_checkpoint == 0:
+            return ()
+        votes = self.checkpoints[self.stable_checkpoint]
+        value, _ = Counter(c.body.value for c in votes.values()).most_common(1)[0]
+        return tuple(c for _, c in sorted(votes.items()) if c.body.value == value)
+
+    def _own_view_change(self) -> WireMessage:
+        signed = self.signed[signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE, self.view)]
+        blocks = tuple(self._block_for(p.seq_no, p.digest) or b"" for p in signed.body.pset)
+        return WireMessage(signed, blocks)
+
+    def _resend_view_change(self) -> None:
+        wire = self._own_view_change()
+        self.view_changes[self.me] = wire
+        self._out.append(Broadcast(wire.encode()))
+        self._set_timer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view),
+                        self.params.new_view_timeout_ms)
+
+    def _on_view_change(self, wire: WireMessage) -> None:
+        signed: Signed[ViewChange] = wire.signed
+        body = signed.body
+        if body.view < self.view or (body.view == self.view and self.active):
+            if self.last_new_view is not None:  # the sender missed our NEW-VIEW
+                self._out.append(SendTo(body.replica, self._new_view_wire().encode()))
+            return
+        held = self.view_changes.get(body.replica)
+        if held is not None and held.signed.body.view >= body.view:
+            if held.signed.body.view == body.view and held.signed.body != body:
+                self._record_evidence(held.signed, signed)
+            else:
+                self._drop("duplicate")
+            self._check_view_change_quorum()  # a duplicate re-arms; it never re-sends
+            return
+        try:
+            verify_view_change(self.auth, signed)
+        except MessageError as exc:
+            self._drop(f"view-change: {type(exc).__name__}")
+            return
+        self.view_changes[body.replica] = wire
+        higher = [w.signed.body.view for r, w in self.view_changes.items()
+                  if r != self.me and w.signed.body.view > self.view]
+        if len(higher) >= self.params.weak_quorum:
+            self._start_view_change(min(higher))
+        else:
+            self._check_view_change_quorum()
+
+    def _check_view_change_quorum(self) -> None:
+        if self.active:
+            return
+        quorum = self.params.view_change_quorum
+        votes = [w.signed for w in self.view_changes.values() if w.signed.body.view == self.view]
+        if self.me == self.primary and len(votes) >= quorum:
+            self._send_new_view(votes)
+            return
+        # N-f replicas want at least this view: wait for NEW-VIEW, then move on. Counting
+        # replicas that already moved further keeps a split (some at v, some at v+1) live.
+        at_least = sum(w.signed.body.view >= self.view for w in self.view_changes.values())
+        if at_least >= quorum and not self.new_view_timer_armed:
+            self.new_view_timer_armed = True
+            self._set_timer(TimerKind.NEW_VIEW, u64(self.view), self.new_view_timeout_ms)
+
+    def _send_new_view(self, votes: list[Signed[ViewChange]]) -> None:
+        chosen = select_view_changes(self.params, votes)
+        plan = plan_new_view([vc.body for vc in chosen])
+        pre_prepares = tuple(self._sign(PrePrepare(self.view, n, d, self.me))
+                             for n, d in plan.entries)
+        new_view = self._sign(NewView(self.view, chosen, pre_prepares, self.me))
+        offered = self._offered_blocks(chosen)
+        blocks = tuple(self._block_for(n, d) or offered.get((n, d), b"")
+                       for n, d in plan.entries)
+        self._out.append(Broadcast(WireMessage(new_view, blocks).encode()))
+        self._install_new_view(new_view, plan, blocks)
+
+    def _offered_blocks(self, chosen: Iterable[Signed[ViewChange]]) -> dict[tuple[int, bytes],
+                                                                              bytes]:
+        """Blocks that VIEW-CHANGE senders attached to their P entries (unverified)."""
+        offered: dict[tuple[int, bytes], bytes] = {}
+        for signed in chosen:
+            wire = self.view_changes[signed.body.replica]
+            for proof, block in zip(signed.body.pset, wire.blocks, strict=False):
+                if block:
+                    offered[(proof.seq_no, proof.digest)] = block
+        return offered
+
+    def _new_view_wire(self) -> WireMessage:
+        assert self.last_new_view is not None
+        blocks = tuple(self._block_for(p.body.seq_no, p.body.digest) or b""
+                       for p in self.last_new_view.body.pre_prepares)
+        return WireMessage(self.last_new_view, blocks)
+
+    def _on_new_view(self, wire: WireMessage) -> None:
+        signed: Signed[NewView] = wire.signed
+        body = signed.body
+        if body.view < self.view or (body.view == self.view and self.active):
+            self._drop("stale new-view")
+            return
+        try:
+            plan = verify_new_view(self.auth, self.params, signed)
+        except MessageError as exc:
+            self._drop(f"new-view: {type(exc).__name__}")
+            return
+        blocks = wire.blocks + (b"",) * (len(plan.entries) - len(wire.blocks))
+        self.view = body.view
+        self._install_new_view(signed, plan, blocks[: len(plan.entries)])
+
+    def _install_new_view(
+        self, new_view: Signed[NewView], plan: NewViewPlan, blocks: tuple[bytes, ...]
+    ) -> None:
+        self._out.append(CancelTimer(TimerKind.NEW_VIEW, u64(self.view)))
+        self._out.append(CancelTimer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view)))
+        self.active, self.new_view_timer_armed = True, False
+        self.new_view_timeout_ms = self.params.new_view_timeout_ms
+        self.last_new_view = new_view
+        self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
+        self._adopt_checkpoint(plan)
+        kept = {(n, d): self._block_for(n, d) for n, d in plan.entries}
+        self.block_store = {}  # blockStore only ever holds the current view's blocks
+        self._ops.append(DeleteRange(StoreName.BLOCK_STORE, None, None))
+        self._forget_signed_view_messages()
+        for pre_prepare, block in zip(new_view.body.pre_prepares, blocks, strict=True):
+            self._adopt_pre_prepare(pre_prepare, block or kept[
+                (pre_prepare.body.seq_no, pre_prepare.body.digest)])
+        self.seq_no = max([self.low_watermark, *(n for n, _ in plan.entries)])
+        self._persist_meta()
+        self._arm_request_timers()
+        replay = sorted((w for w in self.future.values() if w.signed.body.view == self.view),
+                        key=lambda w: (w.signed.body.seq_no, w.signed.body.TYPE))
+        self.future = {k: w for k, w in self.future.items() if w.signed.body.view > self.view}
+        for wire in replay:
+            self._dispatch(wire)
+        self._advance()
+
+    def _forget_signed_view_messages(self) -> None:
+        """VIEW-CHANGE / NEW-VIEW we signed for views below the one just installed."""
+        self.signed = {k: s for k, s in self.signed.items()
+                       if read_u64(k) != VIEW_MESSAGE_SEQ_NO or read_u64(k, 9) >= self.view}
+        for message_type in (MessageType.VIEW_CHANGE, MessageType.NEW_VIEW):
+            self._ops.append(DeleteRange(
+                StoreName.SIGNED, signed_key(VIEW_MESSAGE_SEQ_NO, message_type, 0),
+                signed_key(VIEW_MESSAGE_SEQ_NO, message_type, self.view)))
+
+    def _adopt_checkpoint(self, plan: NewViewPlan) -> None:
+        """min-s is proven stable by V: move there, and fetch it if we have not executed it."""
+        if plan.min_s <= self.stable_checkpoint:
+            return
+        for checkpoint in plan.checkpoint_proof:
+            self.checkpoints.setdefault(plan.min_s, {})[checkpoint.body.replica] = checkpoint
+            self._put(StoreName.CHECKPOINTS, u64(plan.min_s) + u16(checkpoint.body.replica),
+                      checkpoint.encode())
+        self._mark_stable(plan.min_s)
+        if self.last_exec < plan.min_s and self.fetching is None:
+            block_hash, state_root = plan.checkpoint_proof[0].body.value
+            self._fall_behind(plan.min_s, block_hash, state_root)
+
+    def _adopt_pre_prepare(self, pre_prepare: Signed[PrePrepare], block: bytes | None) -> None:
+        body = pre_prepare.body
+        if body.seq_no <= self.low_watermark:
+            return
+        self._accept_pre_prepare(pre_prepare, block)
+        if body.seq_no <= self.last_exec:  # already in the chain: agree again, never re-execute
+            if self.certified.get(body.seq_no, (body.digest,))[0] != body.digest:
+                self._alarm("new_view", f"new view re-proposes another block at {body.seq_no}")
+                return
+            self._mark_validated(body.view, body.seq_no)
+

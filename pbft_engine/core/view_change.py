@@ -1,0 +1,113 @@
+"""VIEW-CHANGE / NEW-VIEW rules as pure functions: verification and the recomputation of O.
+
+Prepared certificates in VIEW-CHANGE messages carry their signed PRE-PREPARE and PREPAREs, so
+the new primary and every replica can pick, for each seqNo above the highest stable checkpoint
+in V (min-s), the prepared block of the highest view (Castro & Liskov's signed variant; Fabric
+v0.6's unsigned P/Q sets need the extra Q-set vote rules instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pbft_engine.core.params import EngineParams
+from pbft_engine.errors import CertificateError, MessageError
+from pbft_engine.messages import (
+    Authenticator,
+    Checkpoint,
+    NewView,
+    Signed,
+    ViewChange,
+)
+
+
+@dataclass(frozen=True)
+class NewViewPlan:
+    """What V implies: min-s, its checkpoint proof, and O as (seqNo, digest) sorted by seqNo."""
+
+    min_s: int
+    checkpoint_proof: tuple[Signed[Checkpoint], ...]
+    entries: tuple[tuple[int, bytes], ...]
+
+
+def verify_view_change(auth: Authenticator, signed: Signed[ViewChange]) -> None:
+    """Signature, checkpoint proof C, and every prepared certificate in P; raises MessageError."""
+    auth.verify(signed)
+    vc = signed.body
+    if vc.view == 0:
+        raise MessageError("view-change to view 0")
+    auth.verify_checkpoint_proof(vc.stable_seq_no, vc.checkpoint_proof)
+    seq_nos = [p.seq_no for p in vc.pset]
+    if seq_nos != sorted(set(seq_nos)) or any(n <= vc.stable_seq_no for n in seq_nos):
+        raise MessageError("view-change P set not sorted, unique and above its checkpoint")
+    for proof in vc.pset:
+        if proof.view >= vc.view:
+            raise MessageError("view-change P entry from a view not below the new view")
+        auth.verify_prepared_proof(proof)
+    qkeys = [(q.seq_no, q.digest) for q in vc.qset]
+    if qkeys != sorted(set(qkeys)) or any(
+        q.seq_no <= vc.stable_seq_no or q.view >= vc.view for q in vc.qset
+    ):
+        raise MessageError("view-change Q set not sorted, unique, above its checkpoint and view")
+
+
+def plan_new_view(view_changes: Sequence[ViewChange]) -> NewViewPlan:
+    """Recompute O from V deterministically.
+
+    min-s is the highest stable checkpoint in V. For each seqNo above it the prepared
+    certificate of the highest view wins (ties: the larger digest, only reachable with more
+    than f faults). O is contiguous from min-s + 1 and ends at the first seqNo nobody prepared:
+    a block's parent is the block before it, so nothing above a gap can ever be valid; the new
+    primary proposes fresh blocks from there (this is what the empty "null request" of
+    Castro & Liskov does for a gap in an ordered log).
+    """
+    best = max(view_changes, key=lambda vc: vc.stable_seq_no)
+    min_s = best.stable_seq_no
+    chosen: dict[int, tuple[int, bytes]] = {}
+    for vc in view_changes:
+        for proof in vc.pset:
+            if proof.seq_no > min_s:
+                candidate = (proof.view, proof.digest)
+                chosen[proof.seq_no] = max(chosen.get(proof.seq_no, candidate), candidate)
+    entries = []
+    seq_no = min_s + 1
+    while seq_no in chosen:
+        entries.append((seq_no, chosen[seq_no][1]))
+        seq_no += 1
+    return NewViewPlan(min_s, best.checkpoint_proof, tuple(entries))
+
+
+def select_view_changes(
+    params: EngineParams, view_changes: Sequence[Signed[ViewChange]]
+) -> tuple[Signed[ViewChange], ...]:
+    """The V a new primary sends: the N-f messages of the lowest replica indices."""
+    ordered = sorted(view_changes, key=lambda s: s.body.replica)
+    return tuple(ordered[: params.view_change_quorum])
+
+
+def verify_new_view(
+    auth: Authenticator, params: EngineParams, signed: Signed[NewView]
+) -> NewViewPlan:
+    """Check a NEW-VIEW completely and return the plan it must follow; raises MessageError."""
+    nv = signed.body
+    if nv.replica != params.primary(nv.view):
+        raise MessageError("new-view not from the primary of its view")
+    auth.verify(signed)
+    senders = {vc.body.replica for vc in nv.view_changes}
+    if len(senders) != len(nv.view_changes) or len(senders) < params.view_change_quorum:
+        raise CertificateError("new-view: too few distinct view-change messages")
+    for vc in nv.view_changes:
+        if vc.body.view != nv.view:
+            raise MessageError("new-view: a view-change for another view")
+        verify_view_change(auth, vc)
+    plan = plan_new_view([vc.body for vc in nv.view_changes])
+    issued = tuple((pp.body.seq_no, pp.body.digest) for pp in nv.pre_prepares)
+    if issued != plan.entries:
+        raise MessageError("new-view: O differs from the recomputation from V")
+    for pp in nv.pre_prepares:
+        if (pp.body.view, pp.body.replica) != (nv.view, nv.replica):
+            raise MessageError("new-view: a pre-prepare for another view or primary")
+        auth.verify(pp)
+    return plan
+

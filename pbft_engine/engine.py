@@ -1,0 +1,229 @@
+"""The PBFT engine adapter: chain's `ConsensusEngine` around the pure `Replica`.
+
+It feeds peer messages, pool arrivals, timers and block outcomes into `Replica.step` and carries
+out the actions in order: a step's `Persist` is one synced LevelDB batch written before any
+message of that step leaves; block work (build, validate, commit) runs through the node's
+context off the event loop and comes back as the matching event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from chain.blockchain import ExecutedBlock
+from chain.engine import ConsensusEngine, EngineContext, RpcHandler, TimerHandle
+from chain.errors import BlockValidationError, EngineError
+from pbft_engine.core import (
+    Action,
+    Alarm,
+    BlockBuilt,
+    BlockCommitted,
+    BlockValidated,
+    Broadcast,
+    BuildBlock,
+    CancelTimer,
+    ChainHead,
+    CommitBlock,
+    EngineParams,
+    Event,
+    FetchCommitted,
+    FetchFailed,
+    MessageReceived,
+    Persist,
+    Replica,
+    RequestReceived,
+    SendTo,
+    SetTimer,
+    TimerFired,
+    TimerKind,
+    ValidateBlock,
+)
+from pbft_engine.errors import PbftError
+from pbft_engine.messages import KeySigner, KeyVerifier
+from pbft_engine.store import LevelDBConsensusStore
+
+log = logging.getLogger(__name__)
+
+
+class PbftEngine(ConsensusEngine):
+    name = "pbft"
+
+    def __init__(self, context: EngineContext, params: Mapping[str, Any]) -> None:
+        super().__init__(context, params)
+        self.engine_params = self._params(context.chain_id, params)
+        self.store = LevelDBConsensusStore(context.database)
+        self.replica: Replica | None = None
+        self._timers: dict[tuple[TimerKind, bytes], TimerHandle] = {}
+        self._executed: dict[bytes, ExecutedBlock] = {}  # digest -> block executed here
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.alarms: list[Alarm] = []
+
+    @staticmethod
+    def _params(chain_id: int, params: Mapping[str, Any]) -> EngineParams:
+        try:
+            return EngineParams.from_genesis(chain_id, params)
+        except PbftError as exc:
+            raise EngineError(str(exc)) from None
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        cls._params(1, params)
+
+    # Lifecycle.
+
+    async def start(self) -> None:
+        key = self.context.validator_key
+        if key is None:
+            raise EngineError("the pbft engine needs this node's validator key (--keystore)")
+        address = key.public_key.to_canonical_address()
+        if address not in self.engine_params.validators:
+            raise EngineError(f"0x{address.hex()} is not in config.pbft.validators")
+        head = self.context.head()
+        self.replica = Replica.restore(
+            self.engine_params,
+            self.engine_params.validators.index(address),
+            KeySigner(key.to_bytes()),
+            KeyVerifier(),
+            ChainHead(head.block_number, head.hash),
+            self.store,
+        )
+        self._perform(self.replica.start())
+
+    async def stop(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # Inputs.
+
+    def on_transactions(self, tx_hashes: list[bytes]) -> None:
+        for tx_hash in tx_hashes:
+            self._step(RequestReceived(tx_hash))
+
+    def on_message(self, sender: bytes, payload: bytes) -> None:
+        self._step(MessageReceived(payload))
+
+    def is_proposer(self) -> bool:
+        return self.replica is not None and self.replica.me == self.replica.primary
+
+    def _step(self, event: Event) -> None:
+        if self.replica is not None:
+            self._perform(self.replica.step(event))
+
+    # Actions, in order.
+
+    def _perform(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Persist):
+                self.store.apply(action.ops)  # synced, before anything of this step is sent
+            elif isinstance(action, Broadcast):
+                self.context.broadcast(action.data)
+            elif isinstance(action, SendTo):
+                self.context.send(self.engine_params.validators[action.replica], action.data)
+            elif isinstance(action, SetTimer):
+                self._set_timer(action)
+            elif isinstance(action, CancelTimer):
+                handle = self._timers.pop((action.kind, action.key), None)
+                if handle is not None:
+                    handle.cancel()
+            elif isinstance(action, BuildBlock):
+                self._spawn(self._build(action))
+            elif isinstance(action, ValidateBlock):
+                self._spawn(self._validate(action))
+            elif isinstance(action, CommitBlock):
+                self._spawn(self._commit(action))
+            elif isinstance(action, FetchCommitted):
+                # Catch-up over the peer transport is not wired yet: report the failure so
+                # the replica retries through its own timers.
+                self._step(FetchFailed(action.target_seq_no))
+            elif isinstance(action, Alarm):
+                self.alarms.append(action)
+                log.error("pbft alarm %s: %s", action.kind, action.detail)
+
+    def _set_timer(self, action: SetTimer) -> None:
+        key = (action.kind, action.key)
+        previous = self._timers.pop(key, None)
+        if previous is not None:
+            previous.cancel()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            self._step(TimerFired(action.kind, action.key))
+
+        self._timers[key] = self.context.call_later(action.duration_ms / 1000, fire)
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _build(self, action: BuildBlock) -> None:
+        executed = await self.context.build_block(coinbase=self._coinbase())
+        if executed.number != action.seq_no:
+            # The replica builds only on its last executed block, so this means the chain
+            # head moved under it; leaving the request unanswered is safer than proposing.
+            log.error("built block %d, wanted %d", executed.number, action.seq_no)
+            return
+        self._executed[executed.hash] = executed
+        tx_hashes = tuple(tx.hash for tx in executed.block.transactions)
+        self._step(BlockBuilt(action.seq_no, executed.hash, executed.encode(), tx_hashes))
+
+    async def _validate(self, action: ValidateBlock) -> None:
+        ok = False
+        try:
+            executed = await self.context.validate_block(action.block)
+            ok = executed.hash == action.digest and executed.number == action.seq_no
+            if ok:
+                self._executed[executed.hash] = executed
+        except BlockValidationError as exc:
+            log.warning("block %d rejected: %s", action.seq_no, exc)
+        self._step(BlockValidated(action.seq_no, action.digest, ok))
+
+    async def _commit(self, action: CommitBlock) -> None:
+        executed = self._executed.pop(action.digest, None)
+        if executed is None:
+            executed = await self.context.validate_block(action.block)
+        await self.context.commit_block(executed)
+        self._executed = {d: e for d, e in self._executed.items() if e.number > executed.number}
+        tx_hashes = tuple(tx.hash for tx in executed.block.transactions)
+        self._step(BlockCommitted(action.seq_no, executed.hash, executed.state_root, tx_hashes))
+
+    def _coinbase(self) -> bytes:
+        assert self.replica is not None
+        return self.engine_params.validators[self.replica.me]
+
+    # Observability.
+
+    def status(self) -> dict[str, Any]:
+        if self.replica is None:
+            return {"engine": self.name, "mode": "stopped"}
+        status = self.replica.status()
+        return {
+            "engine": self.name,
+            "view": status.view,
+            "seqNo": status.seq_no,
+            "h": status.low_watermark,
+            "H": status.high_watermark,
+            "primary": "0x" + self.engine_params.validators[status.primary].hex(),
+            "stableCheckpoint": status.stable_checkpoint,
+            "lastExecuted": status.last_executed,
+            "mode": (
+                "catching-up"
+                if status.fetching is not None
+                else "normal"
+                if status.active
+                else "view-change"
+            ),
+        }
+
+    def rpc_methods(self) -> dict[str, RpcHandler]:
+        async def pbft_status() -> dict[str, Any]:
+            return self.status()
+
+        return {"pbft_status": pbft_status}

@@ -1,0 +1,29 @@
+"""The exception hierarchy of the pbft_engine package."""
+
+
+class PbftError(Exception):
+    """Base class of every error raised by the PBFT engine."""
+
+
+class ConfigError(PbftError):
+    """The engine parameters (genesis `config.pbft`) are missing or inconsistent."""
+
+
+class MessageError(PbftError):
+    """A consensus message is malformed, not canonical or structurally invalid."""
+
+
+class SignatureError(MessageError):
+    """A signature does not recover to the validator the message claims to come from."""
+
+
+class CertificateError(MessageError):
+    """A certificate (commit, checkpoint, prepared, view-change set) is not a valid quorum."""
+
+
+class StoreError(PbftError):
+    """A persisted consensus record cannot be decoded: the data directory is damaged."""
+
+
+class SafetyError(PbftError):
+    """The replica was asked to do something that would break safety (e.g. sign twice)."""

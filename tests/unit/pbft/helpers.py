@@ -1,0 +1,46 @@
+"""Shared helpers for the PBFT unit scenarios (built on the simulator's cluster)."""
+
+from __future__ import annotations
+
+from eth_hash.auto import keccak
+
+from pbft_engine.messages import MessageType, WireMessage
+from tests.simulation.cluster import Cluster, Node
+
+
+def tx_hashes(count: int, tag: str = "tx") -> list[bytes]:
+    return [keccak(f"{tag} {i}".encode()) for i in range(count)]
+
+
+def commit(cluster: Cluster, txs: list[bytes], limit_ms: int = 20_000,
+           nodes: list[Node] | None = None) -> None:
+    """Submit `txs` and run until every (given) node has them all; then check safety."""
+    for tx in txs:
+        cluster.submit(tx)
+    def done() -> bool:
+        settled = all(node.replica.last_exec == len(node.chain.blocks)
+                      for node in cluster.nodes if node.replica is not None)
+        return settled and cluster.all_committed(txs, nodes)
+
+    assert cluster.run_until(done, limit_ms), f"not committed: heights {cluster.heights()}"
+    cluster.check_safety()
+
+
+def drop_from(*replicas: int):
+    """A network filter that silences the given replicas."""
+    return lambda src, dst, wire: src not in replicas
+
+
+def drop_type(message_type: MessageType, to: int | None = None):
+    return lambda src, dst, wire: not (
+        wire.signed.body.TYPE is message_type and (to is None or dst == to)
+    )
+
+
+def capture(message_type: MessageType, into: list[WireMessage]):
+    def record(src: int, dst: int, wire: WireMessage) -> bool:
+        if wire.signed.body.TYPE is message_type:
+            into.append(wire)
+        return True
+
+    return record
