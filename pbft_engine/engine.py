@@ -16,6 +16,7 @@ from typing import Any
 from chain.blockchain import ExecutedBlock
 from chain.engine import ConsensusEngine, EngineContext, RpcHandler, TimerHandle
 from chain.errors import BlockValidationError, EngineError
+from chain.rpc.hexcodec import parse_quantity
 from pbft_engine.core import (
     Action,
     Alarm,
@@ -41,8 +42,9 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
+from pbft_engine.core.records import StoreName, u64
 from pbft_engine.errors import PbftError
-from pbft_engine.messages import KeySigner, KeyVerifier
+from pbft_engine.messages import KeySigner, KeyVerifier, decode_commit_certificate
 from pbft_engine.store import LevelDBConsensusStore
 
 log = logging.getLogger(__name__)
@@ -222,8 +224,34 @@ class PbftEngine(ConsensusEngine):
             ),
         }
 
+    def commit_certificate(self, block_number: int) -> dict[str, Any] | None:
+        """The permanent commit certificate of a block, with its signers, for anyone to check
+        against the validator set (`pbft_engine.messages.verify_commit_certificate`)."""
+        certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(block_number))
+        if certificate is None:
+            return None
+        commits = decode_commit_certificate(certificate)
+        validators = self.engine_params.validators
+        return {
+            "blockNumber": hex(block_number),
+            "blockHash": "0x" + commits[0].body.digest.hex(),
+            "view": hex(commits[0].body.view),
+            "signers": ["0x" + validators[c.body.replica].hex() for c in commits],
+            "certificate": "0x" + certificate.hex(),
+        }
+
     def rpc_methods(self) -> dict[str, RpcHandler]:
         async def pbft_status() -> dict[str, Any]:
             return self.status()
 
-        return {"pbft_status": pbft_status}
+        async def pbft_getValidators() -> list[str]:  # noqa: N802
+            return ["0x" + v.hex() for v in self.engine_params.validators]
+
+        async def pbft_getCommitCertificate(block_number: Any) -> dict[str, Any] | None:  # noqa: N802
+            return self.commit_certificate(parse_quantity(block_number, "block number", bits=64))
+
+        return {
+            "pbft_status": pbft_status,
+            "pbft_getValidators": pbft_getValidators,
+            "pbft_getCommitCertificate": pbft_getCommitCertificate,
+        }
