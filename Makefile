@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TESTNET_DIR ?= .testnet
-VALIDATORS ?= 1
+VALIDATORS ?= 4
 
 .PHONY: setup run test lint unit integration clean
 
