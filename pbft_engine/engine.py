@@ -163,7 +163,13 @@ class PbftEngine(ConsensusEngine):
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # The replica keeps waiting for the reply; its timers lead to a view change.
+            log.error("pbft block work failed", exc_info=task.exception())
 
     async def _build(self, action: BuildBlock) -> None:
         executed = await self.context.build_block(coinbase=self._coinbase())
