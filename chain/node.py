@@ -107,11 +107,17 @@ class Node:
         self.config = config
         self.db = open_database(config.datadir)
         try:
-            self.genesis = load_datadir_genesis(self.db)
-            self.blockchain = Blockchain(self.db, self.genesis)
+            self._assemble()
         except Exception:
-            self.db.close()
+            self.db.close()  # a node that cannot start leaves its data directory free
             raise
+        self.rpc_server: Any = None
+        self.transport: Transport | None = None
+
+    def _assemble(self) -> None:
+        config = self.config
+        self.genesis = load_datadir_genesis(self.db)
+        self.blockchain = Blockchain(self.db, self.genesis)
         self.chain_id = self.genesis.chain_id
         self.accounts = HeadAccounts(self.blockchain)
         self.pool = TxPool(self.chain_id, self.accounts, self.genesis.gas_limit, config.pool_limits)
@@ -121,9 +127,6 @@ class Node:
         self.context = NodeContext(self)
         engine_class = load_engine_class(self.genesis.engine)
         self.engine: ConsensusEngine = engine_class(self.context, self.genesis.engine_params)
-        self.rpc_server: Any = None
-        self.transport: Transport | None = None
-        self.started_at = time.time()
 
     async def start(self) -> None:
         config = self.config

@@ -116,7 +116,7 @@ class Dispatcher:
         if not payload:
             return _response(None, error=RpcError(INVALID_REQUEST, "empty batch"))
         if len(payload) > MAX_BATCH_ITEMS:
-            return _response(None, error=RpcError(-32600, "batch too large"))
+            return _response(None, error=RpcError(INVALID_REQUEST, "batch too large"))
         responses = []
         size = 0
         for item in payload:
