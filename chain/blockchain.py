@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import rlp
 from eth.abc import (
@@ -73,6 +74,11 @@ class ExecutedBlock:
     @property
     def state_root(self) -> bytes:
         return self.block.header.state_root
+
+    @cached_property
+    def tx_hashes(self) -> tuple[bytes, ...]:
+        """Computed once: py-evm rehashes a legacy transaction on every `.hash`."""
+        return tuple(tx.hash for tx in self.block.transactions)
 
     def encode(self) -> bytes:
         return rlp.encode(self.block)

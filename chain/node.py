@@ -207,7 +207,7 @@ class Node:
 
     def on_committed(self, executed: ExecutedBlock) -> None:
         transactions = executed.block.transactions
-        self.pool.remove(tx.hash for tx in transactions)
+        self.pool.remove(executed.tx_hashes)
         self.accounts.refresh()
         self.pool.prune(tx.sender for tx in transactions)
         committed = CommittedBlock(executed.block, executed.receipts)

@@ -179,8 +179,9 @@ class PbftEngine(ConsensusEngine):
             log.error("built block %d, wanted %d", executed.number, action.seq_no)
             return
         self._executed[executed.hash] = executed
-        tx_hashes = tuple(tx.hash for tx in executed.block.transactions)
-        self._step(BlockBuilt(action.seq_no, executed.hash, executed.encode(), tx_hashes))
+        self._step(
+            BlockBuilt(action.seq_no, executed.hash, executed.encode(), executed.tx_hashes)
+        )
 
     async def _validate(self, action: ValidateBlock) -> None:
         ok = False
@@ -199,8 +200,9 @@ class PbftEngine(ConsensusEngine):
             executed = await self.context.validate_block(action.block)
         await self.context.commit_block(executed)
         self._executed = {d: e for d, e in self._executed.items() if e.number > executed.number}
-        tx_hashes = tuple(tx.hash for tx in executed.block.transactions)
-        self._step(BlockCommitted(action.seq_no, executed.hash, executed.state_root, tx_hashes))
+        self._step(
+            BlockCommitted(action.seq_no, executed.hash, executed.state_root, executed.tx_hashes)
+        )
 
     def _coinbase(self) -> bytes:
         assert self.replica is not None

@@ -47,6 +47,10 @@ def _response(request_id: Any, result: Any = None, error: RpcError | None = None
     return response
 
 
+def _encode(response: dict) -> str:
+    return json.dumps(response, separators=(",", ":"))
+
+
 def _check_arity(method: Method, params: list[Any]) -> None:
     signature = inspect.signature(method)
     positional = list(signature.parameters.values())
@@ -105,30 +109,33 @@ class Dispatcher:
         _check_arity(method, params)
         return await method(*params)
 
-    async def handle_payload(self, body: bytes | str, session: Any = None) -> Any:
-        """A whole body: a single request or a batch; None when nothing is to be answered."""
+    async def handle_payload(self, body: bytes | str, session: Any = None) -> str | None:
+        """A whole body, a single request or a batch, to the encoded answer (None: nothing to
+        answer). Each response is encoded once; its size counts toward the batch limit."""
         try:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-            return _response(None, error=RpcError(PARSE_ERROR, "parse error"))
+            return _encode(_response(None, error=RpcError(PARSE_ERROR, "parse error")))
         if not isinstance(payload, list):
-            return await self.call(payload, session)
+            response = await self.call(payload, session)
+            return None if response is None else _encode(response)
         if not payload:
-            return _response(None, error=RpcError(INVALID_REQUEST, "empty batch"))
+            return _encode(_response(None, error=RpcError(INVALID_REQUEST, "empty batch")))
         if len(payload) > MAX_BATCH_ITEMS:
-            return _response(None, error=RpcError(INVALID_REQUEST, "batch too large"))
-        responses = []
+            return _encode(_response(None, error=RpcError(INVALID_REQUEST, "batch too large")))
+        encoded: list[str] = []
         size = 0
         for item in payload:
             response = await self.call(item, session)
             if response is None:
                 continue
-            size += len(json.dumps(response))
+            text = _encode(response)
+            size += len(text)
             if size > MAX_BATCH_RESPONSE_BYTES:
                 error = RpcError(-32003, "response too large")
-                response = _response(response.get("id"), error=error)
-            responses.append(response)
-        return responses or None
+                text = _encode(_response(response.get("id"), error=error))
+            encoded.append(text)
+        return "[" + ",".join(encoded) + "]" if encoded else None
 
 
 class RpcServer:
@@ -182,7 +189,7 @@ class RpcServer:
         result = await self.dispatcher.handle_payload(body)
         if result is None:
             return web.Response(status=200)
-        return web.json_response(result)
+        return web.Response(text=result, content_type="application/json")
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse(max_msg_size=MAX_BODY_BYTES, heartbeat=30)
@@ -195,7 +202,7 @@ class RpcServer:
                 if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                     break  # CLOSE or ERROR; pings are answered by aiohttp itself
                 result = await self.dispatcher.handle_payload(message.data, session)
-                if result is not None and not session.enqueue(json.dumps(result)):
+                if result is not None and not session.enqueue(result):
                     break
                 if session.overflowed:
                     break
