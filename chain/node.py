@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import rlp
 from eth.abc import BlockAPI, BlockHeaderAPI, ReceiptAPI, StateAPI
 from eth_keys.datatypes import PrivateKey
 
@@ -181,6 +182,8 @@ class Node:
             self.engine.on_message(sender, payload)
         elif channel == Channel.TX_GOSSIP:
             self._on_gossiped_transaction(payload)
+        elif channel == Channel.BLOCK_SYNC:
+            self.engine.on_sync_message(sender, payload)
 
     def _on_gossiped_transaction(self, raw: bytes) -> None:
         """A transaction another validator accepted; every validator gets it from its origin,
@@ -289,13 +292,37 @@ class NodeContext(EngineContext):
     def keyspace(self, prefix: bytes) -> Keyspace:
         return self._node.db.keyspace(b"engine/" + prefix)
 
+    async def canonical_blocks(self, first: int, count: int) -> list[bytes]:
+        blockchain = self._node.blockchain
+
+        def read() -> list[bytes]:
+            blocks = []
+            for number in range(first, first + count):
+                header = blockchain.header_by_number(number)
+                if header is None:
+                    break
+                blocks.append(rlp.encode(blockchain.block_by_header(header)))
+            return blocks
+
+        return await asyncio.to_thread(read)  # LevelDB reads; not behind block execution
+
     def send(self, peer: bytes, payload: bytes) -> None:
-        if self._node.transport is not None:
-            self._node.transport.send(peer, Channel.ENGINE, payload)
+        self._send(peer, Channel.ENGINE, payload)
 
     def broadcast(self, payload: bytes) -> None:
         if self._node.transport is not None:
             self._node.transport.broadcast(Channel.ENGINE, payload)
+
+    def send_sync(self, peer: bytes, payload: bytes) -> None:
+        self._send(peer, Channel.BLOCK_SYNC, payload)
+
+    def _send(self, peer: bytes, channel: Channel, payload: bytes) -> None:
+        if self._node.transport is not None:
+            self._node.transport.send(peer, channel, payload)
+
+    def peers(self) -> frozenset[bytes]:
+        transport = self._node.transport
+        return frozenset(transport.connected_peers()) if transport is not None else frozenset()
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
         return _LoopTimer(asyncio.get_running_loop().call_later(delay, callback))

@@ -35,7 +35,9 @@ TESTNET_PBFT_PARAMS = {  # short periods so a local cluster reacts quickly
 TESTNET_PASSWORD = "testnet"  # the validator keystores of a local testnet; not for real keys
 
 
-def _genesis_document(chain_id: int, validators: list[str], accounts: list[str]) -> dict:
+def _genesis_document(
+    chain_id: int, validators: list[str], accounts: list[str], pbft: dict[str, Any]
+) -> dict:
     if len(validators) == 1:
         engine = {"dev": {"period": 0, "coinbase": validators[0]}}
     else:
@@ -44,7 +46,7 @@ def _genesis_document(chain_id: int, validators: list[str], accounts: list[str])
                 f"a testnet of {len(validators)} validators needs the pbft engine, which is "
                 "not installed in this version; use --validators 1 (the dev engine)"
             )
-        engine = {"pbft": {"validators": validators, **TESTNET_PBFT_PARAMS}}
+        engine = {"pbft": {"validators": validators, **TESTNET_PBFT_PARAMS, **pbft}}
     return {
         "config": {"chainId": chain_id, **engine},
         "alloc": {address: {"balance": hex(DEV_BALANCE)} for address in accounts},
@@ -70,7 +72,9 @@ def init_testnet(
     chain_id: int,
     base_p2p_port: int,
     base_http_port: int,
+    pbft: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`pbft` overrides TESTNET_PBFT_PARAMS (checkpoint_interval, request_timeout, ...)."""
     if validators < 1:
         raise CliError("--validators must be at least 1")
     if (directory / "testnet.json").exists():
@@ -82,7 +86,9 @@ def init_testnet(
         {"address": k.public_key.to_checksum_address(), "private_key": "0x" + k.to_bytes().hex()}
         for k in account_keys
     ]
-    document = _genesis_document(chain_id, validator_addresses, [a["address"] for a in accounts])
+    document = _genesis_document(
+        chain_id, validator_addresses, [a["address"] for a in accounts], pbft or {}
+    )
     directory.mkdir(parents=True, exist_ok=True)
     genesis_path = directory / "genesis.json"
     genesis_bytes = json.dumps(document, indent=2).encode()

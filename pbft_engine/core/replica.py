@@ -35,6 +35,7 @@ from pbft_engine.core.events import (
     FetchCompleted,
     FetchFailed,
     MessageReceived,
+    PeerCommitted,
     RequestDropped,
     RequestReceived,
     TimerFired,
@@ -290,6 +291,7 @@ class Replica:
             BlockCommitted: self._on_block_committed,
             FetchCompleted: self._on_fetch_completed,
             FetchFailed: self._on_fetch_failed,
+            PeerCommitted: self._on_peer_committed,
         }
 
     def _run(self, work: Callable[[], None]) -> list[Action]:
@@ -709,6 +711,10 @@ class Replica:
     def _mark_stable(self, seq_no: int) -> None:
         self.stable_checkpoint = seq_no
         keep = self.checkpoints.get(seq_no, {})
+        tally = Counter(c.body.value for c in keep.values())
+        value = tally.most_common(1)[0][0]
+        proof = [c.encode() for _, c in sorted(keep.items()) if c.body.value == value]
+        self._put(StoreName.STABLE_CHECKPOINTS, u64(seq_no), rlp.encode(proof))
         self.checkpoints = {n: v for n, v in self.checkpoints.items() if n >= seq_no}
         self.checkpoints[seq_no] = keep
         self._ops.append(DeleteRange(StoreName.CHECKPOINTS, None, u64(seq_no)))
@@ -782,6 +788,15 @@ class Replica:
         if event.seq_no % self.params.checkpoint_interval == 0:
             self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
         self._advance()
+
+    def _on_peer_committed(self, event: PeerCommitted) -> None:
+        """A peer committed a block we have not: fetch it unless our own work is under way
+        (a block being built or executed may be exactly that block)."""
+        if event.seq_no <= self.last_exec or self.fetching is not None:
+            return
+        if self.executing is not None or self.building is not None:
+            return
+        self._fall_behind(event.seq_no, event.block_hash, b"")
 
     def _on_fetch_failed(self, event: FetchFailed) -> None:
         if self.fetching == event.target_seq_no:
@@ -925,6 +940,7 @@ class Replica:
         self.new_view_timeout_ms = self.params.new_view_timeout_ms
         self.last_new_view = new_view
         self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
+        self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())
         self._adopt_checkpoint(plan)
         kept = {(n, d): self._block_for(n, d) for n, d in plan.entries}
         self.block_store = {}  # blockStore only ever holds the current view's blocks

@@ -94,7 +94,8 @@ class RunningNode:
         return code
 
 
-def make_testnet(directory: Path, validators: int = 1) -> dict[str, Any]:
+def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str) -> dict[str, Any]:
+    """`pbft-node testnet init` on free ports; pbft_flags such as "--checkpoint-interval", "4"."""
     pbft_node(
         "testnet",
         "init",
@@ -106,6 +107,7 @@ def make_testnet(directory: Path, validators: int = 1) -> dict[str, Any]:
         str(free_port()),
         "--base-p2p-port",
         str(free_port()),
+        *pbft_flags,
     )
     return json.loads((directory / "testnet.json").read_text())
 
