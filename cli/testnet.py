@@ -20,7 +20,7 @@ from chain.genesis import DEFAULT_BASE_FEE, DEFAULT_GAS_LIMIT, parse_genesis
 from chain.node import initialize_datadir
 from chain.registry import available_engines
 from cli.errors import CliError
-from cli.keys import dev_private_key, write_keyfile
+from cli.keys import DEV_VALIDATOR_SEED, dev_private_key, write_keyfile
 
 DEV_ACCOUNTS = 10
 DEV_BALANCE = 10**24  # one million ether each
@@ -79,7 +79,7 @@ def init_testnet(
         raise CliError("--validators must be at least 1")
     if (directory / "testnet.json").exists():
         raise CliError(f"{directory} already holds a testnet; choose an empty --dir")
-    validator_keys = [dev_private_key(i, b"pbft-chain validator ") for i in range(validators)]
+    validator_keys = [dev_private_key(i, DEV_VALIDATOR_SEED) for i in range(validators)]
     validator_addresses = [k.public_key.to_checksum_address() for k in validator_keys]
     account_keys = [dev_private_key(i) for i in range(DEV_ACCOUNTS)]
     accounts = [
