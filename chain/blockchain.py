@@ -8,7 +8,8 @@ certificate), so a crash leaves either both or neither.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -23,7 +24,16 @@ from eth.abc import (
 from eth.chains.base import Chain
 from eth.exceptions import BlockNotFound, HeaderNotFound
 from eth.vm.forks import PragueVM
+from eth.vm.forks.berlin.transactions import TypedTransaction
+from eth.vm.forks.prague.blocks import PragueBlock
+from eth.vm.forks.prague.transactions import (
+    PragueLegacyTransaction,
+    PragueTransactionBuilder,
+    PragueTypedTransaction,
+)
+from eth_typing import Address
 from eth_utils import ValidationError
+from rlp.sedes import CountableList
 
 from chain.errors import BlockValidationError, ChainError
 from chain.genesis import Genesis
@@ -34,13 +44,78 @@ META_PREFIX = b"meta/"  # node metadata: the genesis file the data directory was
 GENESIS_KEY = b"genesis"
 
 
+SENDER_MEMO_SIZE = 1 << 16  # more than the pool holds, so a pooled transaction stays memoized
+
+
+class _SenderMemo:
+    """Transaction senders by transaction hash, for this process.
+
+    py-evm recovers the sender (an ECDSA public-key recovery, ~55 us) on every `tx.sender`,
+    and a transaction's sender is read when the pool admits it, when the block is executed
+    (built or imported) and when the pool is pruned. The hash commits to every signed field,
+    so a sender recovered once stands for every decoding of the same bytes: a replica that
+    pooled a gossiped transaction does not recover it again when the block arrives.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._senders: OrderedDict[bytes, Address] = OrderedDict()
+
+    def sender(self, tx_hash: bytes, recover: Callable[[], Address]) -> Address:
+        sender = self._senders.get(tx_hash)
+        if sender is None:
+            sender = recover()
+            if len(self._senders) >= self._size:
+                self._senders.popitem(last=False)  # atomic: the pool and the block thread share it
+            self._senders[tx_hash] = sender
+        return sender
+
+
+SENDERS = _SenderMemo(SENDER_MEMO_SIZE)
+
+
+class ChainLegacyTransaction(PragueLegacyTransaction):
+    def get_sender(self) -> Address:
+        return SENDERS.sender(self.hash, super().get_sender)
+
+
+class ChainTypedTransaction(PragueTypedTransaction):
+    def get_sender(self) -> Address:
+        return SENDERS.sender(self.hash, super().get_sender)
+
+
+class ChainTransactionBuilder(PragueTransactionBuilder):
+    """Prague's transaction types, decoded into the classes that memoize their sender."""
+
+    legacy_signed = ChainLegacyTransaction
+    typed_transaction = ChainTypedTransaction
+
+    @classmethod
+    def serialize(cls, obj: SignedTransactionAPI) -> rlp.sedes.raw.DecodedZeroOrOneLayerRLP:
+        # Any fork's typed transaction encodes the same way (signing returns London's class).
+        if isinstance(obj, TypedTransaction):
+            return cls.typed_transaction.serialize(obj)
+        return cls.legacy_signed.serialize(obj)
+
+
+class ChainBlock(PragueBlock):
+    transaction_builder = ChainTransactionBuilder
+    fields = [
+        (name, CountableList(ChainTransactionBuilder) if name == "transactions" else sedes)
+        for name, sedes in PragueBlock._meta.fields
+    ]
+
+
 class ChainVM(PragueVM):
     """Prague with one relaxation: a block's timestamp may equal its parent's.
 
     PBFT commits many blocks per second; with Ethereum's strictly increasing one-second
     timestamps the chain's clock would run ahead of real time under load (IBFT and QBFT avoid
     this with a block period of at least a second, which is what we do not want to pay).
+    Its block class decodes transactions into ones that memoize their sender (`_SenderMemo`).
     """
+
+    block_class = ChainBlock
 
     @classmethod
     def validate_header(cls, header: BlockHeaderAPI, parent_header: BlockHeaderAPI) -> None:
