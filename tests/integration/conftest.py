@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,7 +28,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def free_port_range(count: int, avoid: range = range(0)) -> int:
+def free_port_range(count: int, avoid: Collection[int] = ()) -> int:
     """The first of `count` consecutive free ports, outside `avoid` (testnet nodes use
     base + index) and below the kernel's ephemeral range, where connections take ports."""
     rng = random.Random()
@@ -120,6 +120,8 @@ def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str) -> dict
     """`pbft-node testnet init` on free ports; pbft_flags such as "--checkpoint-interval", "4"."""
     http = free_port_range(validators)
     p2p = free_port_range(validators, avoid=range(http, http + validators))
+    metrics = free_port_range(
+        validators, avoid={*range(http, http + validators), *range(p2p, p2p + validators)})
     pbft_node(
         "testnet",
         "init",
@@ -131,6 +133,8 @@ def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str) -> dict
         str(http),
         "--base-p2p-port",
         str(p2p),
+        "--base-metrics-port",
+        str(metrics),
         *pbft_flags,
     )
     return json.loads((directory / "testnet.json").read_text())
