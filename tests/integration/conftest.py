@@ -135,3 +135,24 @@ def accounts(dev_node: RunningNode) -> list[dict[str, str]]:
 def load_contract(name: str) -> dict[str, Any]:
     path = Path(__file__).resolve().parent.parent / "fixtures" / "contracts" / f"{name}.json"
     return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningNode]]:
+    """Four PBFT validators in a full mesh, shared by a test module."""
+    directory = tmp_path_factory.mktemp("pbft")
+    description = make_testnet(directory, validators=4)
+    nodes = [
+        RunningNode(description, node, directory / f"node{node['index']}.log")
+        for node in description["nodes"]
+    ]
+    try:
+        for node in nodes:
+            node.start()
+        wait_for(
+            lambda: all(n.web3().net.peer_count == 3 for n in nodes), 30, "a full mesh of peers"
+        )
+        yield nodes
+    finally:
+        codes = [node.stop() for node in nodes]
+    assert codes == [0, 0, 0, 0]

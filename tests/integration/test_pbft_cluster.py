@@ -3,37 +3,15 @@ commit, every node holds the same chain, and every block's commit certificate ve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from eth_account import Account
 from web3 import Web3
 
 from pbft_engine.messages import verify_commit_certificate
-from tests.integration.conftest import RunningNode, make_testnet, wait_for
+from tests.integration.conftest import RunningNode, wait_for
 
 GWEI = 10**9
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningNode]]:
-    directory = tmp_path_factory.mktemp("pbft")
-    description = make_testnet(directory, validators=4)
-    nodes = [
-        RunningNode(description, node, directory / f"node{node['index']}.log")
-        for node in description["nodes"]
-    ]
-    try:
-        for node in nodes:
-            node.start()
-        wait_for(
-            lambda: all(n.web3().net.peer_count == 3 for n in nodes), 30, "a full mesh of peers"
-        )
-        yield nodes
-    finally:
-        codes = [node.stop() for node in nodes]
-    assert codes == [0, 0, 0, 0]
 
 
 def _transfer(w3: Web3, key: str, to: str, nonce: int) -> bytes:
