@@ -20,7 +20,7 @@ import itertools
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -282,39 +282,21 @@ def _checked_validators(validators: Mapping[str, str]) -> dict[str, str]:
 
 
 @dataclass
-class _Schedule:
-    """One validator's timers during a confirmation: when to re-send, how long to pause."""
+class _ResendTimer:
+    """When to re-send to every validator: after `resend_after`, then twice as long each time."""
 
-    timeouts: Timeouts
-    start: float
-    resend_at: float = field(init=False)
-    resend_every: float = field(init=False)
-    pause: float = field(init=False)
-    resends: int = 0
+    every: float
+    due_at: float
+    count: int = 0
 
-    def __post_init__(self) -> None:
-        self.resend_every = self.timeouts.resend_after
-        self.resend_at = self.start + self.resend_every
-        self.pause = self.timeouts.poll_interval
-
-    @property
-    def deadline(self) -> float:
-        return self.start + self.timeouts.deadline
-
-    def take_resend(self, now: float) -> bool:
-        """Whether to re-send now; if so, the next re-send waits twice as long."""
-        if now < self.resend_at:
+    def take(self, now: float) -> bool:
+        """Whether a re-send is due now; if so, the next one is due twice as long later."""
+        if now < self.due_at:
             return False
-        self.resends += 1
-        self.resend_every *= 2
-        self.resend_at = now + self.resend_every
+        self.count += 1
+        self.every *= 2
+        self.due_at = now + self.every
         return True
-
-    def next_pause(self, now: float) -> float:
-        """Seconds to the next poll (doubling, capped); 0 once the deadline has passed."""
-        pause = min(self.pause, max(0.0, self.deadline - now))
-        self.pause = min(self.pause * 2, self.timeouts.max_poll_interval)
-        return pause
 
 
 class BftClient:
@@ -387,7 +369,7 @@ class BftClient:
         for validator, url in self.validators.items():
             if via.rstrip("/") == url or via.lower() == validator.lower():
                 return validator
-        raise BftClientError(f"--via {via} is not one of the configured validators")
+        raise BftClientError(f"{via} is not one of the configured validators")
 
     async def _query(self, node: str, method: str, params: list[Any]) -> Any:
         """A call whose failure ends the send, with the method and node in the message."""
@@ -479,17 +461,18 @@ class BftClient:
     ) -> ConfirmedReceipt:
         """Watch every validator at once (a slow one delays nobody) until f+1 agree."""
         changed = asyncio.Event()
-        schedules = {v: _Schedule(self.timeouts, start) for v in self.validators}
-        watchers = [
-            asyncio.create_task(self._watch(v, raw, tx_hash, tally, schedules[v], changed))
+        deadline = start + self.timeouts.deadline
+        timer = _ResendTimer(self.timeouts.resend_after, start + self.timeouts.resend_after)
+        tasks = [
+            asyncio.create_task(self._watch(v, tx_hash, tally, changed, deadline))
             for v in self.validators
         ]
         try:
-            agreed = await self._await_agreement(tally, changed, start + self.timeouts.deadline)
+            agreed = await self._await_agreement(raw, tally, changed, timer, deadline, tasks)
         finally:
-            for watcher in watchers:
-                watcher.cancel()
-            outcomes = await asyncio.gather(*watchers, return_exceptions=True)
+            for task in tasks:
+                task.cancel()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
@@ -498,42 +481,57 @@ class BftClient:
                 f"no {self.needed} of {len(self.validators)} validators agreed on a receipt for "
                 f"{tx_hash} within {self.timeouts.deadline:g}s: {tally.describe()}"
             )
-        return self._confirmed(tx_hash, tally, agreed, max(s.resends for s in schedules.values()))
+        return self._confirmed(tx_hash, tally, agreed, timer.count)
 
     async def _await_agreement(
-        self, tally: ReplyTally, changed: asyncio.Event, deadline: float
+        self,
+        raw: bytes,
+        tally: ReplyTally,
+        changed: asyncio.Event,
+        timer: _ResendTimer,
+        deadline: float,
+        tasks: list[asyncio.Task[None]],
     ) -> tuple[ReceiptKey, tuple[str, ...]] | None:
-        """Re-count after every answer; None at the deadline."""
-        for _ in range(len(self.validators) * self.timeouts.max_rounds() + 1):
+        """Re-count after every answer, re-send to all when the timer fires; None at the
+        deadline. The re-sends join `tasks`."""
+        for _ in range((len(self.validators) + 1) * self.timeouts.max_rounds()):
             agreed = tally.agreement()
-            remaining = deadline - time.monotonic()
-            if agreed is not None or remaining <= 0:
+            now = time.monotonic()
+            if agreed is not None or now >= deadline:
                 return agreed
+            if timer.take(now):
+                tasks.extend(
+                    asyncio.create_task(self._push_quietly(v, raw, deadline))
+                    for v in self.validators
+                )
             changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                await asyncio.wait_for(changed.wait(), min(timer.due_at, deadline) - now)
         return tally.agreement()
+
+    async def _push_quietly(self, validator: str, raw: bytes, deadline: float) -> None:
+        """A re-send: "already known", "nonce too low" or no answer do not matter, receipts do."""
+        with contextlib.suppress(BftClientError):
+            await self._push_raw(validator, raw, deadline)
 
     async def _watch(
         self,
         validator: str,
-        raw: bytes,
         tx_hash: str,
         tally: ReplyTally,
-        schedule: _Schedule,
         changed: asyncio.Event,
+        deadline: float,
     ) -> None:
-        """Poll one validator for the receipt, re-sending to it when its timer says so."""
+        """Poll one validator for the receipt, pausing longer each time (capped)."""
+        pause = self.timeouts.poll_interval
         for _ in range(self.timeouts.max_rounds()):
-            if schedule.take_resend(time.monotonic()):
-                with contextlib.suppress(BftClientError):
-                    await self._push_raw(validator, raw, schedule.deadline)
-            await self._ask_receipt(validator, tx_hash, tally, schedule.deadline)
+            await self._ask_receipt(validator, tx_hash, tally, deadline)
             changed.set()
-            pause = schedule.next_pause(time.monotonic())
-            if pause <= 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return
-            await asyncio.sleep(pause)
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(2 * pause, self.timeouts.max_poll_interval)
 
     async def _ask_receipt(
         self, validator: str, tx_hash: str, tally: ReplyTally, deadline: float

@@ -66,8 +66,14 @@ class RunningNode:
         return Web3(Web3.HTTPProvider(self.rpc_url, request_kwargs={"timeout": 30}))
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.node["command"], stdout=log, stderr=log)
+
+    def wait_ready(self) -> None:
         w3 = self.web3()
 
         def ready() -> bool:
@@ -147,8 +153,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningNo
         for node in description["nodes"]
     ]
     try:
+        for node in nodes:  # all at once: they start in parallel
+            node.launch()
         for node in nodes:
-            node.start()
+            node.wait_ready()
         wait_for(
             lambda: all(n.web3().net.peer_count == 3 for n in nodes), 30, "a full mesh of peers"
         )
