@@ -453,7 +453,7 @@ class BftClient:
                 raise TransactionRejected(
                     f"{validator} rejected the transaction: {exc.message}"
                 ) from None
-        except RpcUnreachable as exc:  # the re-send timers will reach the others
+        except RpcUnreachable as exc:  # the re-send timer will reach the others
             tally.record_note(validator, f"submission failed: {exc}")
 
     async def _confirm(
