@@ -88,8 +88,14 @@ class RunningNode:
         return Web3(Web3.HTTPProvider(self.rpc_url, request_kwargs={"timeout": 30}))
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.node["command"], stdout=log, stderr=log)
+
+    def wait_ready(self) -> None:
         w3 = self.web3()
 
         def ready() -> bool:
@@ -165,3 +171,18 @@ def accounts(dev_node: RunningNode) -> list[dict[str, str]]:
 def load_contract(name: str) -> dict[str, Any]:
     path = Path(__file__).resolve().parent.parent / "fixtures" / "contracts" / f"{name}.json"
     return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Four PBFT validators in a full mesh (a `tests.integration.cluster.Cluster`), shared by
+    a test module."""
+    from tests.integration.cluster import Cluster  # it builds on this module
+
+    cluster = Cluster.create(tmp_path_factory.mktemp("pbft"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        codes = cluster.close()
+    assert codes == [0, 0, 0, 0]
