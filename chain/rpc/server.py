@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from chain.rpc.dispatcher import BatchLimits, Dispatcher
 from chain.rpc.eth import EthApi
@@ -33,6 +34,7 @@ BUSY_RESPONSE = (
     b"Connection: close\r\n\r\ntoo many connections\n"
 )
 BUSY_LINGER_SECONDS = 1.0
+CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,13 @@ DEFAULT_LIMITS = RpcLimits()
 
 
 class _HttpErrorLog(logging.LoggerAdapter):
-    """aiohttp logs each malformed request (too many or too long headers...) with a traceback;
-    that is the client's fault, worth one debug line, and a hostile client must not be able to
-    fill the log. Anything else stays an error with its traceback."""
+    """aiohttp logs each malformed request (too many or too long headers, a bad chunk or
+    compression, a client gone mid-body) with a traceback. That is the client's fault, worth a
+    debug line: a hostile client must not fill the log. Anything else keeps its traceback."""
 
     def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
         error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
-        if isinstance(error, HttpProcessingError):
+        if isinstance(error, CLIENT_FAULTS):
             self.debug("%s: %s", msg % args, error)
         else:
             super().exception(msg, *args, exc_info=exc_info, **kwargs)
@@ -150,6 +152,8 @@ class RpcServer:
             return _closing(413, "content length too large\n")
         except TimeoutError:
             return _closing(408, "request body read timeout\n")
+        except (RequestPayloadError, ConnectionError):  # bad encoding, or the client left
+            return _closing(400, "malformed or incomplete request body\n")
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket":

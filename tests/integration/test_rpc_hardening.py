@@ -142,27 +142,35 @@ def test_body_over_the_limit_is_refused_without_reading_it(node: RunningNode, w3
     # Chunked: the server stops reading at the limit and answers while the client still sends.
     chunk = b"%x\r\n%s\r\n" % (64 * 1024, b" " * 64 * 1024)
     chunks = [chunk] * (MAX_BODY // (64 * 1024) + 2)
-    head = http_head(length=None, headers=["Transfer-Encoding: chunked"])
-    assert exchange(port, head, chunks) == (413, b"content length too large\n")
-    # A compressed body counts at its decompressed size (four times the limit in 20 kB).
+    assert exchange(port, CHUNKED, chunks) == (413, b"content length too large\n")
+    # A compressed body counts at its decompressed size (four times the limit in 100 kB).
     bomb = gzip.compress(b"[" + b" " * (4 * MAX_BODY) + b"]", compresslevel=1)
     head = http_head(length=len(bomb), headers=["Content-Encoding: gzip"])
     assert exchange(port, head, [bomb]) == (413, b"content length too large\n")
     assert_serving(w3)
 
 
+CHUNKED = http_head(length=None, headers=["Transfer-Encoding: chunked"])
+
+
 @pytest.mark.parametrize(
-    ("head", "reason"),
+    ("head", "body", "answers"),
     [
-        (http_head(headers=[f"X-Filler-{i}: x" for i in range(200)]), b"Too many headers"),
-        (http_head(headers=["X-Huge: " + "a" * 20_000]), b"Got more than 8190 bytes"),
-        (http_head(target="/" + "a" * 20_000), b"Got more than 8190 bytes"),
+        (http_head(headers=[f"X-{i}: x" for i in range(200)]), CHAIN_ID_CALL, {400}),
+        (http_head(headers=["X: " + "a" * 20_000]), CHAIN_ID_CALL, {400}),
+        (http_head(target="/" + "a" * 20_000), CHAIN_ID_CALL, {400}),
+        (http_head(length=9, headers=["Content-Encoding: gzip"]), b"not gzip!", {400}),
+        # aiohttp refuses a bad chunk size at once when it comes with the headers; when it comes
+        # later the body read waits for data that never comes, until the read timeout.
+        (CHUNKED, b"zz\r\n{}\r\n", {400, 408}),
     ],
-    ids=["many-headers", "huge-header", "huge-request-line"],
+    ids=["many-headers", "huge-header", "huge-request-line", "bad-gzip", "bad-chunk"],
 )
-def test_oversized_headers_get_400(node: RunningNode, w3: Web3, head: bytes, reason: bytes) -> None:
-    answer = exchange(port_of(node), head, [CHAIN_ID_CALL])
-    assert answer is not None and answer[0] == 400 and answer[1].startswith(reason), answer
+def test_malformed_requests_are_refused(
+    node: RunningNode, w3: Web3, head: bytes, body: bytes, answers: set[int]
+) -> None:
+    answer = exchange(port_of(node), head, [body])
+    assert answer is not None and answer[0] in answers, answer
     assert_serving(w3)
 
 
@@ -172,7 +180,15 @@ def test_slow_upload_gets_408(node: RunningNode, w3: Web3) -> None:
     answer = asyncio.run(_trickle(port_of(node), http_head(length=10_000)))
     assert answer == (408, b"request body read timeout\n")
     assert time.monotonic() - started >= READ_TIMEOUT
+    asyncio.run(_leave_mid_body(port_of(node)))
     assert_serving(w3)
+
+
+async def _leave_mid_body(port: int) -> None:
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(http_head(length=10_000) + b"{")
+    writer.close()
+    await writer.wait_closed()
 
 
 async def _trickle(port: int, head: bytes) -> tuple[int, bytes] | None:
@@ -575,3 +591,9 @@ async def _ws_call(
         message = await ws.receive_json(timeout=EXCHANGE_DEADLINE)
         if message.get("id") == request_id:
             return message
+
+
+def test_the_node_logged_no_traceback(node: RunningNode, w3: Web3) -> None:
+    """Last: hostile input is the client's fault; it never puts a traceback in the log."""
+    assert_serving(w3)
+    assert "Traceback" not in node.log_path.read_text()
