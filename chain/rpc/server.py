@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
@@ -106,11 +106,13 @@ class RpcServer:
         self.subscriptions = Subscriptions(node)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
+        self._websockets: set[web.WebSocketResponse] = set()
         self.port: int | None = None
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._guard])
         app.router.add_route("*", "/", self._handle)
+        app.on_shutdown.append(self._close_websockets)
         return app
 
     @web.middleware
@@ -172,6 +174,7 @@ class RpcServer:
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse(max_msg_size=self.limits.max_body_bytes, heartbeat=30)
         await socket.prepare(request)
+        self._websockets.add(socket)
         outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=WS_SEND_QUEUE)
         session = self.subscriptions.session(outbox)
         writer = asyncio.create_task(self._ws_writer(socket, outbox))
@@ -185,11 +188,17 @@ class RpcServer:
                 if session.overflowed:
                     break
         finally:
+            self._websockets.discard(socket)
             session.close()
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
             await socket.close()
         return socket
+
+    async def _close_websockets(self, _app: web.Application) -> None:
+        """On stop: without this, each open WebSocket would hold the shutdown for a minute."""
+        sockets = list(self._websockets)
+        await asyncio.gather(*(s.close(code=WSCloseCode.GOING_AWAY) for s in sockets))
 
     @staticmethod
     async def _ws_writer(socket: web.WebSocketResponse, outbox: asyncio.Queue[str]) -> None:

@@ -593,6 +593,23 @@ async def _ws_call(
             return message
 
 
+def test_a_node_with_a_websocket_open_stops_promptly(node: RunningNode, w3: Web3) -> None:
+    """Open WebSockets are closed (1001) on stop, rather than holding the shutdown until
+    aiohttp's minute runs out (past RunningNode.stop's deadline, which kills the node)."""
+
+    async def stop_with_a_subscriber() -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(node.ws_url) as ws:
+            await _ws_call(ws, 1, "eth_subscribe", "newHeads")
+            code = await asyncio.to_thread(node.stop)
+            return code, await ws.receive(timeout=EXCHANGE_DEADLINE)
+
+    code, closing = asyncio.run(stop_with_a_subscriber())
+    assert code == 0
+    assert (closing.type, closing.data) == (WSMsgType.CLOSE, WSCloseCode.GOING_AWAY)
+    node.start()
+    assert_serving(w3)
+
+
 def test_the_node_logged_no_traceback(node: RunningNode, w3: Web3) -> None:
     """Last: hostile input is the client's fault; it never puts a traceback in the log."""
     assert_serving(w3)
