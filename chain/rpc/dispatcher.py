@@ -90,7 +90,12 @@ def _response(request_id: Any, result: Any = None, error: RpcError | None = None
 
 
 def _encode(response: dict) -> str:
-    return json.dumps(response, separators=(",", ":"))
+    try:
+        return json.dumps(response, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):  # a method's bug: still an answer, not a 500
+        log.exception("cannot encode the answer to id %r", response["id"])
+        error = RpcError(INTERNAL_ERROR, "internal error")
+        return json.dumps(_response(response["id"], error=error), separators=(",", ":"))
 
 
 def _valid_id(request_id: Any) -> bool:

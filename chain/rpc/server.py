@@ -45,7 +45,7 @@ class RpcLimits:
     max_body_bytes: int = 5 * 1024 * 1024  # geth's 5 MiB: 413 beyond
     batch: BatchLimits = field(default_factory=BatchLimits)
     read_timeout: float = 30.0  # the whole body, as geth's ReadTimeout: 408 beyond
-    idle_timeout: float = 120.0  # no complete request on a connection, as geth's IdleTimeout
+    idle_timeout: float = 120.0  # a connection without a request (headers too), geth's IdleTimeout
     max_connections: int = 256  # HTTP and WebSocket together: 503 beyond
     # After refusing a body (408, 413) the rest is read and dropped this long, so the client
     # reads the answer rather than a reset; the connection holds its slot meanwhile.
@@ -63,7 +63,7 @@ class _HttpErrorLog(logging.LoggerAdapter):
     def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
         error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
         if isinstance(error, CLIENT_FAULTS):
-            self.debug("%s: %s", msg % args, error)
+            self.debug(f"{msg}: %s", *args, error)
         else:
             super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
@@ -75,11 +75,11 @@ class _Busy(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
         transport.write(BUSY_RESPONSE)
         if transport.can_write_eof():
             transport.write_eof()
         asyncio.get_running_loop().call_later(BUSY_LINGER_SECONDS, transport.close)
-        self._transport = transport
 
     def eof_received(self) -> bool:
         self._transport.close()

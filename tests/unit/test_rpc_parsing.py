@@ -115,7 +115,7 @@ def test_deep_text_over_websocket_is_refused_too() -> None:
 
 
 class Methods:
-    """Stand-ins: an echo, a failure, a big result; `calls` counts what actually ran."""
+    """Stand-ins: an echo, failures, a big result; `calls` counts what actually ran."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -127,12 +127,20 @@ class Methods:
     async def broken(self) -> Any:
         raise RuntimeError("a bug, with details that must not reach the client")
 
+    async def unencodable(self) -> Any:
+        return float("nan")
+
     async def big(self, size: int) -> str:
         self.calls += 1
         return "x" * size
 
     def table(self) -> dict[str, Any]:
-        return {"test_echo": self.echo, "test_broken": self.broken, "test_big": self.big}
+        return {
+            "test_echo": self.echo,
+            "test_broken": self.broken,
+            "test_unencodable": self.unencodable,
+            "test_big": self.big,
+        }
 
 
 def handle(dispatcher: Dispatcher, payload: Any) -> Any:
@@ -186,6 +194,7 @@ def test_valid_ids_are_echoed(dispatcher: Dispatcher, request_id: Any) -> None:
         (b'{"jsonrpc":"2.0","id":4,"method":"test_echo","params":[1,2,3]}', -32602, 4,
          "too many arguments, want at most 2"),
         (b'{"jsonrpc":"2.0","id":4,"method":"test_broken"}', -32603, 4, "internal error"),
+        (b'{"jsonrpc":"2.0","id":4,"method":"test_unencodable"}', -32603, 4, "internal error"),
     ],
 )  # fmt: skip
 def test_errors(
