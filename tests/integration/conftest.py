@@ -146,16 +146,25 @@ def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str) -> dict
     return json.loads((directory / "testnet.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def dev_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
-    """One dev-engine node shared by a test module."""
-    directory = tmp_path_factory.mktemp("testnet")
+def run_dev_node(directory: Path, program: list[str] | None = None) -> Iterator[RunningNode]:
+    """A one-validator dev testnet in `directory`, its node running until the generator is
+    resumed, then stopped cleanly. `program` replaces `python -m cli.node` in its command."""
     description = make_testnet(directory)
-    node = RunningNode(description, description["nodes"][0], directory / "node0.log")
+    entry = dict(description["nodes"][0])
+    if program is not None:
+        assert entry["command"][1:3] == ["-m", "cli.node"], entry["command"]
+        entry["command"] = [*program, *entry["command"][3:]]
+    node = RunningNode(description, entry, directory / "node0.log")
     node.start()
     yield node
     code = node.stop()
     assert code == 0, f"node did not shut down cleanly:\n{node.log_path.read_text()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def dev_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
+    """One dev-engine node shared by a test module."""
+    yield from run_dev_node(tmp_path_factory.mktemp("testnet"))
 
 
 @pytest.fixture(scope="module")
