@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from eth.abc import BlockHeaderAPI
 from eth_keys.datatypes import PrivateKey
+from prometheus_client import CollectorRegistry
 
 from chain.blockchain import ExecutedBlock
 from storage import Database, Keyspace, WriteBatch
@@ -30,6 +31,7 @@ class EngineContext(ABC):
     chain_id: int
     database: Database
     validator_key: PrivateKey | None  # this node's validator key, if it has one
+    metrics: CollectorRegistry  # the node's Prometheus registry, for the engine's own metrics
 
     @abstractmethod
     def head(self) -> BlockHeaderAPI:

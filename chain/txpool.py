@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import rlp
 from eth.abc import SignedTransactionAPI, TransactionBuilderAPI
+from eth.exceptions import UnrecognizedTransactionType
 from eth_keys.exceptions import BadSignature
 from eth_utils import ValidationError
 
@@ -58,6 +59,8 @@ def decode_raw_transaction(
 ) -> SignedTransactionAPI:
     try:
         return builder.decode(raw)
+    except UnrecognizedTransactionType:
+        raise TxPoolError("transaction type not supported") from None
     except (rlp.DecodingError, rlp.DeserializationError, ValidationError, ValueError) as exc:
         raise TxPoolError(f"invalid raw transaction: {exc}") from None
 

@@ -23,6 +23,7 @@ from chain.registry import available_engines
 from cli.config import node_config, resolve_settings
 from cli.errors import CliError
 from cli.keys import list_keyfiles, read_password, write_keyfile
+from cli.send import add_send_parser
 from cli.testnet import init_testnet, run_testnet
 from storage import StorageError
 
@@ -91,7 +92,7 @@ def _testnet_init(args: argparse.Namespace) -> int:
     }
     description = init_testnet(
         Path(args.dir), args.validators, args.chain_id, args.base_p2p_port, args.base_http_port,
-        pbft,
+        args.base_metrics_port, pbft,
     )
     print(f"testnet of {len(description['nodes'])} node(s), engine {description['engine']}")
     for node in description["nodes"]:
@@ -164,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peers", help="the other validators: ADDRESS@host:port,...")
     run.add_argument("--keystore", help="keystore holding this validator's key")
     run.add_argument("--password-file", dest="password_file", help="the keystore password")
+    run.add_argument("--metrics.addr", dest="metrics_addr", help="metrics address (127.0.0.1)")
+    run.add_argument("--metrics.port", dest="metrics_port", type=int,
+                     help="serve Prometheus metrics on this port (off by default)")
     run.add_argument("--log.level", dest="log_level", help="debug, info, warning or error")
     run.set_defaults(handler=_run)
 
@@ -175,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     tinit.add_argument("--chain-id", type=int, default=1337, help="chain id (1337)")
     tinit.add_argument("--base-p2p-port", type=int, default=30303, help="first p2p port")
     tinit.add_argument("--base-http-port", type=int, default=8545, help="first RPC port")
+    tinit.add_argument("--base-metrics-port", type=int, default=6060, help="first metrics port")
     tinit.add_argument("--checkpoint-interval", type=int, help="PBFT checkpoint period K (10)")
     tinit.add_argument("--log-multiplier", type=int, help="watermark window L = K x this (4)")
     tinit.add_argument(
@@ -188,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show a node's head and peers")
     status.add_argument("--rpc", default="http://127.0.0.1:8545", help="JSON-RPC URL")
     status.set_defaults(handler=_status)
+
+    add_send_parser(commands)
     return parser
 
 

@@ -57,12 +57,13 @@ def _genesis_document(
     }
 
 
-def _node_config(http_port: int, p2p_port: int, peers: list[str]) -> str:
+def _node_config(http_port: int, p2p_port: int, metrics_port: int, peers: list[str]) -> str:
     p2p = f'\n[p2p]\naddr = "127.0.0.1"\nport = {p2p_port}\npeers = {json.dumps(peers)}\n'
     return (
         'datadir = "."\nkeystore = "keystore"\npassword_file = "password.txt"\n'
         + (p2p if peers else "")
-        + f'\n[http]\naddr = "127.0.0.1"\nport = {http_port}\n\n[log]\nlevel = "info"\n'
+        + f'\n[http]\naddr = "127.0.0.1"\nport = {http_port}\n'
+        + f'\n[metrics]\naddr = "127.0.0.1"\nport = {metrics_port}\n\n[log]\nlevel = "info"\n'
     )
 
 
@@ -72,6 +73,7 @@ def init_testnet(
     chain_id: int,
     base_p2p_port: int,
     base_http_port: int,
+    base_metrics_port: int,
     pbft: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`pbft` overrides TESTNET_PBFT_PARAMS (checkpoint_interval, request_timeout, ...)."""
@@ -108,7 +110,8 @@ def init_testnet(
             for other, address in enumerate(validator_addresses)
             if other != index
         ]
-        config_path.write_text(_node_config(http_port, p2p_port, peers))
+        metrics_port = base_metrics_port + index
+        config_path.write_text(_node_config(http_port, p2p_port, metrics_port, peers))
         nodes.append(
             {
                 "index": index,
@@ -117,7 +120,7 @@ def init_testnet(
                 "rpc_url": f"http://127.0.0.1:{http_port}",
                 "ws_url": f"ws://127.0.0.1:{http_port}",
                 "p2p": f"127.0.0.1:{p2p_port}",
-                "metrics_url": None,
+                "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
                 "command": [
                     sys.executable,
                     "-m",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from chain.blockchain import ExecutedBlock
@@ -45,12 +45,28 @@ from pbft_engine.core import (
 )
 from pbft_engine.errors import PbftError
 from pbft_engine.messages import KeySigner, KeyVerifier
+from pbft_engine.metrics import PbftMetrics, replica_mode
 from pbft_engine.records_view import MAX_RANGE, ConsensusRecords
 from pbft_engine.store import LevelDBConsensusStore
 from pbft_engine.sync import BlockSync
 from pbft_engine.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
+
+
+class ConsensusLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Every consensus log line starts with the replica's view, seqNo and low watermark."""
+
+    def __init__(self, logger: logging.Logger, replica: Callable[[], Replica | None]) -> None:
+        super().__init__(logger, {})
+        self._replica = replica
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        replica = self._replica()
+        if replica is None:
+            return msg, kwargs
+        return (f"view={replica.view} seqNo={replica.seq_no} h={replica.low_watermark} "
+                f"mode={replica_mode(replica)} | {msg}", kwargs)
 
 
 class PbftEngine(ConsensusEngine):
@@ -66,6 +82,8 @@ class PbftEngine(ConsensusEngine):
         self._tasks = BackgroundTasks()
         self._chain_lock = asyncio.Lock()  # one block import at a time (commit or catch-up)
         self.records = ConsensusRecords(self.store, self.engine_params)
+        self.metrics = PbftMetrics(context.metrics, lambda: self.replica)
+        self.log = ConsensusLog(log, lambda: self.replica)
         self.sync: BlockSync | None = None
         self.alarms: list[Alarm] = []
 
@@ -135,8 +153,14 @@ class PbftEngine(ConsensusEngine):
         return self.replica is not None and self.replica.me == self.replica.primary
 
     def _step(self, event: Event) -> None:
-        if self.replica is not None:
-            self._perform(self.replica.step(event))
+        replica = self.replica
+        if replica is None:
+            return
+        before = (replica.view, replica.active, replica.fetching)
+        actions = replica.step(event)
+        if (replica.view, replica.active, replica.fetching) != before:
+            self.log.info("consensus state changed (was view=%d active=%s fetching=%s)", *before)
+        self._perform(actions)
 
     # Actions, in order.
 
@@ -155,8 +179,10 @@ class PbftEngine(ConsensusEngine):
                 if handle is not None:
                     handle.cancel()
             elif isinstance(action, BuildBlock):
+                self.metrics.block_started(action.seq_no)
                 self._tasks.spawn(self._build(action), "block build")
             elif isinstance(action, ValidateBlock):
+                self.metrics.block_started(action.seq_no)
                 self._tasks.spawn(self._validate(action), "block validation")
             elif isinstance(action, CommitBlock):
                 self._tasks.spawn(self._commit(action), "block commit")
@@ -164,7 +190,7 @@ class PbftEngine(ConsensusEngine):
                 self._tasks.spawn(self._fetch(action), "catch-up")
             elif isinstance(action, Alarm):
                 self.alarms.append(action)
-                log.error("pbft alarm %s: %s", action.kind, action.detail)
+                self.log.error("alarm %s: %s", action.kind, action.detail)
 
     def _set_timer(self, action: SetTimer) -> None:
         key = (action.kind, action.key)
@@ -183,7 +209,7 @@ class PbftEngine(ConsensusEngine):
         if executed.number != action.seq_no:
             # The replica builds only on its last executed block, so this means the chain
             # head moved under it; leaving the request unanswered is safer than proposing.
-            log.error("built block %d, wanted %d", executed.number, action.seq_no)
+            self.log.error("built block %d, wanted %d", executed.number, action.seq_no)
             return
         self._executed[executed.hash] = executed
         self._step(
@@ -198,7 +224,7 @@ class PbftEngine(ConsensusEngine):
             if ok:
                 self._executed[executed.hash] = executed
         except BlockValidationError as exc:
-            log.warning("block %d rejected: %s", action.seq_no, exc)
+            self.log.warning("block %d rejected: %s", action.seq_no, exc)
         self._step(BlockValidated(action.seq_no, action.digest, ok))
 
     async def _commit(self, action: CommitBlock) -> None:
@@ -207,6 +233,9 @@ class PbftEngine(ConsensusEngine):
             if executed is None:
                 executed = await self.context.validate_block(action.block)
             await self.context.commit_block(executed)
+        self.metrics.block_committed(action.seq_no)
+        self.log.debug("committed block %d 0x%s in view %d", action.seq_no,
+                      executed.hash.hex()[:12], self.replica.view if self.replica else -1)
         self._executed = {d: e for d, e in self._executed.items() if e.number > executed.number}
         self._step(
             BlockCommitted(action.seq_no, executed.hash, executed.state_root, executed.tx_hashes)
@@ -214,6 +243,7 @@ class PbftEngine(ConsensusEngine):
 
     async def _fetch(self, action: FetchCommitted) -> None:
         assert self.sync is not None
+        self.log.info("catching up to block %d from peers", action.target_seq_no)
         try:
             outcome = await self.sync.fetch(action.target_seq_no, action.block_hash)
         except Exception:
@@ -244,13 +274,7 @@ class PbftEngine(ConsensusEngine):
             "checkpointInterval": self.engine_params.checkpoint_interval,
             "validator": "0x" + self.engine_params.validators[self.replica.me].hex(),
             "peers": len(self.context.peers()),
-            "mode": (
-                "catching-up"
-                if status.fetching is not None
-                else "normal"
-                if status.active
-                else "view-change"
-            ),
+            "mode": replica_mode(self.replica),
         }
 
     def rpc_methods(self) -> dict[str, RpcHandler]:

@@ -179,6 +179,8 @@ class Replica:
         self.evidence: set[bytes] = set()
         self.requests: set[bytes] = set()
         self.dropped: Counter[str] = Counter()
+        self.received: Counter[str] = Counter()  # verified messages in, by type (metrics)
+        self.sent: Counter[str] = Counter()  # messages out, by type; a broadcast counts once
         self._ops: list[StoreOp] = []
         self._out: list[Action] = []
 
@@ -318,7 +320,12 @@ class Replica:
         self._out.append(Alarm(kind, detail))
 
     def _broadcast(self, signed: Signed[Any], blocks: tuple[bytes, ...] = ()) -> None:
-        self._out.append(Broadcast(WireMessage(signed, blocks).encode()))
+        self._send(WireMessage(signed, blocks))
+
+    def _send(self, wire: WireMessage, to: int | None = None) -> None:
+        self.sent[wire.signed.body.TYPE.name.lower()] += 1
+        data = wire.encode()
+        self._out.append(Broadcast(data) if to is None else SendTo(to, data))
 
     def _in_window(self, seq_no: int) -> bool:
         return self.low_watermark < seq_no <= self.high_watermark
@@ -497,6 +504,7 @@ class Replica:
         if wire.signed.body.replica == self.me:
             self._drop("own message")
             return
+        self.received[wire.signed.body.TYPE.name.lower()] += 1
         self._dispatch(wire)
 
     def _dispatch(self, wire: WireMessage) -> None:
@@ -840,7 +848,7 @@ class Replica:
     def _resend_view_change(self) -> None:
         wire = self._own_view_change()
         self.view_changes[self.me] = wire
-        self._out.append(Broadcast(wire.encode()))
+        self._send(wire)
         self._set_timer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view),
                         self.params.new_view_timeout_ms)
 
@@ -849,7 +857,7 @@ class Replica:
         body = signed.body
         if body.view < self.view or (body.view == self.view and self.active):
             if self.last_new_view is not None:  # the sender missed our NEW-VIEW
-                self._out.append(SendTo(body.replica, self._new_view_wire().encode()))
+                self._send(self._new_view_wire(), to=body.replica)
             return
         held = self.view_changes.get(body.replica)
         if held is not None and held.signed.body.view >= body.view:
@@ -896,7 +904,7 @@ class Replica:
         offered = self._offered_blocks(chosen)
         blocks = tuple(self._block_for(n, d) or offered.get((n, d), b"")
                        for n, d in plan.entries)
-        self._out.append(Broadcast(WireMessage(new_view, blocks).encode()))
+        self._broadcast(new_view, blocks)
         self._install_new_view(new_view, plan, blocks)
 
     def _offered_blocks(self, chosen: Iterable[Signed[ViewChange]]) -> dict[tuple[int, bytes],

@@ -39,8 +39,11 @@ class Cluster:
 
     def start(self, *indices: int) -> None:
         """Start these nodes (all by default) and wait until the running ones form a mesh."""
-        for index in indices or range(len(self.nodes)):
-            self.nodes[index].start()
+        starting = [self.nodes[i] for i in indices or range(len(self.nodes))]
+        for node in starting:  # all at once: they start in parallel
+            node.launch()
+        for node in starting:
+            node.wait_ready()
         peers = len(self.running) - 1
         wait_for(lambda: all(n.web3().net.peer_count == peers for n in self.running), 30,
                  f"{peers} peers on every running node")

@@ -3,22 +3,11 @@ commit, every node holds the same chain, and every block's commit certificate ve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import urllib.request
 
-import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cluster import Cluster, rpc
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster.create(tmp_path_factory.mktemp("pbft"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        codes = cluster.close()
-    assert codes == [0, 0, 0, 0]
 
 
 def test_transactions_to_every_node_commit_everywhere(cluster: Cluster) -> None:
@@ -55,3 +44,26 @@ def test_status_and_validators(cluster: Cluster) -> None:
     assert rpc(cluster.nodes[2], "pbft_getViewChanges", "0x0", "0x10") == []
     wide = provider.make_request("pbft_getCheckpoints", ["0x0", hex(10**6)])
     assert wide["error"]["code"] == -32602
+
+
+def test_prometheus_metrics(cluster: Cluster) -> None:
+    height = cluster.commit(via=1, sender=5)
+    cluster.wait_heads([0, 1, 2, 3], height)
+    url = cluster.nodes[1].node["metrics_url"]
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        samples = {
+            sample.name + repr(sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(response.read().decode())
+            for sample in family.samples
+        }
+    assert samples["chain_head_block[]"] >= height
+    assert samples["pbft_view[]"] == 0
+    assert samples["p2p_peers[]"] == 3
+    assert samples["pbft_mode[('mode', 'normal')]"] == 1
+    assert samples["pbft_messages_total[('direction', 'in'), ('type', 'commit')]"] >= 2 * height
+    assert samples["pbft_messages_total[('direction', 'out'), ('type', 'prepare')]"] >= height
+    assert samples["pbft_commit_latency_seconds_count[]"] >= 1
+    assert samples["chain_block_execution_seconds_count[('kind', 'validate')]"] >= 1
+    assert "txpool_transactions[]" in samples
+    assert samples["p2p_frames_total[('channel', 'engine'), ('direction', 'in')]"] > 0

@@ -45,6 +45,9 @@ def test_primary_crash_changes_view_and_the_old_primary_catches_up(cluster: Clus
     assert cluster.stop(0, signal.SIGKILL) == -signal.SIGKILL
     height = cluster.commit(via=1)  # pre-prepared only after a view change
     assert all(cluster.status(i)["view"] >= 1 for i in (1, 2, 3))
+    installed = rpc(cluster.nodes[2], "pbft_getViewChanges", "0x0", "0xff")[-1]
+    assert installed["view"] == hex(cluster.status(2)["view"])
+    assert len({vc["signer"] for vc in installed["viewChanges"]}) == 3  # N - f
     cluster.start(0)
     cluster.wait_heads([0], height)
     wait_for(lambda: cluster.status(0)["view"] == cluster.status(1)["view"], 30,
@@ -60,6 +63,9 @@ def test_stalled_replica_catches_up_through_certificates(cluster: Cluster) -> No
         height = cluster.commit(via=0)
     cluster.nodes[3].process.send_signal(signal.SIGCONT)
     cluster.wait_heads([3], height)
+    checkpoint = rpc(cluster.nodes[1], "pbft_getCheckpoint", "0x8")
+    assert checkpoint["stable"] and len(checkpoint["proof"]) >= 3
+    assert checkpoint["blockHash"] == cluster.nodes[3].web3().eth.get_block(8).hash.to_0x_hex()
     cluster.stop(0)  # the caught-up replica is now needed for every quorum
     cluster.commit(via=3, sender=1)
     cluster.assert_consistent()
