@@ -75,7 +75,8 @@ def genesis_alloc(count: int) -> dict[str, dict[str, Any]]:
     alloc: dict[str, dict[str, Any]] = {
         "0x" + a.address.hex(): {"balance": hex(ACCOUNT_BALANCE)} for a in accounts
     }
-    alloc["0x" + TOKEN_ADDRESS.hex()] = {"balance": "0x0", "code": _token_code(), "storage": storage}
+    token = {"balance": "0x0", "code": _token_code(), "storage": storage}
+    alloc["0x" + TOKEN_ADDRESS.hex()] = token
     return alloc
 
 

@@ -258,7 +258,8 @@ class LoadGenerator:
         first = watchers[0]
         counts = await self._verify_receipts(first.rpc, sorted(first.heads))
         self.outcome.blocks = [
-            (n, seen, timestamp, counts.get(n, 0)) for n, (seen, timestamp) in sorted(first.heads.items())
+            (n, seen, timestamp, counts.get(n, 0))
+            for n, (seen, timestamp) in sorted(first.heads.items())
         ]
         if self.plan.rate:
             self.outcome.latencies = sorted(
