@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TESTNET_DIR ?= .testnet
 VALIDATORS ?= 4
 
-.PHONY: setup run test lint unit integration bench clean
+.PHONY: setup run test lint unit integration bench profile clean
 
 setup: $(VENV)/.installed
 
@@ -36,6 +36,11 @@ integration: setup
 
 bench: setup
 	$(PY) -m benchmarks
+
+profile: setup
+	$(PY) -m pip install --quiet py-spy
+	$(PY) -m benchmarks.profile --validators 1 --out benchmarks/results/profile-n1
+	$(PY) -m benchmarks.profile --validators 4 --out benchmarks/results/profile-n4
 
 clean:
 	rm -rf $(VENV) $(TESTNET_DIR) .pytest_cache .ruff_cache

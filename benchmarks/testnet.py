@@ -15,6 +15,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from benchmarks.accounts import genesis_alloc
 from chain.genesis import parse_genesis
@@ -98,12 +99,17 @@ class BenchNet:
     peak_rss: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, directory: Path, validators: int, accounts: int, *flags: str) -> BenchNet:
-        """A testnet (not started) whose genesis also funds `accounts` accounts and the token."""
-        cluster = Cluster.create(directory, validators, *flags)
+    def create(
+        cls, directory: Path, validators: int, accounts: int, pbft: dict[str, Any] | None = None
+    ) -> BenchNet:
+        """A testnet (not started) whose genesis also funds `accounts` accounts and the token;
+        `pbft` overrides genesis config.pbft parameters (such as request_timeout)."""
+        cluster = Cluster.create(directory, validators)
         genesis_path = Path(cluster.description["genesis"])
         document = json.loads(genesis_path.read_text())
         document["alloc"].update(genesis_alloc(accounts))
+        if pbft:
+            document["config"]["pbft"].update(pbft)
         source = json.dumps(document, indent=1).encode()
         genesis_path.write_bytes(source)
         genesis = parse_genesis(document, available_engines(), source=source)
