@@ -39,6 +39,7 @@ CORES = os.cpu_count() or 1
 # transaction's arrival, so a queue longer than the timeout means view changes (see README).
 THROUGHPUT_TIMEOUT = 120
 WINDOW_BLOCKS = 2  # full blocks' worth of transactions submitted but not committed
+SOAK_ROUNDS = 5  # transfers per account in each load of the N=1 soak
 
 
 @dataclass(frozen=True)
@@ -191,13 +192,17 @@ def single_validator(ctx: Context) -> None:
 
 
 def _soak(ctx: Context, net: BenchNet, sampler: Sampler, committed: int) -> int:
-    """More transfers until `soak_total` transactions have committed; how many were added."""
-    rounds = max(0, ctx.sizes.soak_total - committed) // ctx.sizes.accounts
-    if not rounds:
-        return 0
-    soak, _ = _throughput(ctx, net, sampler, "n1-soak", workload="transfer",
-                          senders=ctx.sizes.accounts, per_sender=rounds)
-    return soak.transactions
+    """More transfers, a load of SOAK_ROUNDS per account at a time, until `soak_total`
+    transactions have committed, reading the RSS after each; how many were added."""
+    per_load = SOAK_ROUNDS * ctx.sizes.accounts
+    curve = ctx.results.details.setdefault("n1-rss-mib", {committed: net.sample().rss[0] / MIB})
+    added = 0
+    for index in range(max(0, -(-(ctx.sizes.soak_total - committed) // per_load))):
+        soak, _ = _throughput(ctx, net, sampler, f"n1-soak-{index}", workload="transfer",
+                              senders=ctx.sizes.accounts, per_sender=SOAK_ROUNDS)
+        added += soak.transactions
+        curve[committed + added] = net.sample().rss[0] / MIB
+    return added
 
 
 def _add_memory(ctx: Context, net: BenchNet, rss_first: int, first: int, rss_last: int,
