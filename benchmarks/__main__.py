@@ -63,6 +63,7 @@ def main(argv: list[str]) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+    results.refresh_references()
     results.machine["load_average_end"] = os.getloadavg()
     results.machine["seconds"] = round(time.monotonic() - started)
     results.machine["sizes"] = "quick" if args.quick else "full"

@@ -8,7 +8,8 @@ import os
 import platform
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ class Row:
     at_most: bool = False  # the target is an upper bound
     absolute: bool = False  # the target is in `unit`, not a ratio
     note: str = ""
+    # recomputes `reference` once the run's last raw measurement is in (the mean of all)
+    reference_from: Callable[[], float] | None = field(default=None, repr=False)
 
     @property
     def ratio(self) -> float | None:
@@ -41,7 +44,8 @@ class Row:
         return measured <= self.target if self.at_most else measured >= self.target
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ratio": self.ratio, "met": self.met}
+        fields = {k: v for k, v in vars(self).items() if k != "reference_from"}
+        return {**fields, "ratio": self.ratio, "met": self.met}
 
 
 @dataclass
@@ -55,6 +59,11 @@ class Results:
         self.rows.append(row)
         print(format_row(row), flush=True)
         return row
+
+    def refresh_references(self) -> None:
+        for row in self.rows:
+            if row.reference_from is not None:
+                row.reference = row.reference_from()
 
     def to_json(self) -> dict[str, Any]:
         return {
