@@ -1,0 +1,109 @@
+"""One SparkSession for every ETL test, and a small real chain (tests/etl/chain_factory.py)
+turned into the exported tables of two nodes, to plant faults in."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from spark_etl import schemas
+from spark_etl.audit import Audit, ValidatorSet
+from spark_etl.export import NodeInfo, manifest_frame, range_counts
+from spark_etl.rows import bundle_row, evidence_row, view_change_rows
+from spark_etl.session import spark_session
+from spark_etl.tables import Dataset, split_bundle, write_table
+from tests.etl.chain_factory import CHAIN_ID, ServedChain, build_chain
+
+NODE_A = "http://node-a:8545"
+NODE_B = "http://node-b:8545"
+RANGE_SIZE = 4
+
+Tables = dict[str, list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = spark_session("local[2]", "pbft-etl-tests")
+    session.conf.set("spark.sql.shuffle.partitions", "4")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def test_chain(tmp_path_factory: pytest.TempPathFactory) -> ServedChain:
+    return build_chain(tmp_path_factory.mktemp("chain"))
+
+
+def node_info(chain: ServedChain, url: str) -> NodeInfo:
+    return NodeInfo(url, CHAIN_ID, chain.genesis_hash, tuple(chain.validators.addresses),
+                    chain.head, view=1)
+
+
+def export_rows(spark: SparkSession, chain: ServedChain, nodes: tuple[str, ...]) -> Tables:
+    """What `pbft-etl export` writes for these nodes of `chain`, as rows of dicts."""
+    bundles = [
+        bundle_row(node, number - number % RANGE_SIZE, payload)
+        for node in nodes
+        for number, payload in enumerate(chain.payloads)
+    ]
+    bundle = spark.createDataFrame(bundles, schemas.BUNDLE).cache()
+    frames = split_bundle(bundle)
+    infos = {node: node_info(chain, node) for node in nodes}
+    frames["export_manifest"] = manifest_frame(spark, range_counts(bundle), infos, RANGE_SIZE)
+    tables = {name: [r.asDict(recursive=True) for r in f.collect()] for name, f in frames.items()}
+    tables["view_changes"] = as_dicts(
+        schemas.VIEW_CHANGES,
+        [row for node in nodes for entry in chain.view_changes
+         for row in view_change_rows(node, entry)],
+    )
+    tables["evidence"] = as_dicts(
+        schemas.EVIDENCE, [evidence_row(node, e) for node in nodes for e in chain.evidence]
+    )
+    return tables
+
+
+def as_dicts(table: schemas.Table, rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    return [dict(zip(table.schema.names, row, strict=True)) for row in rows]
+
+
+@pytest.fixture(scope="session")
+def clean_tables(spark: SparkSession, test_chain: ServedChain) -> Tables:
+    """The clean export of two nodes of the test chain; copy before changing it."""
+    return export_rows(spark, test_chain, (NODE_A, NODE_B))
+
+
+@pytest.fixture
+def tables(clean_tables: Tables) -> Tables:
+    return copy.deepcopy(clean_tables)
+
+
+def dataset(spark: SparkSession, tables: Tables) -> Dataset:
+    return Dataset(
+        **{
+            t.name: spark.createDataFrame(
+                [tuple(row[n] for n in t.schema.names) for row in tables[t.name]], t.schema
+            )
+            for t in schemas.TABLES
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def validator_set(test_chain: ServedChain) -> ValidatorSet:
+    return ValidatorSet(tuple(test_chain.validators.addresses), CHAIN_ID)
+
+
+def make_audit(spark: SparkSession, tables: Tables, validators: ValidatorSet) -> Audit:
+    return Audit(dataset(spark, tables), validators)
+
+
+def write_dataset(spark: SparkSession, tables: Tables, directory: Path) -> None:
+    """The tables as an export directory (Parquet, partitioned as the export writes them)."""
+    data = dataset(spark, tables)
+    for table in schemas.TABLES:
+        write_table(getattr(data, table.name), str(directory), table)
