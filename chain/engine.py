@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from eth.abc import BlockHeaderAPI
 from eth_keys.datatypes import PrivateKey
+from prometheus_client import CollectorRegistry
 
 from chain.blockchain import ExecutedBlock
 from storage import Database, Keyspace, WriteBatch
@@ -30,6 +31,7 @@ class EngineContext(ABC):
     chain_id: int
     database: Database
     validator_key: PrivateKey | None  # this node's validator key, if it has one
+    metrics: CollectorRegistry  # the node's Prometheus registry, for the engine's own metrics
 
     @abstractmethod
     def head(self) -> BlockHeaderAPI:
@@ -58,12 +60,24 @@ class EngineContext(ABC):
         """A keyspace for the engine's own persistent state (prefix under the engine's name)."""
 
     @abstractmethod
+    async def canonical_blocks(self, first: int, count: int) -> list[bytes]:
+        """Encoded canonical blocks from number `first` (fewer at the head), read off the loop."""
+
+    @abstractmethod
     def send(self, peer: bytes, payload: bytes) -> None:
         """Send an engine message to one validator (by address); dropped if unreachable."""
 
     @abstractmethod
     def broadcast(self, payload: bytes) -> None:
         """Send an engine message to every other connected validator."""
+
+    @abstractmethod
+    def send_sync(self, peer: bytes, payload: bytes) -> None:
+        """Send a block-sync message to one validator (its own channel, beside consensus)."""
+
+    @abstractmethod
+    def peers(self) -> frozenset[bytes]:
+        """The validators connected now."""
 
     @abstractmethod
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
@@ -96,6 +110,9 @@ class ConsensusEngine(ABC):
 
     def on_message(self, sender: bytes, payload: bytes) -> None:  # noqa: B027
         """An engine message from a validator; engines without messages ignore them."""
+
+    def on_sync_message(self, sender: bytes, payload: bytes) -> None:  # noqa: B027
+        """A block-sync message from a validator; engines that do not sync ignore them."""
 
     @abstractmethod
     def is_proposer(self) -> bool:

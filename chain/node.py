@@ -11,13 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import rlp
 from eth.abc import BlockAPI, BlockHeaderAPI, ReceiptAPI, StateAPI
 from eth_keys.datatypes import PrivateKey
+from prometheus_client.core import Metric
 
 from chain.blockchain import Blockchain, ExecutedBlock
 from chain.engine import ConsensusEngine, EngineContext, TimerHandle
 from chain.errors import NodeError, TxPoolError
 from chain.genesis import Genesis, load_genesis_bytes
+from chain.metrics import CallbackCollector, MetricsServer, NodeMetrics, labelled_counter
 from chain.registry import available_engines, load_engine_class
 from chain.transport import Channel, Transport
 from chain.txpool import AccountReader, PoolLimits, TxPool, decode_raw_transaction
@@ -45,6 +48,8 @@ class NodeConfig:
     max_block_transactions: int = 1_000
     pool_limits: PoolLimits = field(default_factory=PoolLimits)
     rpc_gas_cap: int = 50_000_000
+    metrics_addr: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: no metrics server
 
 
 def open_database(datadir: Path) -> Database:
@@ -105,14 +110,15 @@ class Node:
 
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
+        self.rpc_server: Any = None
+        self.transport: Transport | None = None
+        self.metrics_server: MetricsServer | None = None
         self.db = open_database(config.datadir)
         try:
             self._assemble()
         except Exception:
             self.db.close()  # a node that cannot start leaves its data directory free
             raise
-        self.rpc_server: Any = None
-        self.transport: Transport | None = None
 
     def _assemble(self) -> None:
         config = self.config
@@ -124,6 +130,11 @@ class Node:
         self.tx_builder = self.blockchain.vm_at(self.blockchain.head()).get_transaction_builder()
         self.head_listeners: list[Callable[[CommittedBlock], None]] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="block-exec")
+        self.metrics = NodeMetrics()
+        self.metrics.head_block.set(self.blockchain.head().block_number)
+        self.metrics.pool_size.set_function(lambda: len(self.pool))
+        self.metrics.peers.set_function(self.peer_count)
+        self.metrics.registry.register(CallbackCollector(self._transport_metrics))
         self.context = NodeContext(self)
         engine_class = load_engine_class(self.genesis.engine)
         self.engine: ConsensusEngine = engine_class(self.context, self.genesis.engine_params)
@@ -147,6 +158,10 @@ class Node:
 
             self.rpc_server = RpcServer(self)
             await self.rpc_server.start()
+        if config.metrics_port is not None:
+            self.metrics_server = MetricsServer(self.metrics, config.metrics_addr,
+                                                config.metrics_port)
+            await self.metrics_server.start()
         await self.engine.start()
         head = self.blockchain.head()
         log.info("node started: chain id %d, head #%d", self.chain_id, head.block_number)
@@ -157,6 +172,8 @@ class Node:
             await self.transport.stop()
         if self.rpc_server is not None:
             await self.rpc_server.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         self._executor.shutdown(wait=True)
         self.db.close()
         log.info("node stopped; database closed")
@@ -181,6 +198,8 @@ class Node:
             self.engine.on_message(sender, payload)
         elif channel == Channel.TX_GOSSIP:
             self._on_gossiped_transaction(payload)
+        elif channel == Channel.BLOCK_SYNC:
+            self.engine.on_sync_message(sender, payload)
 
     def _on_gossiped_transaction(self, raw: bytes) -> None:
         """A transaction another validator accepted; every validator gets it from its origin,
@@ -200,6 +219,22 @@ class Node:
     def peer_count(self) -> int:
         return len(self.transport.connected_peers()) if self.transport else 0
 
+    def _transport_metrics(self) -> list[Metric]:
+        if self.transport is None:
+            return []
+        stats: dict[str, Any] = self.transport.stats()
+        frames = {("in", channel): n for channel, n in stats["frames_in"].items()}
+        frames.update({("out", channel): n for channel, n in stats["frames_out"].items()})
+        return [
+            labelled_counter("p2p_frames", "Frames by direction and channel",
+                             ["direction", "channel"], frames),
+            labelled_counter("p2p_dropped_frames", "Frames dropped by the transport, by reason",
+                             ["reason"], {(r,): n for r, n in stats["dropped"].items()}),
+            labelled_counter("p2p_handshakes_refused", "Refused handshakes, by reason",
+                             ["reason"],
+                             {(r,): n for r, n in stats["handshakes_refused"].items()}),
+        ]
+
     def sync_status(self) -> dict[str, str] | None:
         return None  # a node follows its engine; catching up is reported by pbft_status
 
@@ -210,6 +245,7 @@ class Node:
         self.pool.remove(executed.tx_hashes)
         self.accounts.refresh()
         self.pool.prune(tx.sender for tx in transactions)
+        self.metrics.head_block.set(executed.number)
         committed = CommittedBlock(executed.block, executed.receipts)
         for listener in list(self.head_listeners):
             try:
@@ -232,6 +268,7 @@ class NodeContext(EngineContext):
         self.chain_id = node.chain_id
         self.database = node.db
         self.validator_key = node.config.validator_key
+        self.metrics = node.metrics.registry
 
     def head(self) -> BlockHeaderAPI:
         return self._node.blockchain.head()
@@ -253,24 +290,26 @@ class NodeContext(EngineContext):
             gas_limit=node.genesis.gas_limit,
             max_count=node.config.max_block_transactions,
         )
-        executed, left_out = await node.run_in_executor(
-            lambda: node.blockchain.build_block(
-                transactions,
-                timestamp=int(time.time()),
-                coinbase=coinbase,
-                extra_data=extra_data,
-            )
-        )
+        def build() -> tuple[ExecutedBlock, tuple[Any, ...]]:
+            with node.metrics.timing("build"):
+                return node.blockchain.build_block(
+                    transactions, timestamp=int(time.time()), coinbase=coinbase,
+                    extra_data=extra_data)
+
+        executed, left_out = await node.run_in_executor(build)
         if left_out:
             log.warning("dropped %d transactions that failed at execution", len(left_out))
             node.pool.remove(tx.hash for tx in left_out)
         return executed
 
     async def validate_block(self, data: bytes) -> ExecutedBlock:
-        blockchain = self._node.blockchain
-        return await self._node.run_in_executor(
-            lambda: blockchain.execute_block(blockchain.decode_block(data))
-        )
+        node = self._node
+
+        def validate() -> ExecutedBlock:
+            with node.metrics.timing("validate"):
+                return node.blockchain.execute_block(node.blockchain.decode_block(data))
+
+        return await node.run_in_executor(validate)
 
     async def commit_block(
         self, executed: ExecutedBlock, extra_writes: Callable[[WriteBatch], None] | None = None
@@ -289,13 +328,37 @@ class NodeContext(EngineContext):
     def keyspace(self, prefix: bytes) -> Keyspace:
         return self._node.db.keyspace(b"engine/" + prefix)
 
+    async def canonical_blocks(self, first: int, count: int) -> list[bytes]:
+        blockchain = self._node.blockchain
+
+        def read() -> list[bytes]:
+            blocks = []
+            for number in range(first, first + count):
+                header = blockchain.header_by_number(number)
+                if header is None:
+                    break
+                blocks.append(rlp.encode(blockchain.block_by_header(header)))
+            return blocks
+
+        return await asyncio.to_thread(read)  # LevelDB reads; not behind block execution
+
     def send(self, peer: bytes, payload: bytes) -> None:
-        if self._node.transport is not None:
-            self._node.transport.send(peer, Channel.ENGINE, payload)
+        self._send(peer, Channel.ENGINE, payload)
 
     def broadcast(self, payload: bytes) -> None:
         if self._node.transport is not None:
             self._node.transport.broadcast(Channel.ENGINE, payload)
+
+    def send_sync(self, peer: bytes, payload: bytes) -> None:
+        self._send(peer, Channel.BLOCK_SYNC, payload)
+
+    def _send(self, peer: bytes, channel: Channel, payload: bytes) -> None:
+        if self._node.transport is not None:
+            self._node.transport.send(peer, channel, payload)
+
+    def peers(self) -> frozenset[bytes]:
+        transport = self._node.transport
+        return frozenset(transport.connected_peers()) if transport is not None else frozenset()
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
         return _LoopTimer(asyncio.get_running_loop().call_later(delay, callback))

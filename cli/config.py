@@ -12,6 +12,9 @@ addr = "127.0.0.1"
 port = 8545
 hosts = ["localhost", "127.0.0.1"]   # Host header allowlist ("*" for any)
 corsdomain = []                      # browser origins allowed (none by default)
+[metrics]                            # Prometheus metrics; off unless a port is set
+addr = "127.0.0.1"
+port = 6060
 [log]
 level = "info"
 """
@@ -42,6 +45,8 @@ FLAG_KEYS = {
     "keystore": ("", "keystore"),
     "password_file": ("", "password_file"),
     "log_level": ("log", "level"),
+    "metrics_addr": ("metrics", "addr"),
+    "metrics_port": ("metrics", "port"),
 }
 PATH_SETTINGS = ("datadir", "keystore", "password_file")
 
@@ -135,6 +140,10 @@ def node_config(settings: dict[str, Any]) -> NodeConfig:
         config.p2p_port = _port(settings["p2p_port"], "p2p port")
     if settings["peers"] is not None:
         config.peers = parse_peers(settings["peers"])
+    if settings["metrics_addr"] is not None:
+        config.metrics_addr = str(settings["metrics_addr"])
+    if settings["metrics_port"] is not None:
+        config.metrics_port = _port(settings["metrics_port"], "metrics port")
     if settings["http_hosts"] is not None:
         config.host_allowlist = _split(settings["http_hosts"])
     if settings["http_corsdomain"] is not None:

@@ -15,6 +15,7 @@ from eth_keys import keys
 from cli.errors import CliError
 
 DEV_ACCOUNT_SEED = b"pbft-chain dev account "
+DEV_VALIDATOR_SEED = b"pbft-chain validator "  # the validator keys of a local testnet
 
 
 def dev_private_key(index: int, seed: bytes = DEV_ACCOUNT_SEED) -> keys.PrivateKey:

@@ -79,8 +79,19 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _testnet_init(args: argparse.Namespace) -> int:
+    pbft = {
+        name: value
+        for name, value in (
+            ("checkpoint_interval", args.checkpoint_interval),
+            ("log_multiplier", args.log_multiplier),
+            ("request_timeout", args.request_timeout),
+            ("new_view_timeout", args.request_timeout),
+        )
+        if value is not None
+    }
     description = init_testnet(
-        Path(args.dir), args.validators, args.chain_id, args.base_p2p_port, args.base_http_port
+        Path(args.dir), args.validators, args.chain_id, args.base_p2p_port, args.base_http_port,
+        args.base_metrics_port, pbft,
     )
     print(f"testnet of {len(description['nodes'])} node(s), engine {description['engine']}")
     for node in description["nodes"]:
@@ -153,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peers", help="the other validators: ADDRESS@host:port,...")
     run.add_argument("--keystore", help="keystore holding this validator's key")
     run.add_argument("--password-file", dest="password_file", help="the keystore password")
+    run.add_argument("--metrics.addr", dest="metrics_addr", help="metrics address (127.0.0.1)")
+    run.add_argument("--metrics.port", dest="metrics_port", type=int,
+                     help="serve Prometheus metrics on this port (off by default)")
     run.add_argument("--log.level", dest="log_level", help="debug, info, warning or error")
     run.set_defaults(handler=_run)
 
@@ -164,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     tinit.add_argument("--chain-id", type=int, default=1337, help="chain id (1337)")
     tinit.add_argument("--base-p2p-port", type=int, default=30303, help="first p2p port")
     tinit.add_argument("--base-http-port", type=int, default=8545, help="first RPC port")
+    tinit.add_argument("--base-metrics-port", type=int, default=6060, help="first metrics port")
+    tinit.add_argument("--checkpoint-interval", type=int, help="PBFT checkpoint period K (10)")
+    tinit.add_argument("--log-multiplier", type=int, help="watermark window L = K x this (4)")
+    tinit.add_argument(
+        "--request-timeout", type=float, help="seconds before a view change (2; also new-view)"
+    )
     tinit.set_defaults(handler=_testnet_init)
     trun = testnet_commands.add_parser("run", help="run every node of a testnet")
     trun.add_argument("--dir", required=True, help="directory made by testnet init")

@@ -20,7 +20,7 @@ from chain.genesis import DEFAULT_BASE_FEE, DEFAULT_GAS_LIMIT, parse_genesis
 from chain.node import initialize_datadir
 from chain.registry import available_engines
 from cli.errors import CliError
-from cli.keys import dev_private_key, write_keyfile
+from cli.keys import DEV_VALIDATOR_SEED, dev_private_key, write_keyfile
 
 DEV_ACCOUNTS = 10
 DEV_BALANCE = 10**24  # one million ether each
@@ -35,7 +35,9 @@ TESTNET_PBFT_PARAMS = {  # short periods so a local cluster reacts quickly
 TESTNET_PASSWORD = "testnet"  # the validator keystores of a local testnet; not for real keys
 
 
-def _genesis_document(chain_id: int, validators: list[str], accounts: list[str]) -> dict:
+def _genesis_document(
+    chain_id: int, validators: list[str], accounts: list[str], pbft: dict[str, Any]
+) -> dict:
     if len(validators) == 1:
         engine = {"dev": {"period": 0, "coinbase": validators[0]}}
     else:
@@ -44,7 +46,7 @@ def _genesis_document(chain_id: int, validators: list[str], accounts: list[str])
                 f"a testnet of {len(validators)} validators needs the pbft engine, which is "
                 "not installed in this version; use --validators 1 (the dev engine)"
             )
-        engine = {"pbft": {"validators": validators, **TESTNET_PBFT_PARAMS}}
+        engine = {"pbft": {"validators": validators, **TESTNET_PBFT_PARAMS, **pbft}}
     return {
         "config": {"chainId": chain_id, **engine},
         "alloc": {address: {"balance": hex(DEV_BALANCE)} for address in accounts},
@@ -55,12 +57,13 @@ def _genesis_document(chain_id: int, validators: list[str], accounts: list[str])
     }
 
 
-def _node_config(http_port: int, p2p_port: int, peers: list[str]) -> str:
+def _node_config(http_port: int, p2p_port: int, metrics_port: int, peers: list[str]) -> str:
     p2p = f'\n[p2p]\naddr = "127.0.0.1"\nport = {p2p_port}\npeers = {json.dumps(peers)}\n'
     return (
         'datadir = "."\nkeystore = "keystore"\npassword_file = "password.txt"\n'
         + (p2p if peers else "")
-        + f'\n[http]\naddr = "127.0.0.1"\nport = {http_port}\n\n[log]\nlevel = "info"\n'
+        + f'\n[http]\naddr = "127.0.0.1"\nport = {http_port}\n'
+        + f'\n[metrics]\naddr = "127.0.0.1"\nport = {metrics_port}\n\n[log]\nlevel = "info"\n'
     )
 
 
@@ -70,19 +73,24 @@ def init_testnet(
     chain_id: int,
     base_p2p_port: int,
     base_http_port: int,
+    base_metrics_port: int,
+    pbft: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`pbft` overrides TESTNET_PBFT_PARAMS (checkpoint_interval, request_timeout, ...)."""
     if validators < 1:
         raise CliError("--validators must be at least 1")
     if (directory / "testnet.json").exists():
         raise CliError(f"{directory} already holds a testnet; choose an empty --dir")
-    validator_keys = [dev_private_key(i, b"pbft-chain validator ") for i in range(validators)]
+    validator_keys = [dev_private_key(i, DEV_VALIDATOR_SEED) for i in range(validators)]
     validator_addresses = [k.public_key.to_checksum_address() for k in validator_keys]
     account_keys = [dev_private_key(i) for i in range(DEV_ACCOUNTS)]
     accounts = [
         {"address": k.public_key.to_checksum_address(), "private_key": "0x" + k.to_bytes().hex()}
         for k in account_keys
     ]
-    document = _genesis_document(chain_id, validator_addresses, [a["address"] for a in accounts])
+    document = _genesis_document(
+        chain_id, validator_addresses, [a["address"] for a in accounts], pbft or {}
+    )
     directory.mkdir(parents=True, exist_ok=True)
     genesis_path = directory / "genesis.json"
     genesis_bytes = json.dumps(document, indent=2).encode()
@@ -102,7 +110,8 @@ def init_testnet(
             for other, address in enumerate(validator_addresses)
             if other != index
         ]
-        config_path.write_text(_node_config(http_port, p2p_port, peers))
+        metrics_port = base_metrics_port + index
+        config_path.write_text(_node_config(http_port, p2p_port, metrics_port, peers))
         nodes.append(
             {
                 "index": index,
@@ -111,7 +120,7 @@ def init_testnet(
                 "rpc_url": f"http://127.0.0.1:{http_port}",
                 "ws_url": f"ws://127.0.0.1:{http_port}",
                 "p2p": f"127.0.0.1:{p2p_port}",
-                "metrics_url": None,
+                "metrics_url": f"http://127.0.0.1:{metrics_port}/metrics",
                 "command": [
                     sys.executable,
                     "-m",

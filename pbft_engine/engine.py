@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from chain.blockchain import ExecutedBlock
 from chain.engine import ConsensusEngine, EngineContext, RpcHandler, TimerHandle
 from chain.errors import BlockValidationError, EngineError
+from chain.rpc.errors import InvalidParams
 from chain.rpc.hexcodec import parse_quantity
 from pbft_engine.core import (
     Action,
@@ -42,12 +43,30 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
-from pbft_engine.core.records import StoreName, u64
 from pbft_engine.errors import PbftError
-from pbft_engine.messages import KeySigner, KeyVerifier, decode_commit_certificate
+from pbft_engine.messages import KeySigner, KeyVerifier
+from pbft_engine.metrics import PbftMetrics, replica_mode
+from pbft_engine.records_view import MAX_RANGE, ConsensusRecords
 from pbft_engine.store import LevelDBConsensusStore
+from pbft_engine.sync import BlockSync
+from pbft_engine.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
+
+
+class ConsensusLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Every consensus log line starts with the replica's view, seqNo and low watermark."""
+
+    def __init__(self, logger: logging.Logger, replica: Callable[[], Replica | None]) -> None:
+        super().__init__(logger, {})
+        self._replica = replica
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        replica = self._replica()
+        if replica is None:
+            return msg, kwargs
+        return (f"view={replica.view} seqNo={replica.seq_no} h={replica.low_watermark} "
+                f"mode={replica_mode(replica)} | {msg}", kwargs)
 
 
 class PbftEngine(ConsensusEngine):
@@ -60,7 +79,12 @@ class PbftEngine(ConsensusEngine):
         self.replica: Replica | None = None
         self._timers: dict[tuple[TimerKind, bytes], TimerHandle] = {}
         self._executed: dict[bytes, ExecutedBlock] = {}  # digest -> block executed here
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
+        self._chain_lock = asyncio.Lock()  # one block import at a time (commit or catch-up)
+        self.records = ConsensusRecords(self.store, self.engine_params)
+        self.metrics = PbftMetrics(context.metrics, lambda: self.replica)
+        self.log = ConsensusLog(log, lambda: self.replica)
+        self.sync: BlockSync | None = None
         self.alarms: list[Alarm] = []
 
     @staticmethod
@@ -92,15 +116,25 @@ class PbftEngine(ConsensusEngine):
             ChainHead(head.block_number, head.hash),
             self.store,
         )
+        self.sync = BlockSync(
+            self.context, self.store, self.engine_params.validators,
+            deliver=self._step, replica_status=self.replica.status,
+            chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
+        )
+        self.sync.start()
         self._perform(self.replica.start())
+
+    def _poll_interval(self) -> float:
+        """How long without progress before asking peers where they are."""
+        return min(2.0, max(0.25, self.engine_params.request_timeout_ms / 4000))
 
     async def stop(self) -> None:
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.sync is not None:
+            await self.sync.stop()
+        await self._tasks.cancel_all()
 
     # Inputs.
 
@@ -111,12 +145,22 @@ class PbftEngine(ConsensusEngine):
     def on_message(self, sender: bytes, payload: bytes) -> None:
         self._step(MessageReceived(payload))
 
+    def on_sync_message(self, sender: bytes, payload: bytes) -> None:
+        if self.sync is not None:
+            self.sync.on_message(sender, payload)
+
     def is_proposer(self) -> bool:
         return self.replica is not None and self.replica.me == self.replica.primary
 
     def _step(self, event: Event) -> None:
-        if self.replica is not None:
-            self._perform(self.replica.step(event))
+        replica = self.replica
+        if replica is None:
+            return
+        before = (replica.view, replica.active, replica.fetching)
+        actions = replica.step(event)
+        if (replica.view, replica.active, replica.fetching) != before:
+            self.log.info("consensus state changed (was view=%d active=%s fetching=%s)", *before)
+        self._perform(actions)
 
     # Actions, in order.
 
@@ -135,18 +179,18 @@ class PbftEngine(ConsensusEngine):
                 if handle is not None:
                     handle.cancel()
             elif isinstance(action, BuildBlock):
-                self._spawn(self._build(action))
+                self.metrics.block_started(action.seq_no)
+                self._tasks.spawn(self._build(action), "block build")
             elif isinstance(action, ValidateBlock):
-                self._spawn(self._validate(action))
+                self.metrics.block_started(action.seq_no)
+                self._tasks.spawn(self._validate(action), "block validation")
             elif isinstance(action, CommitBlock):
-                self._spawn(self._commit(action))
+                self._tasks.spawn(self._commit(action), "block commit")
             elif isinstance(action, FetchCommitted):
-                # Catch-up over the peer transport is not wired yet: report the failure so
-                # the replica retries through its own timers.
-                self._step(FetchFailed(action.target_seq_no))
+                self._tasks.spawn(self._fetch(action), "catch-up")
             elif isinstance(action, Alarm):
                 self.alarms.append(action)
-                log.error("pbft alarm %s: %s", action.kind, action.detail)
+                self.log.error("alarm %s: %s", action.kind, action.detail)
 
     def _set_timer(self, action: SetTimer) -> None:
         key = (action.kind, action.key)
@@ -160,23 +204,12 @@ class PbftEngine(ConsensusEngine):
 
         self._timers[key] = self.context.call_later(action.duration_ms / 1000, fire)
 
-    def _spawn(self, work: Any) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            # The replica keeps waiting for the reply; its timers lead to a view change.
-            log.error("pbft block work failed", exc_info=task.exception())
-
     async def _build(self, action: BuildBlock) -> None:
         executed = await self.context.build_block(coinbase=self._coinbase())
         if executed.number != action.seq_no:
             # The replica builds only on its last executed block, so this means the chain
             # head moved under it; leaving the request unanswered is safer than proposing.
-            log.error("built block %d, wanted %d", executed.number, action.seq_no)
+            self.log.error("built block %d, wanted %d", executed.number, action.seq_no)
             return
         self._executed[executed.hash] = executed
         self._step(
@@ -191,18 +224,33 @@ class PbftEngine(ConsensusEngine):
             if ok:
                 self._executed[executed.hash] = executed
         except BlockValidationError as exc:
-            log.warning("block %d rejected: %s", action.seq_no, exc)
+            self.log.warning("block %d rejected: %s", action.seq_no, exc)
         self._step(BlockValidated(action.seq_no, action.digest, ok))
 
     async def _commit(self, action: CommitBlock) -> None:
-        executed = self._executed.pop(action.digest, None)
-        if executed is None:
-            executed = await self.context.validate_block(action.block)
-        await self.context.commit_block(executed)
+        async with self._chain_lock:
+            executed = self._executed.pop(action.digest, None)
+            if executed is None:
+                executed = await self.context.validate_block(action.block)
+            await self.context.commit_block(executed)
+        self.metrics.block_committed(action.seq_no)
+        self.log.debug("committed block %d 0x%s in view %d", action.seq_no,
+                      executed.hash.hex()[:12], self.replica.view if self.replica else -1)
         self._executed = {d: e for d, e in self._executed.items() if e.number > executed.number}
         self._step(
             BlockCommitted(action.seq_no, executed.hash, executed.state_root, executed.tx_hashes)
         )
+
+    async def _fetch(self, action: FetchCommitted) -> None:
+        assert self.sync is not None
+        self.log.info("catching up to block %d from peers", action.target_seq_no)
+        try:
+            outcome = await self.sync.fetch(action.target_seq_no, action.block_hash)
+        except Exception:
+            self._step(FetchFailed(action.target_seq_no))
+            raise
+        self._executed.clear()  # built or validated on a head that has moved
+        self._step(outcome)
 
     def _coinbase(self) -> bytes:
         assert self.replica is not None
@@ -223,32 +271,15 @@ class PbftEngine(ConsensusEngine):
             "primary": "0x" + self.engine_params.validators[status.primary].hex(),
             "stableCheckpoint": status.stable_checkpoint,
             "lastExecuted": status.last_executed,
-            "mode": (
-                "catching-up"
-                if status.fetching is not None
-                else "normal"
-                if status.active
-                else "view-change"
-            ),
-        }
-
-    def commit_certificate(self, block_number: int) -> dict[str, Any] | None:
-        """The permanent commit certificate of a block, with its signers, for anyone to check
-        against the validator set (`pbft_engine.messages.verify_commit_certificate`)."""
-        certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(block_number))
-        if certificate is None:
-            return None
-        commits = decode_commit_certificate(certificate)
-        validators = self.engine_params.validators
-        return {
-            "blockNumber": hex(block_number),
-            "blockHash": "0x" + commits[0].body.digest.hex(),
-            "view": hex(commits[0].body.view),
-            "signers": ["0x" + validators[c.body.replica].hex() for c in commits],
-            "certificate": "0x" + certificate.hex(),
+            "checkpointInterval": self.engine_params.checkpoint_interval,
+            "validator": "0x" + self.engine_params.validators[self.replica.me].hex(),
+            "peers": len(self.context.peers()),
+            "mode": replica_mode(self.replica),
         }
 
     def rpc_methods(self) -> dict[str, RpcHandler]:
+        records = self.records
+
         async def pbft_status() -> dict[str, Any]:
             return self.status()
 
@@ -256,10 +287,38 @@ class PbftEngine(ConsensusEngine):
             return ["0x" + v.hex() for v in self.engine_params.validators]
 
         async def pbft_getCommitCertificate(block_number: Any) -> dict[str, Any] | None:  # noqa: N802
-            return self.commit_certificate(parse_quantity(block_number, "block number", bits=64))
+            return records.commit_certificate(_seq_no(block_number, "block number"))
+
+        async def pbft_getCheckpoint(seq_no: Any) -> dict[str, Any] | None:  # noqa: N802
+            return records.checkpoint(_seq_no(seq_no, "seqNo"))
+
+        async def pbft_getCheckpoints(first: Any, last: Any) -> list[dict[str, Any]]:  # noqa: N802
+            return records.checkpoints(*_range(first, last, "seqNo"))
+
+        async def pbft_getViewChanges(first: Any, last: Any) -> list[dict[str, Any]]:  # noqa: N802
+            return records.view_changes(*_range(first, last, "view"))
+
+        async def pbft_getEvidence() -> list[dict[str, Any]]:  # noqa: N802
+            return records.evidence()
 
         return {
             "pbft_status": pbft_status,
             "pbft_getValidators": pbft_getValidators,
             "pbft_getCommitCertificate": pbft_getCommitCertificate,
+            "pbft_getCheckpoint": pbft_getCheckpoint,
+            "pbft_getCheckpoints": pbft_getCheckpoints,
+            "pbft_getViewChanges": pbft_getViewChanges,
+            "pbft_getEvidence": pbft_getEvidence,
         }
+
+
+def _seq_no(value: Any, what: str) -> int:
+    return parse_quantity(value, what, bits=64)
+
+
+def _range(first: Any, last: Any, what: str) -> tuple[int, int]:
+    """[first, last], at most MAX_RANGE wide (one bounded read per call)."""
+    start, stop = _seq_no(first, f"first {what}"), _seq_no(last, f"last {what}")
+    if stop < start or stop - start >= MAX_RANGE:
+        raise InvalidParams(f"a {what} range must be ascending and at most {MAX_RANGE} wide")
+    return start, stop

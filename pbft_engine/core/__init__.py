@@ -21,6 +21,7 @@ from pbft_engine.core.events import (
     FetchCompleted,
     FetchFailed,
     MessageReceived,
+    PeerCommitted,
     RequestDropped,
     RequestReceived,
     TimerFired,
@@ -34,7 +35,8 @@ __all__ = [
     "Action", "Alarm", "BlockBuilt", "BlockCommitted", "BlockValidated", "Broadcast",
     "BuildBlock", "CancelTimer", "ChainHead", "CommitBlock", "Delete", "DeleteRange",
     "EngineParams", "Event", "FetchCommitted", "FetchCompleted", "FetchFailed",
-    "MessageReceived", "Persist", "Put", "RecordReader", "Replica", "ReplicaStatus",
+    "MessageReceived", "PeerCommitted", "Persist", "Put", "RecordReader", "Replica",
+    "ReplicaStatus",
     "RequestDropped", "RequestReceived", "SendTo", "SetTimer", "StoreName", "StoreOp",
     "TimerFired", "TimerKind", "ValidateBlock",
 ]

@@ -78,7 +78,11 @@ class CommitBlock:
 
 @dataclass(frozen=True)
 class FetchCommitted:
-    """This replica fell behind: fetch and import certified blocks up to target_seq_no."""
+    """This replica fell behind: fetch and import certified blocks up to target_seq_no.
+
+    block_hash is the target's hash; state_root is empty when the target came from a commit
+    certificate (`PeerCommitted`) rather than from a weak certificate of checkpoints.
+    """
 
     target_seq_no: int
     block_hash: bytes

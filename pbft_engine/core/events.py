@@ -80,6 +80,18 @@ class FetchCompleted:
 
 
 @dataclass(frozen=True)
+class PeerCommitted:
+    """A peer proved, with a verified commit certificate, that block seq_no is committed.
+
+    The adapter reports it when this replica made no progress for a while, so a replica that
+    missed blocks inside its window (or started empty) catches up on a quiet chain too.
+    """
+
+    seq_no: int
+    block_hash: bytes
+
+
+@dataclass(frozen=True)
 class FetchFailed:
     """Reply to `FetchCommitted` when no peer could serve the target."""
 
@@ -96,4 +108,5 @@ Event = (
     | BlockCommitted
     | FetchCompleted
     | FetchFailed
+    | PeerCommitted
 )

@@ -29,6 +29,8 @@ class StoreName(Enum):
     SIGNED = b"pbft/sg/"  # seqNo||type||view -> the message this replica signed (last signed)
     COMMIT_CERTIFICATES = b"pbft/cc/"  # block number -> commit certificate (permanent)
     EVIDENCE = b"pbft/ev/"  # replica||type||view||seqNo -> [message, conflicting message]
+    STABLE_CHECKPOINTS = b"pbft/sc/"  # seqNo -> the Q matching signed CHECKPOINTs (permanent)
+    NEW_VIEWS = b"pbft/nv/"  # view -> the signed NEW-VIEW that installed it (permanent)
 
 
 META_STATE = b"state"

@@ -35,6 +35,7 @@ from pbft_engine.core.events import (
     FetchCompleted,
     FetchFailed,
     MessageReceived,
+    PeerCommitted,
     RequestDropped,
     RequestReceived,
     TimerFired,
@@ -178,6 +179,8 @@ class Replica:
         self.evidence: set[bytes] = set()
         self.requests: set[bytes] = set()
         self.dropped: Counter[str] = Counter()
+        self.received: Counter[str] = Counter()  # verified messages in, by type (metrics)
+        self.sent: Counter[str] = Counter()  # messages out, by type; a broadcast counts once
         self._ops: list[StoreOp] = []
         self._out: list[Action] = []
 
@@ -290,6 +293,7 @@ class Replica:
             BlockCommitted: self._on_block_committed,
             FetchCompleted: self._on_fetch_completed,
             FetchFailed: self._on_fetch_failed,
+            PeerCommitted: self._on_peer_committed,
         }
 
     def _run(self, work: Callable[[], None]) -> list[Action]:
@@ -316,7 +320,12 @@ class Replica:
         self._out.append(Alarm(kind, detail))
 
     def _broadcast(self, signed: Signed[Any], blocks: tuple[bytes, ...] = ()) -> None:
-        self._out.append(Broadcast(WireMessage(signed, blocks).encode()))
+        self._send(WireMessage(signed, blocks))
+
+    def _send(self, wire: WireMessage, to: int | None = None) -> None:
+        self.sent[wire.signed.body.TYPE.name.lower()] += 1
+        data = wire.encode()
+        self._out.append(Broadcast(data) if to is None else SendTo(to, data))
 
     def _in_window(self, seq_no: int) -> bool:
         return self.low_watermark < seq_no <= self.high_watermark
@@ -495,6 +504,7 @@ class Replica:
         if wire.signed.body.replica == self.me:
             self._drop("own message")
             return
+        self.received[wire.signed.body.TYPE.name.lower()] += 1
         self._dispatch(wire)
 
     def _dispatch(self, wire: WireMessage) -> None:
@@ -709,6 +719,10 @@ class Replica:
     def _mark_stable(self, seq_no: int) -> None:
         self.stable_checkpoint = seq_no
         keep = self.checkpoints.get(seq_no, {})
+        tally = Counter(c.body.value for c in keep.values())
+        value = tally.most_common(1)[0][0]
+        proof = [c.encode() for _, c in sorted(keep.items()) if c.body.value == value]
+        self._put(StoreName.STABLE_CHECKPOINTS, u64(seq_no), rlp.encode(proof))
         self.checkpoints = {n: v for n, v in self.checkpoints.items() if n >= seq_no}
         self.checkpoints[seq_no] = keep
         self._ops.append(DeleteRange(StoreName.CHECKPOINTS, None, u64(seq_no)))
@@ -783,6 +797,15 @@ class Replica:
             self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
         self._advance()
 
+    def _on_peer_committed(self, event: PeerCommitted) -> None:
+        """A peer committed a block we have not: fetch it unless our own work is under way
+        (a block being built or executed may be exactly that block)."""
+        if event.seq_no <= self.last_exec or self.fetching is not None:
+            return
+        if self.executing is not None or self.building is not None:
+            return
+        self._fall_behind(event.seq_no, event.block_hash, b"")
+
     def _on_fetch_failed(self, event: FetchFailed) -> None:
         if self.fetching == event.target_seq_no:
             self.fetching = None
@@ -825,7 +848,7 @@ class Replica:
     def _resend_view_change(self) -> None:
         wire = self._own_view_change()
         self.view_changes[self.me] = wire
-        self._out.append(Broadcast(wire.encode()))
+        self._send(wire)
         self._set_timer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view),
                         self.params.new_view_timeout_ms)
 
@@ -834,7 +857,7 @@ class Replica:
         body = signed.body
         if body.view < self.view or (body.view == self.view and self.active):
             if self.last_new_view is not None:  # the sender missed our NEW-VIEW
-                self._out.append(SendTo(body.replica, self._new_view_wire().encode()))
+                self._send(self._new_view_wire(), to=body.replica)
             return
         held = self.view_changes.get(body.replica)
         if held is not None and held.signed.body.view >= body.view:
@@ -881,7 +904,7 @@ class Replica:
         offered = self._offered_blocks(chosen)
         blocks = tuple(self._block_for(n, d) or offered.get((n, d), b"")
                        for n, d in plan.entries)
-        self._out.append(Broadcast(WireMessage(new_view, blocks).encode()))
+        self._broadcast(new_view, blocks)
         self._install_new_view(new_view, plan, blocks)
 
     def _offered_blocks(self, chosen: Iterable[Signed[ViewChange]]) -> dict[tuple[int, bytes],
@@ -925,6 +948,7 @@ class Replica:
         self.new_view_timeout_ms = self.params.new_view_timeout_ms
         self.last_new_view = new_view
         self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
+        self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())
         self._adopt_checkpoint(plan)
         kept = {(n, d): self._block_for(n, d) for n, d in plan.entries}
         self.block_store = {}  # blockStore only ever holds the current view's blocks

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +26,26 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_port_range(count: int, avoid: Collection[int] = ()) -> int:
+    """The first of `count` consecutive free ports, outside `avoid` (testnet nodes use
+    base + index) and below the kernel's ephemeral range, where connections take ports."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 32_000 - count)
+        ports = range(base, base + count)
+        if any(p in avoid for p in ports):
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in ports:
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise AssertionError(f"no {count} consecutive free ports")
 
 
 def wait_for(condition: Callable[[], T], deadline: float, what: str) -> T:
@@ -94,7 +116,12 @@ class RunningNode:
         return code
 
 
-def make_testnet(directory: Path, validators: int = 1) -> dict[str, Any]:
+def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str) -> dict[str, Any]:
+    """`pbft-node testnet init` on free ports; pbft_flags such as "--checkpoint-interval", "4"."""
+    http = free_port_range(validators)
+    p2p = free_port_range(validators, avoid=range(http, http + validators))
+    metrics = free_port_range(
+        validators, avoid={*range(http, http + validators), *range(p2p, p2p + validators)})
     pbft_node(
         "testnet",
         "init",
@@ -103,9 +130,12 @@ def make_testnet(directory: Path, validators: int = 1) -> dict[str, Any]:
         "--dir",
         str(directory),
         "--base-http-port",
-        str(free_port()),
+        str(http),
         "--base-p2p-port",
-        str(free_port()),
+        str(p2p),
+        "--base-metrics-port",
+        str(metrics),
+        *pbft_flags,
     )
     return json.loads((directory / "testnet.json").read_text())
 

@@ -3,108 +3,80 @@ commit, every node holds the same chain, and every block's commit certificate ve
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from eth_account import Account
-from web3 import Web3
+from prometheus_client.parser import text_string_to_metric_families
 
-from pbft_engine.messages import verify_commit_certificate
-from tests.integration.conftest import RunningNode, make_testnet, wait_for
-
-GWEI = 10**9
+from tests.integration.cluster import Cluster, rpc
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningNode]]:
-    directory = tmp_path_factory.mktemp("pbft")
-    description = make_testnet(directory, validators=4)
-    nodes = [
-        RunningNode(description, node, directory / f"node{node['index']}.log")
-        for node in description["nodes"]
-    ]
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster.create(tmp_path_factory.mktemp("pbft"))
     try:
-        for node in nodes:
-            node.start()
-        wait_for(
-            lambda: all(n.web3().net.peer_count == 3 for n in nodes), 30, "a full mesh of peers"
-        )
-        yield nodes
+        cluster.start()
+        yield cluster
     finally:
-        codes = [node.stop() for node in nodes]
+        codes = cluster.close()
     assert codes == [0, 0, 0, 0]
 
 
-def _transfer(w3: Web3, key: str, to: str, nonce: int) -> bytes:
-    tx = {
-        "chainId": 1337,
-        "nonce": nonce,
-        "gas": 21_000,
-        "to": to,
-        "value": 1 + nonce,
-        "maxFeePerGas": 10 * GWEI,
-        "maxPriorityFeePerGas": GWEI,
-    }
-    return w3.eth.send_raw_transaction(Account.from_key(key).sign_transaction(tx).raw_transaction)
-
-
-def test_transactions_to_every_node_commit_everywhere(cluster: list[RunningNode]) -> None:
-    description = cluster[0].description
-    accounts = description["accounts"]
-    sent: list[Any] = []
-    for index, node in enumerate(cluster):  # each node gets its own sender's transactions
-        w3 = node.web3()
-        for nonce in range(3):
-            sent.append(
-                _transfer(w3, accounts[index]["private_key"], accounts[9]["address"], nonce)
-            )
-    receipts = [cluster[0].web3().eth.wait_for_transaction_receipt(h, timeout=60) for h in sent]
+def test_transactions_to_every_node_commit_everywhere(cluster: Cluster) -> None:
+    sent = [cluster.transfer(via=index, sender=index) for index in range(4) for _ in range(3)]
+    first = cluster.nodes[0].web3()
+    receipts = [first.eth.wait_for_transaction_receipt(h, timeout=60) for h in sent]
     assert all(r.status == 1 for r in receipts)
-    head = max(r.blockNumber for r in receipts)
-    wait_for(lambda: all(n.web3().eth.block_number >= head for n in cluster), 30, "all heads")
+    cluster.wait_heads([0, 1, 2, 3], max(r.blockNumber for r in receipts))
     for tx_hash, receipt in zip(sent, receipts, strict=True):
-        for node in cluster[1:]:
+        for node in cluster.nodes[1:]:
             other = node.web3().eth.get_transaction_receipt(tx_hash)
             assert (other.blockHash, other.status, other.gasUsed) == (
                 receipt.blockHash,
                 receipt.status,
                 receipt.gasUsed,
             )
-    assert_same_chain_with_valid_certificates(cluster)
+    cluster.assert_consistent()
 
 
-def assert_same_chain_with_valid_certificates(cluster: list[RunningNode]) -> None:
-    description = cluster[0].description
-    validators = [bytes.fromhex(v[2:]) for v in description["validators"]]
-    height = min(n.web3().eth.block_number for n in cluster)
-    assert height > 0
-    for number in range(1, height + 1):
-        hashes = {bytes(n.web3().eth.get_block(number).hash) for n in cluster}
-        assert len(hashes) == 1, f"nodes disagree at height {number}"
-        (block_hash,) = hashes
-        for node in cluster:
-            reply = node.web3().provider.make_request("pbft_getCommitCertificate", [hex(number)])
-            certificate = bytes.fromhex(reply["result"]["certificate"][2:])
-            signers = verify_commit_certificate(
-                certificate,
-                validators=validators,
-                chain_id=description["chain_id"],
-                block_number=number,
-                block_hash=block_hash,
-            )
-            assert len(signers) >= 3
-
-
-def test_status_and_validators(cluster: list[RunningNode]) -> None:
-    statuses = [n.web3().provider.make_request("pbft_status", [])["result"] for n in cluster]
+def test_status_and_validators(cluster: Cluster) -> None:
+    statuses = [cluster.status(i) for i in range(4)]
     assert {s["view"] for s in statuses} == {0}
-    assert {s["primary"] for s in statuses} == {cluster[0].node["address"].lower()}
+    assert {s["primary"] for s in statuses} == {cluster.nodes[0].node["address"].lower()}
     assert all(s["mode"] == "normal" for s in statuses)
-    validators = cluster[1].web3().provider.make_request("pbft_getValidators", [])["result"]
-    assert validators == [v.lower() for v in cluster[0].description["validators"]]
-    provider = cluster[2].web3().provider
+    validators = [v.lower() for v in cluster.description["validators"]]
+    assert [s["validator"] for s in statuses] == validators
+    assert all(s["peers"] == 3 and s["checkpointInterval"] == 10 for s in statuses)
+    assert rpc(cluster.nodes[1], "pbft_getValidators") == validators
+    provider = cluster.nodes[2].web3().provider
     assert provider.make_request("pbft_getCommitCertificate", ["0xffffff"])["result"] is None
     bad = provider.make_request("pbft_getCommitCertificate", ["12"])
     assert bad["error"]["code"] == -32602
+    assert rpc(cluster.nodes[2], "pbft_getEvidence") == []
+    assert rpc(cluster.nodes[2], "pbft_getViewChanges", "0x0", "0x10") == []
+    wide = provider.make_request("pbft_getCheckpoints", ["0x0", hex(10**6)])
+    assert wide["error"]["code"] == -32602
 
+
+def test_prometheus_metrics(cluster: Cluster) -> None:
+    height = cluster.commit(via=1, sender=5)
+    cluster.wait_heads([0, 1, 2, 3], height)
+    url = cluster.nodes[1].node["metrics_url"]
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        samples = {
+            sample.name + repr(sorted(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(response.read().decode())
+            for sample in family.samples
+        }
+    assert samples["chain_head_block[]"] >= height
+    assert samples["pbft_view[]"] == 0
+    assert samples["p2p_peers[]"] == 3
+    assert samples["pbft_mode[('mode', 'normal')]"] == 1
+    assert samples["pbft_messages_total[('direction', 'in'), ('type', 'commit')]"] >= 2 * height
+    assert samples["pbft_messages_total[('direction', 'out'), ('type', 'prepare')]"] >= height
+    assert samples["pbft_commit_latency_seconds_count[]"] >= 1
+    assert samples["chain_block_execution_seconds_count[('kind', 'validate')]"] >= 1
+    assert "txpool_transactions[]" in samples
+    assert samples["p2p_frames_total[('channel', 'engine'), ('direction', 'in')]"] > 0

@@ -1,0 +1,116 @@
+"""The consensus records as JSON-RPC results (`pbft_*`): commit certificates, checkpoints,
+view changes and equivocation evidence, each with the signed messages themselves, so anyone
+holding only the validator set can verify them (`pbft_engine.messages`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import rlp
+
+from pbft_engine.core import EngineParams, RecordReader, StoreName
+from pbft_engine.core.records import read_u64, u64, up_to
+from pbft_engine.messages import (
+    Checkpoint,
+    MessageType,
+    NewView,
+    Signed,
+    decode_commit_certificate,
+    decode_signed_bytes,
+)
+
+MAX_RANGE = 10_000  # seqNos or views per pbft_getCheckpoints / pbft_getViewChanges call
+
+
+def _hex(data: bytes) -> str:
+    return "0x" + data.hex()
+
+
+class ConsensusRecords:
+    def __init__(self, store: RecordReader, params: EngineParams) -> None:
+        self.store = store
+        self.validators = params.validators
+
+    def _address(self, replica: int) -> str:
+        return _hex(self.validators[replica])
+
+    def commit_certificate(self, block_number: int) -> dict[str, Any] | None:
+        """The permanent commit certificate of a block and its signers."""
+        certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(block_number))
+        if certificate is None:
+            return None
+        commits = decode_commit_certificate(certificate)
+        return {
+            "blockNumber": hex(block_number),
+            "blockHash": _hex(commits[0].body.digest),
+            "view": hex(commits[0].body.view),
+            "signers": [self._address(c.body.replica) for c in commits],
+            "certificate": _hex(certificate),
+        }
+
+    def checkpoint(self, seq_no: int) -> dict[str, Any] | None:
+        found = self.checkpoints(seq_no, seq_no)
+        return found[0] if found else None
+
+    def checkpoints(self, first: int, last: int) -> list[dict[str, Any]]:
+        """Stable checkpoints (their Q matching signed CHECKPOINTs, kept forever) and the
+        not-yet-stable ones held now, for seqNos in [first, last]."""
+        start, stop = u64(first), up_to(last)
+        found: dict[int, dict[str, Any]] = {}
+        for key, value in self.store.items(StoreName.STABLE_CHECKPOINTS, start, stop):
+            proof = [decode_signed_bytes(m, Checkpoint) for m in rlp.decode(value)]
+            found[read_u64(key)] = self._checkpoint(proof, stable=True)
+        pending: dict[int, list[Signed[Checkpoint]]] = {}
+        for key, value in self.store.items(StoreName.CHECKPOINTS, start, stop):
+            pending.setdefault(read_u64(key), []).append(decode_signed_bytes(value, Checkpoint))
+        for seq_no, votes in pending.items():
+            found.setdefault(seq_no, self._checkpoint(votes, stable=False))
+        return [found[n] for n in sorted(found)]
+
+    @staticmethod
+    def _checkpoint(votes: list[Signed[Checkpoint]], *, stable: bool) -> dict[str, Any]:
+        block_hash, state_root = Counter(c.body.value for c in votes).most_common(1)[0][0]
+        return {
+            "seqNo": hex(votes[0].body.seq_no),
+            "blockHash": _hex(block_hash),
+            "stateRoot": _hex(state_root),
+            "stable": stable,
+            "proof": [_hex(c.encode()) for c in votes],
+        }
+
+    def view_changes(self, first: int, last: int) -> list[dict[str, Any]]:
+        """Every installed view in [first, last] with its NEW-VIEW and VIEW-CHANGE messages."""
+        result = []
+        for _, value in self.store.items(StoreName.NEW_VIEWS, u64(first), up_to(last)):
+            new_view = decode_signed_bytes(value, NewView)
+            result.append({
+                "view": hex(new_view.body.view),
+                "primary": self._address(new_view.body.replica),
+                "newView": _hex(value),
+                "viewChanges": [
+                    {
+                        "signer": self._address(vc.body.replica),
+                        "view": hex(vc.body.view),
+                        "stableSeqNo": hex(vc.body.stable_seq_no),
+                        "message": _hex(vc.encode()),
+                    }
+                    for vc in new_view.body.view_changes
+                ],
+            })
+        return result
+
+    def evidence(self) -> list[dict[str, Any]]:
+        """Conflicting messages signed by one validator for one (view, seqNo, phase)."""
+        result = []
+        for key, value in self.store.items(StoreName.EVIDENCE):
+            first, second = rlp.decode(value)
+            result.append({
+                "signer": self._address(int.from_bytes(key[:2], "big")),
+                "type": MessageType(key[2]).name.lower().replace("_", "-"),
+                "view": hex(read_u64(key, 3)),
+                "seqNo": hex(read_u64(key, 11)),
+                "first": _hex(first),
+                "second": _hex(second) if second else None,
+            })
+        return result

@@ -1,0 +1,397 @@
+"""Catch-up: fetch committed blocks with their commit certificates from peers (block sync).
+
+The core decides *that* a replica fell behind (`FetchCommitted`); this module carries it out
+over the transport's block-sync channel and answers with `FetchCompleted` or `FetchFailed`.
+Every fetched block is accepted only with a commit certificate of Q distinct validators over
+its hash (`verify_commit_certificate`), then executed like any other block, and imported in
+one batch with that certificate. The link is authenticated by the transport; the data is not
+trusted: a lying peer can waste a request, never make us import a block.
+
+It also serves peers: STATUS (our head, its certificate and the NEW-VIEW we are in) and ranges
+of certified blocks. A replica that makes no progress asks its peers for STATUS every poll
+interval, so a node that missed blocks on a quiet chain, or started empty, still catches up
+(`PeerCommitted`), and a replica left in an old view learns the NEW-VIEW it missed.
+
+Wire format (canonical RLP lists, first item the kind):
+  GET_STATUS  [0]
+  STATUS      [1, head number, head hash, head's commit certificate, signed NEW-VIEW or b""]
+  GET_BLOCKS  [2, request id, first number, count]
+  BLOCKS      [3, request id, [[block, commit certificate], ...]]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import rlp
+from eth_utils import keccak
+
+from chain.blockchain import ExecutedBlock
+from chain.engine import EngineContext, TimerHandle
+from chain.errors import BlockValidationError
+from pbft_engine.core import (
+    Event,
+    FetchCompleted,
+    FetchFailed,
+    MessageReceived,
+    PeerCommitted,
+    Put,
+    ReplicaStatus,
+    StoreName,
+)
+from pbft_engine.core.records import META_NEW_VIEW, u64
+from pbft_engine.errors import MessageError, PbftError
+from pbft_engine.messages import (
+    NewView,
+    WireMessage,
+    decode_signed_bytes,
+    verify_commit_certificate,
+)
+from pbft_engine.store import LevelDBConsensusStore
+from pbft_engine.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
+
+MAX_BLOCKS_PER_REQUEST = 32
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # below the transport's frame cap
+REQUEST_TIMEOUT_S = 10.0
+MAX_UINT64 = 2**64 - 1
+HEADER_NUMBER_INDEX = 8  # an Ethereum header's fields: ..., difficulty, number, ...
+
+
+class SyncError(PbftError):
+    """A peer could not serve a range, or served something that does not verify."""
+
+
+class SyncKind(IntEnum):
+    GET_STATUS = 0
+    STATUS = 1
+    GET_BLOCKS = 2
+    BLOCKS = 3
+
+
+@dataclass(frozen=True)
+class GetStatus:
+    def fields(self) -> list[Any]:
+        return []
+
+
+@dataclass(frozen=True)
+class Status:
+    head_number: int
+    head_hash: bytes
+    certificate: bytes  # empty for genesis
+    new_view: bytes  # the signed NEW-VIEW of the sender's current view, or empty
+
+    def fields(self) -> list[Any]:
+        return [self.head_number, self.head_hash, self.certificate, self.new_view]
+
+
+@dataclass(frozen=True)
+class GetBlocks:
+    request_id: int
+    first: int
+    count: int
+
+    def fields(self) -> list[Any]:
+        return [self.request_id, self.first, self.count]
+
+
+@dataclass(frozen=True)
+class Blocks:
+    request_id: int
+    blocks: tuple[tuple[bytes, bytes], ...]  # (encoded block, commit certificate)
+
+    def fields(self) -> list[Any]:
+        return [self.request_id, [list(pair) for pair in self.blocks]]
+
+
+SyncMessage = GetStatus | Status | GetBlocks | Blocks
+_KINDS: dict[type, SyncKind] = {
+    GetStatus: SyncKind.GET_STATUS, Status: SyncKind.STATUS,
+    GetBlocks: SyncKind.GET_BLOCKS, Blocks: SyncKind.BLOCKS,
+}
+
+
+def encode_sync(message: SyncMessage) -> bytes:
+    return rlp.encode([_KINDS[type(message)], *message.fields()])
+
+
+def decode_sync(data: bytes) -> SyncMessage:
+    """A block-sync message; MessageError for anything malformed."""
+    try:
+        item = rlp.decode(data, strict=True)
+    except (rlp.exceptions.RLPException, RecursionError) as exc:
+        raise MessageError(f"block sync: not RLP ({type(exc).__name__})") from None
+    if not isinstance(item, list) or not item or not isinstance(item[0], bytes):
+        raise MessageError("block sync: not a message")
+    kind, fields = _uint(item[0]), item[1:]
+    decoders: dict[int, Callable[[list[Any]], SyncMessage]] = {
+        SyncKind.GET_STATUS: lambda f: GetStatus(),
+        SyncKind.STATUS: _decode_status,
+        SyncKind.GET_BLOCKS: lambda f: GetBlocks(*(_uint(x) for x in _exactly(f, 3))),
+        SyncKind.BLOCKS: _decode_blocks,
+    }
+    if kind not in decoders:
+        raise MessageError(f"block sync: unknown message kind {kind}")
+    return decoders[kind](fields)
+
+
+def _exactly(fields: list[Any], count: int) -> list[Any]:
+    if len(fields) != count:
+        raise MessageError(f"block sync: expected {count} fields, got {len(fields)}")
+    return fields
+
+
+def _uint(item: Any) -> int:
+    if not isinstance(item, bytes) or len(item) > 8 or item[:1] == b"\x00":
+        raise MessageError("block sync: not a canonical 64-bit integer")
+    return int.from_bytes(item, "big")
+
+
+def _bytes(item: Any) -> bytes:
+    if not isinstance(item, bytes):
+        raise MessageError("block sync: expected a byte string")
+    return item
+
+
+def _decode_status(fields: list[Any]) -> Status:
+    number, head_hash, certificate, new_view = _exactly(fields, 4)
+    if len(_bytes(head_hash)) != 32:
+        raise MessageError("block sync: a head hash has 32 bytes")
+    return Status(_uint(number), head_hash, _bytes(certificate), _bytes(new_view))
+
+
+def _decode_blocks(fields: list[Any]) -> Blocks:
+    request_id, pairs = _exactly(fields, 2)
+    if not isinstance(pairs, list) or len(pairs) > MAX_BLOCKS_PER_REQUEST:
+        raise MessageError("block sync: too many blocks in one answer")
+    blocks = []
+    for pair in pairs:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise MessageError("block sync: a block comes with its certificate")
+        blocks.append((_bytes(pair[0]), _bytes(pair[1])))
+    return Blocks(_uint(request_id), tuple(blocks))
+
+
+def certified_block_hash(
+    block: bytes, certificate: bytes, *, number: int, validators: tuple[bytes, ...],
+    chain_id: int,
+) -> bytes:
+    """The hash of `block` if it is block `number` and `certificate` certifies it."""
+    try:
+        header = rlp.decode(block, strict=True)[0]
+        claimed = int.from_bytes(header[HEADER_NUMBER_INDEX], "big")
+        block_hash = keccak(rlp.encode(header))
+    except (rlp.exceptions.RLPException, IndexError, TypeError, RecursionError):
+        raise SyncError(f"block {number} is not an encoded block") from None
+    if claimed != number:
+        raise SyncError(f"asked for block {number}, got block {claimed}")
+    try:
+        verify_commit_certificate(certificate, validators=validators, chain_id=chain_id,
+                                  block_number=number, block_hash=block_hash)
+    except MessageError as exc:
+        raise SyncError(f"block {number}: {exc}") from None
+    return block_hash
+
+
+class BlockSync:
+    """Block sync for one replica: serves peers and fetches what the replica is missing."""
+
+    def __init__(
+        self,
+        context: EngineContext,
+        store: LevelDBConsensusStore,
+        validators: tuple[bytes, ...],
+        *,
+        deliver: Callable[[Event], None],
+        replica_status: Callable[[], ReplicaStatus],
+        chain_lock: asyncio.Lock,
+        poll_interval: float,
+    ) -> None:
+        self.context = context
+        self.store = store
+        self.validators = validators
+        self.deliver = deliver
+        self.replica_status = replica_status
+        self.chain_lock = chain_lock  # held while a block is imported (here or by the adapter)
+        self.poll_interval = poll_interval
+        self._request_ids = itertools.count(1)
+        self._pending: dict[int, tuple[bytes, asyncio.Future[Blocks]]] = {}
+        self._status_asked: set[bytes] = set()
+        self._serving: set[bytes] = set()  # one range served at a time per peer
+        self._tasks = BackgroundTasks()
+        self._poll: TimerHandle | None = None
+        self._last_progress = -1
+
+    # Lifecycle.
+
+    def start(self) -> None:
+        self._poll = self.context.call_later(self.poll_interval, self._tick)
+
+    async def stop(self) -> None:
+        if self._poll is not None:
+            self._poll.cancel()
+        await self._tasks.cancel_all()
+
+    def _tick(self) -> None:
+        """No progress since the last tick: ask every peer where it is."""
+        status = self.replica_status()
+        if status.fetching is None and status.last_executed == self._last_progress:
+            self._status_asked = set(self.context.peers())
+            for peer in self._status_asked:
+                self.context.send_sync(peer, encode_sync(GetStatus()))
+        self._last_progress = status.last_executed
+        self._poll = self.context.call_later(self.poll_interval, self._tick)
+
+    # Messages from peers.
+
+    def on_message(self, sender: bytes, payload: bytes) -> None:
+        try:
+            message = decode_sync(payload)
+        except MessageError as exc:
+            log.warning("block sync: dropped a message from 0x%s: %s", sender.hex(), exc)
+            return
+        if isinstance(message, GetStatus):
+            self.context.send_sync(sender, encode_sync(self._status()))
+        elif isinstance(message, Status):
+            self._on_status(sender, message)
+        elif isinstance(message, GetBlocks):
+            if sender not in self._serving:
+                self._serving.add(sender)
+                self._tasks.spawn(self._serve(sender, message), "serving blocks")
+        else:
+            pending = self._pending.get(message.request_id)
+            if pending is not None and pending[0] == sender and not pending[1].done():
+                pending[1].set_result(message)
+
+    def _status(self) -> Status:
+        head = self.context.head()
+        certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(head.block_number))
+        new_view = self.store.get(StoreName.META, META_NEW_VIEW)
+        return Status(head.block_number, head.hash, certificate or b"", new_view or b"")
+
+    def _on_status(self, sender: bytes, status: Status) -> None:
+        if sender not in self._status_asked:
+            return  # unasked: not worth a signature check
+        self._status_asked.discard(sender)
+        mine = self.replica_status()
+        if status.new_view:
+            self._offer_new_view(status.new_view, mine.view)
+        if status.head_number <= mine.last_executed:
+            return
+        try:
+            verify_commit_certificate(
+                status.certificate, validators=self.validators, chain_id=self.context.chain_id,
+                block_number=status.head_number, block_hash=status.head_hash)
+        except MessageError as exc:
+            log.warning("block sync: 0x%s claims head %d without a valid certificate: %s",
+                        sender.hex(), status.head_number, exc)
+            return
+        self.deliver(PeerCommitted(status.head_number, status.head_hash))
+
+    def _offer_new_view(self, data: bytes, view: int) -> None:
+        """A NEW-VIEW for a view above ours goes to the replica, which verifies it."""
+        try:
+            new_view = decode_signed_bytes(data, NewView)
+        except MessageError:
+            return
+        if new_view.body.view > view:
+            self.deliver(MessageReceived(WireMessage(new_view).encode()))
+
+    async def _serve(self, peer: bytes, request: GetBlocks) -> None:
+        try:
+            count = min(request.count, MAX_BLOCKS_PER_REQUEST)
+            blocks = await self.context.canonical_blocks(request.first, count) \
+                if request.first > 0 else []
+            answer: list[tuple[bytes, bytes]] = []
+            size = 0
+            for number, block in enumerate(blocks, request.first):
+                certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(number))
+                size += len(block) + len(certificate or b"")
+                if certificate is None or (answer and size > MAX_RESPONSE_BYTES):
+                    break
+                answer.append((block, certificate))
+            self.context.send_sync(peer, encode_sync(Blocks(request.request_id, tuple(answer))))
+        finally:
+            self._serving.discard(peer)
+
+    # Fetching.
+
+    async def fetch(self, target: int, target_hash: bytes) -> Event:
+        """Import certified blocks up to `target` from whichever peers can serve them."""
+        imported: list[ExecutedBlock] = []
+        while self.context.head().block_number < target:
+            first = self.context.head().block_number + 1
+            count = min(MAX_BLOCKS_PER_REQUEST, target - first + 1)
+            if not await self._fetch_range(first, count, imported):
+                log.warning("catch-up to block %d failed at block %d: no peer served it",
+                            target, first)
+                return FetchFailed(target)
+        head = self.context.head()
+        if imported and imported[-1].number == target and imported[-1].hash != target_hash:
+            # Q validators certified this block, f+1 claimed another: more than f are faulty.
+            log.error("catch-up: certified block %d is 0x%s, the fetch target said 0x%s",
+                      target, imported[-1].hash.hex(), target_hash.hex())
+        tx_hashes = tuple(h for executed in imported for h in executed.tx_hashes)
+        log.info("caught up to block %d (%d blocks imported)", head.block_number, len(imported))
+        return FetchCompleted(head.block_number, head.hash, head.state_root, tx_hashes)
+
+    async def _fetch_range(self, first: int, count: int, imported: list[ExecutedBlock]) -> bool:
+        """Try the connected peers in turn; True once one of them served verified blocks."""
+        peers = sorted(self.context.peers())
+        turn = first // MAX_BLOCKS_PER_REQUEST % len(peers) if peers else 0
+        for peer in peers[turn:] + peers[:turn]:  # spread the ranges over the peers
+            try:
+                blocks = await self._request(peer, first, count)
+                imported.extend(await self._import(first, blocks))
+                return True
+            except SyncError as exc:
+                log.warning("block sync from 0x%s: %s", peer.hex(), exc)
+        return False
+
+    async def _request(self, peer: bytes, first: int, count: int) -> Blocks:
+        request_id = next(self._request_ids)
+        future: asyncio.Future[Blocks] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (peer, future)
+        try:
+            self.context.send_sync(peer, encode_sync(GetBlocks(request_id, first, count)))
+            answer = await asyncio.wait_for(future, REQUEST_TIMEOUT_S)
+        except TimeoutError:
+            raise SyncError(f"no answer for blocks {first}.. in {REQUEST_TIMEOUT_S:.0f} s") \
+                from None
+        finally:
+            del self._pending[request_id]
+        if not answer.blocks:
+            raise SyncError(f"peer has no block {first}")
+        return answer
+
+    async def _import(self, first: int, answer: Blocks) -> list[ExecutedBlock]:
+        imported = []
+        for number, (block, certificate) in enumerate(answer.blocks, first):
+            block_hash = certified_block_hash(
+                block, certificate, number=number, validators=self.validators,
+                chain_id=self.context.chain_id)
+            async with self.chain_lock:
+                if self.context.head().block_number >= number:
+                    continue  # committed meanwhile through the normal case
+                executed = await self._execute(block, number)
+                if executed.hash != block_hash:
+                    raise SyncError(f"block {number} executes to another hash")
+                ops = [Put(StoreName.COMMIT_CERTIFICATES, u64(number), certificate)]
+                await self.context.commit_block(
+                    executed, extra_writes=lambda batch, ops=ops: self.store.write(batch, ops))
+            imported.append(executed)
+        return imported
+
+    async def _execute(self, block: bytes, number: int) -> ExecutedBlock:
+        try:
+            return await self.context.validate_block(block)
+        except BlockValidationError as exc:
+            raise SyncError(f"certified block {number} does not execute here: {exc}") from None

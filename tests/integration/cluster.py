@@ -1,0 +1,124 @@
+"""A PBFT testnet of real node processes, for the multi-validator tests: start and stop single
+nodes, send transfers, wait for receipts, and check at the end that every live node holds the
+same block at every height and that every block's commit certificate verifies."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eth_account import Account
+
+from pbft_engine.messages import verify_commit_certificate
+from tests.integration.conftest import RunningNode, make_testnet, wait_for
+
+GWEI = 10**9
+RECEIPT_DEADLINE = 60.0
+
+
+@dataclass
+class Cluster:
+    directory: Path
+    description: dict[str, Any]
+    nodes: list[RunningNode]
+
+    @classmethod
+    def create(cls, directory: Path, validators: int = 4, *pbft_flags: str) -> Cluster:
+        description = make_testnet(directory, validators, *pbft_flags)
+        nodes = [
+            RunningNode(description, node, directory / f"node{node['index']}.log")
+            for node in description["nodes"]
+        ]
+        return cls(directory, description, nodes)
+
+    @property
+    def running(self) -> list[RunningNode]:
+        return [n for n in self.nodes if n.process is not None]
+
+    def start(self, *indices: int) -> None:
+        """Start these nodes (all by default) and wait until the running ones form a mesh."""
+        for index in indices or range(len(self.nodes)):
+            self.nodes[index].start()
+        peers = len(self.running) - 1
+        wait_for(lambda: all(n.web3().net.peer_count == peers for n in self.running), 30,
+                 f"{peers} peers on every running node")
+
+    def stop(self, index: int, sig: int = signal.SIGTERM) -> int:
+        return self.nodes[index].stop(sig)
+
+    def close(self) -> list[int]:
+        """Stop every running node (resuming a stopped one first); their exit codes."""
+        codes = []
+        for node in self.running:
+            if node.process is not None and node.process.poll() is None:
+                node.process.send_signal(signal.SIGCONT)
+            codes.append(node.stop())
+        return codes
+
+    def status(self, index: int) -> dict[str, Any]:
+        return rpc(self.nodes[index], "pbft_status")
+
+    def head(self, index: int) -> int:
+        return self.nodes[index].web3().eth.block_number
+
+    def transfer(self, via: int, sender: int = 0, value: int = 1) -> bytes:
+        """Send a transfer from dev account `sender` through node `via`; returns its hash."""
+        account = self.description["accounts"][sender]
+        w3 = self.nodes[via].web3()
+        tx = {
+            "chainId": self.description["chain_id"],
+            "nonce": w3.eth.get_transaction_count(account["address"], "pending"),
+            "gas": 21_000,
+            "to": self.description["accounts"][9]["address"],
+            "value": value,
+            "maxFeePerGas": 10 * GWEI,
+            "maxPriorityFeePerGas": GWEI,
+        }
+        signed = Account.from_key(account["private_key"]).sign_transaction(tx)
+        return bytes(w3.eth.send_raw_transaction(signed.raw_transaction))
+
+    def commit(self, via: int, sender: int = 0) -> int:
+        """Send one transfer and wait for its receipt on the same node; its block number."""
+        tx_hash = self.transfer(via, sender)
+        receipt = self.nodes[via].web3().eth.wait_for_transaction_receipt(
+            tx_hash, timeout=RECEIPT_DEADLINE, poll_latency=0.05)
+        assert receipt.status == 1
+        return receipt.blockNumber
+
+    def wait_heads(self, indices: list[int], height: int, deadline: float = 60) -> None:
+        wait_for(lambda: all(self.head(i) >= height for i in indices), deadline,
+                 f"nodes {indices} at height {height}")
+
+    def assert_consistent(self) -> None:
+        """Every running node: the same hash at every height, and certificates that verify."""
+        assert_same_chain_with_valid_certificates(self.running)
+
+
+def rpc(node: RunningNode, method: str, *params: Any) -> Any:
+    reply = node.web3().provider.make_request(method, list(params))
+    assert "error" not in reply, reply
+    return reply["result"]
+
+
+def assert_same_chain_with_valid_certificates(nodes: list[RunningNode]) -> None:
+    description = nodes[0].description
+    validators = [bytes.fromhex(v[2:]) for v in description["validators"]]
+    quorum = (len(validators) + (len(validators) - 1) // 3 + 2) // 2
+    height = min(n.web3().eth.block_number for n in nodes)
+    assert height > 0
+    for number in range(1, height + 1):
+        hashes = {bytes(n.web3().eth.get_block(number).hash) for n in nodes}
+        assert len(hashes) == 1, f"nodes disagree at height {number}"
+        (block_hash,) = hashes
+        for node in nodes:
+            certificate = rpc(node, "pbft_getCommitCertificate", hex(number))["certificate"]
+            signers = verify_commit_certificate(
+                bytes.fromhex(certificate[2:]),
+                validators=validators,
+                chain_id=description["chain_id"],
+                block_number=number,
+                block_hash=block_hash,
+            )
+            assert len(signers) >= quorum

@@ -1,0 +1,137 @@
+"""Catch-up: the core's reaction to a peer that proved a later block, the permanent stable
+checkpoint proofs, and the block-sync wire format and its certificate check."""
+
+from __future__ import annotations
+
+import pytest
+import rlp
+from eth_hash.auto import keccak
+
+from pbft_engine.core import FetchCommitted, PeerCommitted, StoreName
+from pbft_engine.errors import MessageError
+from pbft_engine.messages import (
+    Authenticator,
+    Checkpoint,
+    Commit,
+    KeySigner,
+    KeyVerifier,
+    decode_signed_bytes,
+    encode_commit_certificate,
+)
+from pbft_engine.sync import (
+    MAX_BLOCKS_PER_REQUEST,
+    Blocks,
+    GetBlocks,
+    GetStatus,
+    Status,
+    SyncError,
+    certified_block_hash,
+    decode_sync,
+    encode_sync,
+)
+from tests.simulation.cluster import Cluster
+from tests.unit.pbft.helpers import commit, tx_hashes
+
+CHAIN_ID = 7
+KEYS = [keccak(b"sync validator %d" % i) for i in range(4)]
+SIGNERS = [KeySigner(k) for k in KEYS]
+VALIDATORS = tuple(s.address for s in SIGNERS)
+
+
+def test_a_peer_ahead_makes_an_idle_replica_fetch() -> None:
+    cluster = Cluster(4)
+    commit(cluster, tx_hashes(2))
+    replica = cluster.nodes[3].replica
+    ahead = replica.last_exec + 5
+    assert replica.step(PeerCommitted(replica.last_exec, b"\x01" * 32)) == []
+    actions = replica.step(PeerCommitted(ahead, b"\x02" * 32))
+    assert FetchCommitted(ahead, b"\x02" * 32, b"") in actions
+    assert replica.status().fetching == ahead
+    assert not any(isinstance(a, FetchCommitted)
+                   for a in replica.step(PeerCommitted(ahead + 1, b"\x03" * 32)))
+
+
+def test_a_replica_executing_a_block_does_not_fetch() -> None:
+    cluster = Cluster(4)
+    commit(cluster, tx_hashes(1))
+    replica = cluster.nodes[2].replica
+    replica.executing = replica.last_exec + 1
+    assert replica.step(PeerCommitted(replica.last_exec + 1, b"\x01" * 32)) == []
+
+
+def test_stable_checkpoints_keep_their_proof_forever() -> None:
+    cluster = Cluster(4, checkpoint_interval=4, log_multiplier=2)
+    for i in range(9):
+        commit(cluster, tx_hashes(1, f"block {i}"))
+    for node in cluster.nodes:
+        stable = dict(node.store.items(StoreName.STABLE_CHECKPOINTS))
+        assert sorted(stable) == [(4).to_bytes(8, "big"), (8).to_bytes(8, "big")]
+        for key, value in stable.items():
+            proof = [decode_signed_bytes(m, Checkpoint) for m in rlp.decode(value)]
+            assert len({c.body.replica for c in proof}) >= cluster.params.quorum
+            block = node.chain.blocks[int.from_bytes(key, "big") - 1]
+            assert {c.body.block_hash for c in proof} == {block.block_hash}
+
+
+@pytest.mark.parametrize("message", [
+    GetStatus(),
+    Status(12, b"\x11" * 32, b"certificate", b""),
+    GetBlocks(3, 1, MAX_BLOCKS_PER_REQUEST),
+    Blocks(3, ((b"block one", b"cert one"), (b"block two", b"cert two"))),
+])
+def test_sync_messages_round_trip(message: object) -> None:
+    assert decode_sync(encode_sync(message)) == message  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("data", [
+    b"\xff\xff",  # not RLP
+    rlp.encode(b"flat"),
+    rlp.encode([9]),  # unknown kind
+    rlp.encode([2, 1, 1]),  # GET_BLOCKS without a count
+    rlp.encode([2, b"\x00\x01", 1, 1]),  # non-canonical integer
+    rlp.encode([1, 1, b"short", b"", b""]),  # a head hash of 5 bytes
+    rlp.encode([3, 1, [[b"block"]]]),  # a block without its certificate
+    rlp.encode([3, 1, [[b"b", b"c"]] * (MAX_BLOCKS_PER_REQUEST + 1)]),
+])
+def test_malformed_sync_messages_are_refused(data: bytes) -> None:
+    with pytest.raises(MessageError):
+        decode_sync(data)
+
+
+def _block(number: int) -> tuple[bytes, bytes]:
+    header = [b"\x01" * 32, b"", b"", b"", b"", b"", b"", b"", number, 30_000_000]
+    return rlp.encode([header, [], []]), keccak(rlp.encode(header))
+
+
+def _certificate(number: int, block_hash: bytes, signers: range) -> bytes:
+    auth = Authenticator(CHAIN_ID, VALIDATORS, KeyVerifier())
+    return encode_commit_certificate(
+        auth.sign(Commit(0, number, block_hash, i), SIGNERS[i]) for i in signers)
+
+
+def test_certified_block_hash_accepts_a_quorum_over_the_block() -> None:
+    block, block_hash = _block(5)
+    certificate = _certificate(5, block_hash, range(3))
+    assert certified_block_hash(block, certificate, number=5, validators=VALIDATORS,
+                                chain_id=CHAIN_ID) == block_hash
+
+
+@pytest.mark.parametrize("fault", ["wrong number", "other block", "too few", "garbage",
+                                   "other chain"])
+def test_certified_block_hash_refuses(fault: str) -> None:
+    block, block_hash = _block(5)
+    certificate = _certificate(5, block_hash, range(3))
+    number, chain_id = 5, CHAIN_ID
+    if fault == "wrong number":
+        number = 6
+    elif fault == "other block":
+        certificate = _certificate(5, keccak(b"another"), range(3))
+    elif fault == "too few":
+        certificate = _certificate(5, block_hash, range(2))
+    elif fault == "garbage":
+        block = b"\x01\x02"
+    else:
+        chain_id = CHAIN_ID + 1
+    with pytest.raises(SyncError):
+        certified_block_hash(block, certificate, number=number, validators=VALIDATORS,
+                             chain_id=chain_id)
