@@ -136,15 +136,10 @@ def plan_spans(nodes: tuple[str, ...], first: int, last: int, range_size: int,
     return spans
 
 
-def waves(spans: list[Span], blocks_per_wave: int) -> Iterator[list[Span]]:
-    wave: list[Span] = []
-    for span in spans:
-        wave.append(span)
-        if sum(s.size for s in wave) >= blocks_per_wave:
-            yield wave
-            wave = []
-    if wave:
-        yield wave
+def waves(spans: list[Span], spans_per_wave: int) -> Iterator[list[Span]]:
+    """Consecutive groups of spans: one Spark job each, recorded in the manifest when done."""
+    for start in range(0, len(spans), spans_per_wave):
+        yield spans[start : start + spans_per_wave]
 
 
 def read_done(spark: SparkSession, options: ExportOptions, infos: list[NodeInfo]) -> Done:
@@ -265,10 +260,8 @@ def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> E
         f"exporting blocks {first}..{last} from {len(infos)} node(s) to {options.out}: "
         f"{total} blocks to fetch, {summary.skipped} range(s) already exported"
     )
-    per_wave = max(options.range_size,
-                   4 * spark.sparkContext.defaultParallelism * options.partition_blocks)
     by_url = {info.url: info for info in infos}
-    for wave in waves(spans, per_wave):
+    for wave in waves(spans, 2 * max(1, spark.sparkContext.defaultParallelism)):
         export_wave(spark, options, wave, by_url, summary)
         elapsed = time.monotonic() - started
         progress(f"{summary.blocks}/{total} blocks ({100 * summary.blocks // max(total, 1)}%), "

@@ -85,7 +85,7 @@ class JsonRpcClient:
         if isinstance(replies, dict):
             replies = [replies]
         if not isinstance(replies, list):
-            raise RpcError(f"{self.url}: answered a batch with {type(replies).__name__}",
+            raise RpcError(f"answered a batch with {type(replies).__name__}",
                            retriable=False)
         by_id = {reply.get("id"): reply for reply in replies if isinstance(reply, dict)}
         return [self._result(by_id.get(i), calls[i]) for i in range(len(calls))]
@@ -93,7 +93,7 @@ class JsonRpcClient:
     def _result(self, reply: dict[str, Any] | None, call: Call) -> Any:
         method, params = call
         if reply is None:
-            raise RpcError(f"{self.url}: no answer to {method}", retriable=True)
+            raise RpcError(f"no answer to {method}", retriable=True)
         error = reply.get("error")
         if error is None:
             return reply.get("result")
@@ -133,13 +133,13 @@ class JsonRpcClient:
             data = response.read()
         except (OSError, http.client.HTTPException) as exc:
             self.close()
-            raise RpcError(f"{self.url}: {type(exc).__name__}: {exc}", retriable=True) from None
+            raise RpcError(f"{type(exc).__name__}: {exc}", retriable=True) from None
         if response.status != 200:
             raise RpcError(
-                f"{self.url}: HTTP {response.status} {response.reason}",
+                f"HTTP {response.status} {response.reason}",
                 retriable=response.status in RETRIABLE_STATUS,
             )
         try:
             return json.loads(data)
         except ValueError:
-            raise RpcError(f"{self.url}: the answer is not JSON", retriable=True) from None
+            raise RpcError("the answer is not JSON", retriable=True) from None

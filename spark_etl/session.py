@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from spark_etl.source import ChainDataSource
 
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 SETTINGS = {
+    # read when this process starts the JVM (a local session); spark-submit's own otherwise
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",  # the ETL prints its own progress
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
@@ -28,6 +32,5 @@ def spark_session(master: str | None = None, app_name: str = "pbft-etl") -> Spar
     for key, value in SETTINGS.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(ChainDataSource)
     return spark

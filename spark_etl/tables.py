@@ -48,7 +48,8 @@ def read_table(spark: SparkSession, root: str, table: Table) -> DataFrame:
     path = table_path(root, table)
     if is_local_path(root) and not Path(path.removeprefix("file://")).exists():
         raise DataError(
-            f"{path} does not exist: is {root} the --out directory of a `pbft-etl export`?"
+            f"{path} is missing: {root} is not a finished `pbft-etl export` (run the export "
+            "into it, again if it was interrupted)"
         )
     return spark.read.schema(table.schema).parquet(path)
 
