@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from cli.etl import main
 from spark_etl import schemas
 from spark_etl.audit import Audit, ValidatorSet
 from spark_etl.export import NodeInfo, manifest_frame, range_counts
@@ -100,6 +101,13 @@ def validator_set(test_chain: ServedChain) -> ValidatorSet:
 
 def make_audit(spark: SparkSession, tables: Tables, validators: ValidatorSet) -> Audit:
     return Audit(dataset(spark, tables), validators)
+
+
+def etl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`pbft-etl ARGS` in this process (sharing the test session): (status, stdout, stderr)."""
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def write_dataset(spark: SparkSession, tables: Tables, directory: Path) -> None:

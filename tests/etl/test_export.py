@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from cli.etl import main
 from spark_etl import schemas
 from spark_etl.errors import RpcError
 from spark_etl.export import plan_spans
@@ -20,6 +19,7 @@ from spark_etl.rpc import JsonRpcClient, RetryPolicy
 from spark_etl.source import Span
 from spark_etl.tables import Dataset
 from tests.etl.chain_factory import ServedChain
+from tests.etl.conftest import etl
 from tests.etl.fake_node import FakeNode, serving
 
 FAST = ["--retries", "1"]
@@ -35,12 +35,6 @@ def node(test_chain: ServedChain) -> Iterator[FakeNode]:
 def other_node(test_chain: ServedChain) -> Iterator[FakeNode]:
     with serving(test_chain) as fake:
         yield fake
-
-
-def etl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def counts(spark: SparkSession, out: Path) -> dict[str, int]:
