@@ -91,6 +91,13 @@ def union_all(first: DataFrame, *others: DataFrame) -> DataFrame:
 RowFunction = Callable[[dict[str, Any]], Iterable[tuple[Any, ...]]]
 
 
+def to_record_batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
 def flat_map_rows(frame: DataFrame, function: RowFunction, schema: StructType) -> DataFrame:
     """Python `function(row dict) -> output rows` over every row, in parallel partitions,
     through Arrow batches (bounded by spark.sql.execution.arrow.maxRecordsPerBatch)."""
@@ -99,10 +106,6 @@ def flat_map_rows(frame: DataFrame, function: RowFunction, schema: StructType) -
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             rows = [out for row in batch.to_pylist() for out in function(row)]
-            columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(c, type=f.type) for c, f in zip(columns, arrow_schema, strict=True)],
-                schema=arrow_schema,
-            )
+            yield to_record_batch(rows, arrow_schema)
 
     return frame.mapInArrow(run, schema)

@@ -16,17 +16,22 @@ claimed replica index.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial, reduce
 from typing import Any
 
+import pyarrow as pa
 import rlp
 from coincurve import PublicKey
 from eth_hash.auto import keccak
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+from rlp.codec import consume_length_prefix
 
 from pbft_engine.messages import (
+    DOMAIN,
     Checkpoint,
     MessageError,
     NewView,
@@ -36,9 +41,8 @@ from pbft_engine.messages import (
     Verifier,
     ViewChange,
     decode_signed_bytes,
-    signing_hash,
 )
-from spark_etl.audit.context import Audit, flat_map_rows
+from spark_etl.audit.context import Audit, to_record_batch
 from spark_etl.hexcodec import from_hex, to_hex
 
 TYPE_NAMES = {
@@ -86,27 +90,46 @@ def _key(body: Any) -> tuple[int | None, int | None, bytes]:
     return body.view, None, keccak(rlp.encode(body.fields()))
 
 
+def encoded_signing_hash(encoded: bytes, body: Any, chain_id: int) -> bytes:
+    """`messages.signing_hash(body, chain_id)` of a canonically encoded signed message
+    [type, body, signature], hashing the body's RLP as it stands in `encoded` instead of
+    encoding it again (the audit's hot loop; a test holds the two equal)."""
+    _, _, _, position = consume_length_prefix(encoded, 0)  # into the message list
+    _, _, length, start = consume_length_prefix(encoded, position)  # over the type
+    position = start + length
+    _, _, length, start = consume_length_prefix(encoded, position)  # the body
+    domain = DOMAIN + chain_id.to_bytes(8, "big") + bytes([body.TYPE])
+    return keccak(domain + encoded[position : start + length])
+
+
 def recover(message: str, chain_id: int, verifier: Verifier) -> tuple[Any, ...]:
     """One row of RECOVERED for an encoded signed message."""
     try:
-        signed = decode_signed_bytes(from_hex(message))
+        encoded = from_hex(message)
+        signed = decode_signed_bytes(encoded)  # canonical, or refused
     except (MessageError, ValueError) as exc:
         return (message, None, None, None, None, None, None, f"undecodable message: {exc}")
     body = signed.body
     view, seq_no, digest = _key(body)
     head = (message, TYPE_NAMES[type(body).__name__], view, seq_no, to_hex(digest), body.replica)
     try:
-        signer = verifier.recover(signing_hash(body, chain_id), signed.signature)
+        signer = verifier.recover(encoded_signing_hash(encoded, body, chain_id),
+                                  signed.signature)
     except SignatureError as exc:
         return (*head, None, str(exc))
     return (*head, to_hex(signer), None)
 
 
 VERIFIER = CoincurveVerifier()
+RECOVERED_ARROW = to_arrow_schema(RECOVERED)
 
 
-def _recover_row(row: dict[str, Any], chain_id: int) -> list[tuple[Any, ...]]:
-    return [recover(row["message"], chain_id, VERIFIER)]
+def _recover_batches(batches: Iterator[pa.RecordBatch], chain_id: int
+                     ) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        messages = batch.column(0).to_pylist()
+        yield to_record_batch([recover(m, chain_id, VERIFIER) for m in messages],
+                              RECOVERED_ARROW)
 
 
 def _children(signed: Signed[Any]) -> list[Signed[Any]]:
@@ -159,8 +182,9 @@ def signatures(audit: Audit) -> DataFrame:
     """RECOVERED for every distinct signed message, plus `valid`; computed once per audit."""
 
     def build() -> DataFrame:
-        recover_row = partial(_recover_row, chain_id=audit.validators.chain_id)
-        recovered = flat_map_rows(signed_messages(audit), recover_row, RECOVERED)
+        recovered = signed_messages(audit).mapInArrow(
+            partial(_recover_batches, chain_id=audit.validators.chain_id), RECOVERED
+        )
         claimed = audit.validators.address_of(F.col("replica"))
         return recovered.withColumn(
             "valid", F.coalesce(F.col("signer") == claimed, F.lit(False))
