@@ -173,9 +173,9 @@ class ExportSummary:
 COUNTED = [t.name for t in schemas.NESTED_TABLES]
 
 
-def range_counts(bundle: DataFrame) -> list[Any]:
+def range_counts(bundle: DataFrame) -> list[dict[str, Any]]:
     """Per (node, range_start) of fetched bundles: first and last block and rows per table."""
-    return (
+    rows = (
         bundle.groupBy("node", "range_start")
         .agg(
             F.min("block.number").alias("first_block"),
@@ -185,17 +185,18 @@ def range_counts(bundle: DataFrame) -> list[Any]:
         )
         .collect()
     )
+    return [row.asDict() for row in rows]
 
 
-def manifest_frame(spark: SparkSession, counts: list[Any], infos: dict[str, NodeInfo],
-                   range_size: int) -> DataFrame:
-    """The export_manifest rows of the ranges in `counts`."""
+def manifest_rows(counts: list[dict[str, Any]], infos: dict[str, NodeInfo],
+                  range_size: int) -> list[tuple[Any, ...]]:
+    """The export_manifest rows of the ranges in `counts` (as `range_counts` gives them)."""
     now = datetime.now(UTC)
     rows = []
     for row in counts:
         info = infos[row["node"]]
         values = {
-            **row.asDict(),
+            **row,
             **{name: row[name] or 0 for name in COUNTED},
             "range_size": range_size,
             "chain_id": info.chain_id,
@@ -204,7 +205,7 @@ def manifest_frame(spark: SparkSession, counts: list[Any], infos: dict[str, Node
             "exported_at": now,
         }
         rows.append(tuple(values[n] for n in schemas.EXPORT_MANIFEST.schema.names))
-    return spark.createDataFrame(rows, schemas.EXPORT_MANIFEST.schema)
+    return rows
 
 
 def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
@@ -222,8 +223,9 @@ def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
             write_table(frame, options.out, schemas.BY_NAME[name])
     finally:
         bundle.unpersist()
-    manifest = manifest_frame(spark, counts, infos, options.range_size)
-    write_table(manifest, options.out, schemas.EXPORT_MANIFEST)
+    manifest = manifest_rows(counts, infos, options.range_size)
+    write_table(spark.createDataFrame(manifest, schemas.EXPORT_MANIFEST.schema), options.out,
+                schemas.EXPORT_MANIFEST)
     for row in counts:
         summary.blocks += row["blocks"]
         summary.add("blocks", row["blocks"])

@@ -29,7 +29,7 @@ from spark_etl.audit.consensus_rules import (
 from spark_etl.audit.context import Audit, ValidatorSet, union_all
 from spark_etl.audit.export_rules import export_manifest, node_agreement
 from spark_etl.audit.report import AuditResult, Violation
-from spark_etl.audit.roots import roots
+from spark_etl.audit.roots import trie_roots
 from spark_etl.audit.signatures import signatures
 from spark_etl.tables import Dataset
 
@@ -42,7 +42,7 @@ RULES: tuple[Rule, ...] = (
     receipts_per_transaction,
     log_indexes,
     gas_used,
-    roots,
+    trie_roots,
     certificates,
     conflicting_certificates,
     equivocation,

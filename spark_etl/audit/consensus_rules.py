@@ -41,6 +41,16 @@ def _signature_problem(audit: Audit, prefix: str, expected_type: str) -> Column:
     )
 
 
+def _checked(audit: Audit, frame: DataFrame, prefix: str, expected_type: str,
+             *problems: Column) -> DataFrame:
+    """`frame` joined to the recovered signature of its `message` (columns `prefix`_*), with
+    `problem`: why the message is not a valid `expected_type` signed by the validator it
+    claims, or the first of `problems` that holds; null when none does (or no message)."""
+    return frame.join(_recovered(audit, prefix), "message", "left").withColumn(
+        "problem", F.coalesce(_signature_problem(audit, prefix, expected_type), *problems)
+    )
+
+
 def certificates(audit: Audit) -> DataFrame:
     """certificate-signature, certificate-non-validator, certificate-block, certificate-view,
     certificate-duplicate-signer, certificate-quorum: every block after genesis has a commit
@@ -48,13 +58,12 @@ def certificates(audit: Audit) -> DataFrame:
     blocks = audit.data.blocks.select(
         "node", F.col("number").alias("block_number"), F.col("hash").alias("expected_hash")
     )
+    certificate = audit.data.commit_certificates.select(
+        "node", "block_number", "block_hash", "signer", "message"
+    )
     rows = (
-        audit.data.commit_certificates.select(
-            "node", "block_number", "block_hash", "signer", "message"
-        )
-        .join(_recovered(audit, "c"), "message", "left")
+        _checked(audit, certificate, "c", "commit")
         .join(blocks, ["node", "block_number"], "left")
-        .withColumn("problem", _signature_problem(audit, "c", "commit"))
         .withColumn(
             "for_block",
             (F.col("c_seq_no") == F.col("block_number"))
@@ -197,15 +206,11 @@ def checkpoints(audit: Audit) -> DataFrame:
     """checkpoint-proof, checkpoint-chain: each stable checkpoint holds Q valid CHECKPOINTs
     of distinct validators for its seqNo, block hash and state root, and every checkpoint's
     block hash and state root are the chain's at that block."""
+    claims = audit.data.checkpoints.withColumn(
+        "value", F.concat(F.col("block_hash"), F.substring("state_root", 3, 64))
+    )
     rows = (
-        audit.data.checkpoints.withColumn(
-            "value", F.concat(F.col("block_hash"), F.substring("state_root", 3, 64))
-        )
-        .join(_recovered(audit, "p"), "message", "left")
-        .withColumn(
-            "problem",
-            F.when(F.col("message").isNotNull(), _signature_problem(audit, "p", "checkpoint")),
-        )
+        _checked(audit, claims, "p", "checkpoint")
         .withColumn(
             "matching",
             F.col("problem").isNull()
@@ -257,36 +262,23 @@ def view_changes(audit: Audit) -> DataFrame:
     validators = audit.validators
     size = validators.size
     installs = audit.data.view_changes
-    new_views = (
-        installs.select("node", "view", "primary", F.col("new_view").alias("message"))
-        .distinct()
-        .join(_recovered(audit, "n"), "message", "left")
-        .withColumn(
-            "problem",
-            F.coalesce(
-                _signature_problem(audit, "n", "new-view"),
-                F.when(F.col("n_view") != F.col("view"), F.lit("NEW-VIEW for another view")),
-                F.when(
-                    F.col("n_replica") != F.col("view") % size,
-                    F.lit("NEW-VIEW not from the view's primary"),
-                ),
-                F.when(
-                    F.col("primary") != validators.address_of(F.col("view") % size),
-                    F.lit("primary is not validators[view mod N]"),
-                ),
-            ),
-        )
+    new_views = _checked(
+        audit,
+        installs.select("node", "view", "primary", F.col("new_view").alias("message")).distinct(),
+        "n",
+        "new-view",
+        F.when(F.col("n_view") != F.col("view"), F.lit("NEW-VIEW for another view")),
+        F.when(F.col("n_replica") != F.col("view") % size,
+               F.lit("NEW-VIEW not from the view's primary")),
+        F.when(F.col("primary") != validators.address_of(F.col("view") % size),
+               F.lit("primary is not validators[view mod N]")),
     )
-    votes = (
-        installs.where(F.col("message").isNotNull())
-        .join(_recovered(audit, "v"), "message", "left")
-        .withColumn(
-            "problem",
-            F.coalesce(
-                _signature_problem(audit, "v", "view-change"),
-                F.when(F.col("v_view") != F.col("view"), F.lit("VIEW-CHANGE for another view")),
-            ),
-        )
+    votes = _checked(
+        audit,
+        installs.where(F.col("message").isNotNull()),
+        "v",
+        "view-change",
+        F.when(F.col("v_view") != F.col("view"), F.lit("VIEW-CHANGE for another view")),
     )
     counted = (
         installs.select("node", "view")

@@ -79,7 +79,7 @@ def _root_violations(block: dict[str, Any]) -> list[tuple[Any, ...]]:
     return found
 
 
-def roots(audit: Audit) -> DataFrame:
+def trie_roots(audit: Audit) -> DataFrame:
     """One row per block with its transactions and receipts (with their logs) nested."""
     data = audit.data
     block_keys = ["node", "block_number"]

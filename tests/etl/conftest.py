@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +13,10 @@ from pyspark.sql import SparkSession
 from cli.etl import main
 from spark_etl import schemas
 from spark_etl.audit import Audit, ValidatorSet
-from spark_etl.export import NodeInfo, manifest_frame, range_counts
+from spark_etl.export import NodeInfo, manifest_rows
 from spark_etl.rows import bundle_row, evidence_row, view_change_rows
 from spark_etl.session import spark_session
-from spark_etl.tables import Dataset, split_bundle, write_table
+from spark_etl.tables import Dataset
 from tests.etl.chain_factory import CHAIN_ID, ServedChain, build_chain
 
 NODE_A = "http://node-a:8545"
@@ -30,7 +29,7 @@ Tables = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     session = spark_session("local[2]", "pbft-etl-tests")
-    session.conf.set("spark.sql.shuffle.partitions", "4")
+    session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
 
@@ -45,25 +44,32 @@ def node_info(chain: ServedChain, url: str) -> NodeInfo:
                     chain.head, view=1)
 
 
-def export_rows(spark: SparkSession, chain: ServedChain, nodes: tuple[str, ...]) -> Tables:
-    """What `pbft-etl export` writes for these nodes of `chain`, as rows of dicts."""
-    bundles = [
-        bundle_row(node, number - number % RANGE_SIZE, payload)
-        for node in nodes
-        for number, payload in enumerate(chain.payloads)
-    ]
-    bundle = spark.createDataFrame(bundles, schemas.BUNDLE).cache()
-    frames = split_bundle(bundle)
+def export_rows(chain: ServedChain, nodes: tuple[str, ...]) -> Tables:
+    """What `pbft-etl export` writes for these nodes of `chain`, as rows of dicts (the
+    bundles split as `spark_etl.tables.split_bundle` does, without Spark)."""
+    tables: Tables = {t.name: [] for t in schemas.TABLES}
+    counts: dict[tuple[str, int], dict[str, Any]] = {}
+    for node in nodes:
+        for number, payload in enumerate(chain.payloads):
+            start = number - number % RANGE_SIZE
+            _, _, block, *nested = bundle_row(node, start, payload)
+            tables["blocks"] += as_dicts(schemas.BLOCKS, [(*block, node, start)])
+            count = counts.setdefault((node, start), {
+                "node": node, "range_start": start, "first_block": number, "blocks": 0})
+            count.update(last_block=number, blocks=count["blocks"] + 1)
+            for table, items in zip(schemas.NESTED_TABLES, nested, strict=True):
+                tables[table.name] += as_dicts(table, [(*i, node, start) for i in items])
+                count[table.name] = count.get(table.name, 0) + len(items)
+        tables["view_changes"] += as_dicts(
+            schemas.VIEW_CHANGES,
+            [row for entry in chain.view_changes for row in view_change_rows(node, entry)],
+        )
+        tables["evidence"] += as_dicts(
+            schemas.EVIDENCE, [evidence_row(node, e) for e in chain.evidence]
+        )
     infos = {node: node_info(chain, node) for node in nodes}
-    frames["export_manifest"] = manifest_frame(spark, range_counts(bundle), infos, RANGE_SIZE)
-    tables = {name: [r.asDict(recursive=True) for r in f.collect()] for name, f in frames.items()}
-    tables["view_changes"] = as_dicts(
-        schemas.VIEW_CHANGES,
-        [row for node in nodes for entry in chain.view_changes
-         for row in view_change_rows(node, entry)],
-    )
-    tables["evidence"] = as_dicts(
-        schemas.EVIDENCE, [evidence_row(node, e) for node in nodes for e in chain.evidence]
+    tables["export_manifest"] = as_dicts(
+        schemas.EXPORT_MANIFEST, manifest_rows(list(counts.values()), infos, RANGE_SIZE)
     )
     return tables
 
@@ -73,9 +79,9 @@ def as_dicts(table: schemas.Table, rows: list[tuple[Any, ...]]) -> list[dict[str
 
 
 @pytest.fixture(scope="session")
-def clean_tables(spark: SparkSession, test_chain: ServedChain) -> Tables:
+def clean_tables(test_chain: ServedChain) -> Tables:
     """The clean export of two nodes of the test chain; copy before changing it."""
-    return export_rows(spark, test_chain, (NODE_A, NODE_B))
+    return export_rows(test_chain, (NODE_A, NODE_B))
 
 
 @pytest.fixture
@@ -108,10 +114,3 @@ def etl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def write_dataset(spark: SparkSession, tables: Tables, directory: Path) -> None:
-    """The tables as an export directory (Parquet, partitioned as the export writes them)."""
-    data = dataset(spark, tables)
-    for table in schemas.TABLES:
-        write_table(getattr(data, table.name), str(directory), table)

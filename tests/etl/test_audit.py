@@ -1,5 +1,5 @@
-"""The audit rules on the test chain: a clean export of two nodes passes every rule; each
-planted fault is caught by its rule, at its block."""
+"""The audit rules on the test chain (a clean export of it passes: tests/etl/test_export.py):
+each planted fault is caught by its rule, at its block."""
 
 from __future__ import annotations
 
@@ -10,27 +10,19 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from pbft_engine.messages import Commit, KeySigner, NewView, Signed, decode_signed_bytes
-from spark_etl.audit import Audit, ValidatorSet, Violation, find_violations, run_audit
-from spark_etl.audit.chain_rules import (
-    block_hashes,
-    continuity,
-    gas_used,
-    log_indexes,
-    receipts_per_transaction,
-    transaction_counts,
+from spark_etl.audit import (
+    Audit,
+    ValidatorSet,
+    Violation,
+    chain_rules,
+    consensus_rules,
+    export_rules,
+    find_violations,
+    roots,
 )
-from spark_etl.audit.consensus_rules import (
-    certificates,
-    checkpoints,
-    conflicting_certificates,
-    equivocation,
-    view_changes,
-)
-from spark_etl.audit.export_rules import export_manifest, node_agreement
-from spark_etl.audit.roots import roots
 from spark_etl.hexcodec import from_hex, to_hex
 from tests.etl.chain_factory import OUTSIDER_KEY, ServedChain
-from tests.etl.conftest import NODE_A, NODE_B, Tables, dataset, make_audit
+from tests.etl.conftest import NODE_A, NODE_B, Tables, make_audit
 
 Row = dict[str, Any]
 
@@ -66,18 +58,6 @@ def set_message(row: Row, signed: Signed[Any]) -> None:
         signature=to_hex(signed.signature),
         replica=signed.body.replica,
     )
-
-
-def test_clean_export_of_two_nodes_passes_every_rule(
-    spark: SparkSession, tables: Tables, validator_set: ValidatorSet
-) -> None:
-    result = run_audit(dataset(spark, tables), validator_set)
-    assert result.violations == []
-    assert result.blocks == {NODE_A: 11, NODE_B: 11}
-    # 33 COMMITs, 6 CHECKPOINTs, 3 VIEW-CHANGEs and a NEW-VIEW (the CHECKPOINTs nested in
-    # the VIEW-CHANGEs are the same messages): each recovered once for both nodes
-    assert result.signatures == 33 + 6 + 3 + 1
-    assert result.ok and "no violations" in result.summary()
 
 
 def _tamper_signature(tables: Tables, chain: ServedChain) -> None:
@@ -137,39 +117,40 @@ def _new_view_from_wrong_replica(tables: Tables, chain: ServedChain) -> None:
         row["new_view"] = to_hex(chain.validators.sign(forged).encode())
 
 
+CERTIFICATES = consensus_rules.certificates
 FAULTS = {
-    "tampered signature": (_tamper_signature, certificates, "certificate-signature", 2),
-    "missing signer": (_drop_signer, certificates, "certificate-quorum", 2),
-    "non-validator signer": (_outsider_signs, certificates, "certificate-non-validator", 2),
-    "duplicate signer": (_duplicate_signer, certificates, "certificate-duplicate-signer", 2),
-    "commit for another block": (_certificate_for_other_block, certificates,
+    "tampered signature": (_tamper_signature, CERTIFICATES, "certificate-signature", 2),
+    "missing signer": (_drop_signer, CERTIFICATES, "certificate-quorum", 2),
+    "non-validator signer": (_outsider_signs, CERTIFICATES, "certificate-non-validator", 2),
+    "duplicate signer": (_duplicate_signer, CERTIFICATES, "certificate-duplicate-signer", 2),
+    "commit for another block": (_certificate_for_other_block, CERTIFICATES,
                                  "certificate-block", 4),
-    "gap": (_drop_block, continuity, "block-gap", 6),
-    "wrong parent hash": (_change("blocks", "parent_hash", flip, number=7), continuity,
-                          "parent-hash", 7),
+    "gap": (_drop_block, chain_rules.continuity, "block-gap", 6),
+    "wrong parent hash": (_change("blocks", "parent_hash", flip, number=7),
+                          chain_rules.continuity, "parent-hash", 7),
     "header field changed": (_change("blocks", "extra_data", lambda _: "0x01", number=3),
-                             block_hashes, "block-hash", 3),
-    "wrong transaction root": (_change("blocks", "transactions_root", flip, number=4), roots,
-                               "transactions-root", 4),
-    "raw transaction changed": (_change("transactions", "raw", flip, block_number=8), roots,
-                                "transaction-hash", 8),
-    "log data changed": (_change("logs", "data", flip, block_number=4), roots,
+                             chain_rules.block_hashes, "block-hash", 3),
+    "wrong transaction root": (_change("blocks", "transactions_root", flip, number=4),
+                               roots.trie_roots, "transactions-root", 4),
+    "raw transaction changed": (_change("transactions", "raw", flip, block_number=8),
+                                roots.trie_roots, "transaction-hash", 8),
+    "log data changed": (_change("logs", "data", flip, block_number=4), roots.trie_roots,
                          "receipts-root", 4),
-    "transaction missing": (_drop("transactions", block_number=8), transaction_counts,
-                            "transaction-count", 8),
-    "receipt missing": (_drop("receipts", block_number=2), receipts_per_transaction,
-                        "receipt-per-transaction", 2),
+    "transaction missing": (_drop("transactions", block_number=8),
+                            chain_rules.transaction_counts, "transaction-count", 8),
+    "receipt missing": (_drop("receipts", block_number=2),
+                        chain_rules.receipts_per_transaction, "receipt-per-transaction", 2),
     "log index repeated": (_change("logs", "log_index", lambda i: i + 1, block_number=4),
-                           log_indexes, "log-index", 4),
+                           chain_rules.log_indexes, "log-index", 4),
     "gas used changed": (_change("receipts", "gas_used", lambda g: g + 1, block_number=1),
-                         gas_used, "gas-used", 1),
-    "checkpoint proof short": (_drop("checkpoints", seq_no=5), checkpoints,
+                         chain_rules.gas_used, "gas-used", 1),
+    "checkpoint proof short": (_drop("checkpoints", seq_no=5), consensus_rules.checkpoints,
                                "checkpoint-proof", 5),
     "checkpoint state root differs": (_change("checkpoints", "state_root", flip, seq_no=10),
-                                      checkpoints, "checkpoint-chain", 10),
-    "new view from a replica that is not the primary": (_new_view_from_wrong_replica,
-                                                        view_changes, "view-change", None),
-    "row lost after export": (_drop("logs", block_number=2), export_manifest,
+                                      consensus_rules.checkpoints, "checkpoint-chain", 10),
+    "new view from a replica that is not the primary": (
+        _new_view_from_wrong_replica, consensus_rules.view_changes, "view-change", None),
+    "row lost after export": (_drop("logs", block_number=2), export_rules.export_manifest,
                               "export-manifest", 0),
 }
 
@@ -200,7 +181,8 @@ def test_two_certified_blocks_at_one_height_and_equivocation_without_evidence(
     spark: SparkSession, tables: Tables, validator_set: ValidatorSet, test_chain: ServedChain
 ) -> None:
     _certify_another_block(tables, test_chain, NODE_B, 3)
-    rules = (conflicting_certificates, equivocation, node_agreement)
+    rules = (consensus_rules.conflicting_certificates, consensus_rules.equivocation,
+             export_rules.node_agreement)
     found = find_violations(make_audit(spark, tables, validator_set), rules)
     where = {(v.rule, v.node, v.block_number) for v in found}
     assert ("conflicting-certificates", None, 3) in where
@@ -215,7 +197,7 @@ def test_two_certified_blocks_at_one_height_and_equivocation_without_evidence(
         )
         tables["evidence"].append({"node": NODE_B, "signer": signer, "type": "commit", "view": 0,
                                    "seq_no": 3, "first": honest, "second": forged})
-    found = find_violations(make_audit(spark, tables, validator_set), (equivocation,))
+    found = run(spark, tables, validator_set, consensus_rules.equivocation)
     assert found == []
 
 
@@ -223,6 +205,6 @@ def test_nodes_that_disagree_are_reported_at_the_height(
     spark: SparkSession, tables: Tables, validator_set: ValidatorSet
 ) -> None:
     rows(tables, "blocks", NODE_B, number=9)[0]["hash"] = "0x" + "cd" * 32
-    found = run(spark, tables, validator_set, node_agreement)
+    found = run(spark, tables, validator_set, export_rules.node_agreement)
     assert [(v.rule, v.block_number) for v in found] == [("node-agreement", 9)]
     assert NODE_A in found[0].detail and NODE_B in found[0].detail

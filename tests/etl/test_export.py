@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from cli.etl import main
 from spark_etl import schemas
 from spark_etl.errors import RpcError
 from spark_etl.export import plan_spans
@@ -59,20 +60,52 @@ def expected_counts(chain: ServedChain, nodes: int) -> dict[str, int]:
     return {name: count * nodes for name, count in per_node.items()}
 
 
-def test_export_of_two_nodes_then_audit_passes(
+@pytest.fixture(scope="module")
+def exported(spark: SparkSession, test_chain: ServedChain,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """The test chain exported from two fake nodes, and the export's stdout and stderr."""
+    out = tmp_path_factory.mktemp("export") / "out"
+    with serving(test_chain) as first, serving(test_chain) as second:
+        code = main(["export", "--rpc", f"{first.url},{second.url}", "--out", str(out),
+                     "--range-size", "2"])
+        assert code == 0
+    yield out
+
+
+def test_export_of_two_nodes_writes_every_row_once_and_the_audit_passes(
     spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
-    test_chain: ServedChain, node: FakeNode, other_node: FakeNode,
+    test_chain: ServedChain, exported: Path,
 ) -> None:
-    out, report = tmp_path / "out", tmp_path / "report.json"
-    code, stdout, stderr = etl(capsys, "export", "--rpc", f"{node.url},{other_node.url}",
-                               "--out", str(out), "--range-size", "2")
-    assert code == 0, stderr
-    assert "exported 22 blocks" in stdout and "22/22 blocks (100%)" in stderr
-    assert counts(spark, out) == expected_counts(test_chain, nodes=2)
-    code, stdout, stderr = etl(capsys, "audit", "--data", str(out), "--report", str(report))
+    assert counts(spark, exported) == expected_counts(test_chain, nodes=2)
+    report = tmp_path / "report.json"
+    code, stdout, stderr = etl(capsys, "audit", "--data", str(exported), "--report", str(report))
     assert code == 0, stdout + stderr
     assert "no violations" in stdout
-    assert json.loads(report.read_text())["ok"] is True
+    result = json.loads(report.read_text())
+    assert result["ok"] is True and result["violations"] == []
+    assert sorted(result["nodes"].values()) == [11, 11]
+    # 33 COMMITs, 6 CHECKPOINTs, 3 VIEW-CHANGEs and a NEW-VIEW, each recovered once for both
+    # nodes (the CHECKPOINTs nested in the VIEW-CHANGEs are the same messages)
+    assert result["signatures"] == 33 + 6 + 3 + 1
+
+
+def test_audit_against_another_validator_set_fails_listing_each_violation(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, test_chain: ServedChain,
+    exported: Path,
+) -> None:
+    validators = [*test_chain.validators.addresses[:3], "0x" + "ee" * 20]
+    trusted = tmp_path / "validators.txt"
+    trusted.write_text("\n".join(validators) + "\n")
+    report = tmp_path / "report.json"
+    code, stdout, _ = etl(capsys, "audit", "--data", str(exported), "--validators",
+                          str(trusted), "--report", str(report))
+    assert code == 1
+    result = json.loads(report.read_text())
+    lines = stdout.splitlines()
+    assert f"{len(result['violations'])} violation(s)" in lines[1]
+    assert len(lines) == 2 + len(result["violations"])
+    assert {"certificate-non-validator", "certificate-signature"} <= set(
+        result["violations_by_rule"])
 
 
 def test_interrupted_export_resumes_from_the_manifest(
