@@ -41,8 +41,8 @@ class Column:
 def wei(name: str, meaning: str) -> tuple[Column, Column]:
     """A 256-bit quantity: DECIMAL(38,0) where it fits, plus its lossless decimal string."""
     return (
-        Column(name, WEI, f"{meaning} (null when >= 10^38)"),
-        Column(f"{name}_lossless", STRING, f"{meaning}, decimal string"),
+        Column(name, WEI, f"{meaning}; null when >= 10^38"),
+        Column(f"{name}_lossless", STRING, f"{meaning}, as a decimal string"),
     )
 
 
@@ -274,12 +274,13 @@ VIOLATIONS = StructType(
 
 
 def markdown() -> str:
-    """The tables as README markdown: one section per table, column | type | meaning."""
+    """The tables as README markdown: one section per table, column | type | meaning (the
+    partition columns, the same in every table, are described once in the README)."""
     parts = []
     for table in TABLES:
         lines = [f"`{table.name}`: {table.meaning}.", "", "| column | type | meaning |",
                  "|---|---|---|"]
-        for column in table.columns + table.partition:
+        for column in table.columns:
             lines.append(f"| `{column.name}` | {column.type.simpleString()} | {column.meaning} |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
