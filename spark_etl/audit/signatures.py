@@ -102,10 +102,10 @@ def encoded_signing_hash(encoded: bytes, body: Any, chain_id: int) -> bytes:
     return keccak(domain + encoded[position : start + length])
 
 
-def recover(message: str, chain_id: int, verifier: Verifier) -> tuple[Any, ...]:
+def recover(encoded: bytes, chain_id: int, verifier: Verifier) -> tuple[Any, ...]:
     """One row of RECOVERED for an encoded signed message."""
+    message = to_hex(encoded)
     try:
-        encoded = from_hex(message)
         signed = decode_signed_bytes(encoded)  # canonical, or refused
     except (MessageError, ValueError) as exc:
         return (message, None, None, None, None, None, None, f"undecodable message: {exc}")
@@ -160,7 +160,7 @@ def nested_messages(message: str | None) -> list[str]:
 
 
 def signed_messages(audit: Audit) -> DataFrame:
-    """Every distinct signed message in the data set (one column, `message`)."""
+    """Every distinct signed message in the data set, as bytes (one column, `encoded`)."""
     data = audit.data
     flat = [
         data.commit_certificates.select("message"),
@@ -174,8 +174,8 @@ def signed_messages(audit: Audit) -> DataFrame:
     ]).distinct()
     unnest = F.udf(nested_messages, ArrayType(StringType()), useArrow=True)
     nested = containers.select(F.explode(unnest("message")).alias("message"))
-    union = reduce(DataFrame.unionByName, [*flat, nested])
-    return union.where(F.col("message").isNotNull()).distinct()
+    union = reduce(DataFrame.unionByName, [*flat, nested]).where(F.col("message").isNotNull())
+    return union.select(F.expr("unhex(substr(message, 3))").alias("encoded")).distinct()
 
 
 def signatures(audit: Audit) -> DataFrame:
