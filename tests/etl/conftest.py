@@ -29,7 +29,7 @@ Tables = dict[str, list[dict[str, Any]]]
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     session = spark_session("local[2]", "pbft-etl-tests")
-    session.conf.set("spark.sql.shuffle.partitions", "2")
+    session.conf.set("spark.sql.shuffle.partitions", "1")
     yield session
     session.stop()
 

@@ -60,36 +60,68 @@ def set_message(row: Row, signed: Signed[Any]) -> None:
     )
 
 
-def _tamper_signature(tables: Tables, chain: ServedChain) -> None:
-    row = rows(tables, "commit_certificates", block_number=2, replica=1)[0]
+def _certificate(tables: Tables, number: int) -> list[Row]:
+    return rows(tables, "commit_certificates", block_number=number)
+
+
+def _tamper_signature(tables: Tables, chain: ServedChain, number: int) -> None:
+    row = _certificate(tables, number)[1]
     signed = decode_signed_bytes(from_hex(row["message"]))
     s = int.from_bytes(signed.signature[32:64], "big") ^ 0x5A5A
     forged = signed.signature[:32] + s.to_bytes(32, "big") + signed.signature[64:]
     set_message(row, Signed(signed.body, forged))
 
 
-def _drop_signer(tables: Tables, chain: ServedChain) -> None:
-    remove(tables, "commit_certificates", rows(tables, "commit_certificates",
-                                              block_number=2, replica=2)[0])
+def _drop_signer(tables: Tables, chain: ServedChain, number: int) -> None:
+    remove(tables, "commit_certificates", _certificate(tables, number)[2])
 
 
-def _outsider_signs(tables: Tables, chain: ServedChain) -> None:
-    row = rows(tables, "commit_certificates", block_number=2, replica=2)[0]
+def _outsider_signs(tables: Tables, chain: ServedChain, number: int) -> None:
+    row = _certificate(tables, number)[2]
     outsider = KeySigner(OUTSIDER_KEY)
     body = decode_signed_bytes(from_hex(row["message"])).body
     set_message(row, chain.validators.sign(body, outsider))
     row["signer"] = to_hex(outsider.address)
 
 
-def _duplicate_signer(tables: Tables, chain: ServedChain) -> None:
-    first, _, third = rows(tables, "commit_certificates", block_number=2)
+def _duplicate_signer(tables: Tables, chain: ServedChain, number: int) -> None:
+    first, _, third = _certificate(tables, number)
     third.update({k: first[k] for k in ("replica", "signer", "signature", "message")})
 
 
-def _certificate_for_other_block(tables: Tables, chain: ServedChain) -> None:
-    row = rows(tables, "commit_certificates", block_number=4, replica=0)[0]
-    other = Commit(0, 5, from_hex(rows(tables, "blocks", number=5)[0]["hash"]), 0)
+def _commit_for_another_block(tables: Tables, chain: ServedChain, number: int) -> None:
+    row = _certificate(tables, number)[0]
+    next_hash = from_hex(rows(tables, "blocks", number=number + 1)[0]["hash"])
+    other = Commit(row["view"], number + 1, next_hash, row["replica"])
     set_message(row, chain.validators.sign(other))
+
+
+# Certificate faults, each in its own block's certificate (of exactly Q = 3 COMMITs, so each
+# also leaves the block short of a quorum): the violations each one must cause, and no other.
+CERTIFICATE_FAULTS = {
+    1: (_tamper_signature, {"certificate-signature"}),
+    2: (_drop_signer, set()),
+    4: (_outsider_signs, {"certificate-non-validator", "certificate-signature"}),
+    5: (_duplicate_signer, {"certificate-duplicate-signer"}),
+    7: (_commit_for_another_block, {"certificate-block"}),
+}
+
+
+def test_certificate_faults_are_caught_at_their_blocks_and_nowhere_else(
+    spark: SparkSession, tables: Tables, validator_set: ValidatorSet, test_chain: ServedChain
+) -> None:
+    for number, (plant, _) in CERTIFICATE_FAULTS.items():
+        plant(tables, test_chain, number)
+    found = run(spark, tables, validator_set, consensus_rules.certificates)
+    expected = {
+        (rule, number)
+        for number, (_, rules) in CERTIFICATE_FAULTS.items()
+        for rule in rules | {"certificate-quorum"}
+    }
+    assert {(v.rule, v.block_number) for v in found} == expected
+    assert {v.node for v in found} == {NODE_A}
+    quorum = {v.block_number: v.detail for v in found if v.rule == "certificate-quorum"}
+    assert quorum[2] == "2 distinct valid validator signatures, quorum is 3"
 
 
 def _drop_block(tables: Tables, chain: ServedChain) -> None:
@@ -117,14 +149,7 @@ def _new_view_from_wrong_replica(tables: Tables, chain: ServedChain) -> None:
         row["new_view"] = to_hex(chain.validators.sign(forged).encode())
 
 
-CERTIFICATES = consensus_rules.certificates
 FAULTS = {
-    "tampered signature": (_tamper_signature, CERTIFICATES, "certificate-signature", 2),
-    "missing signer": (_drop_signer, CERTIFICATES, "certificate-quorum", 2),
-    "non-validator signer": (_outsider_signs, CERTIFICATES, "certificate-non-validator", 2),
-    "duplicate signer": (_duplicate_signer, CERTIFICATES, "certificate-duplicate-signer", 2),
-    "commit for another block": (_certificate_for_other_block, CERTIFICATES,
-                                 "certificate-block", 4),
     "gap": (_drop_block, chain_rules.continuity, "block-gap", 6),
     "wrong parent hash": (_change("blocks", "parent_hash", flip, number=7),
                           chain_rules.continuity, "parent-hash", 7),
