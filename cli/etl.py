@@ -118,9 +118,12 @@ def _audit(args: argparse.Namespace) -> int:
     genesis: ValidatorSet | None = read_genesis(args.genesis) if args.genesis else None
     data = Dataset.read(spark_session(args.master), args.data)
     result = run_audit(data, resolve_validators(data.export_manifest, addresses, genesis))
-    if args.report is not None:
-        args.report.write_text(result.dumps())
     print(result.summary(), end="")
+    if args.report is not None:
+        try:
+            args.report.write_text(result.dumps())
+        except OSError as exc:
+            raise UsageError(f"--report {args.report}: {exc.strerror}") from None
     return 0 if result.ok else EXIT_VIOLATIONS
 
 

@@ -26,7 +26,6 @@ from spark_etl.rpc import JsonRpcClient, RetryPolicy
 from spark_etl.source import (
     DEFAULT_BATCH_BLOCKS,
     DEFAULT_PARTITION_BLOCKS,
-    MAX_SPAN,
     ReadOptions,
     Span,
 )
@@ -159,18 +158,24 @@ def read_done(spark: SparkSession, options: ExportOptions, infos: list[NodeInfo]
     return {(r["node"], r["range_start"]): (r["first_block"], r["last_block"]) for r in rows}
 
 
+COUNTED = [t.name for t in schemas.NESTED_TABLES]  # the tables nested in a fetched block
+
+
 @dataclass
 class ExportSummary:
-    blocks: int = 0  # blocks fetched (summed over nodes)
-    skipped: int = 0  # ranges the manifest already held
-    rows: dict[str, int] = field(default_factory=dict)
+    skipped: int  # (node, range) pairs the manifest already held
+    rows: dict[str, int] = field(default_factory=dict)  # rows written per table
     seconds: float = 0.0
 
-    def add(self, table: str, count: int) -> None:
-        self.rows[table] = self.rows.get(table, 0) + count
+    @property
+    def blocks(self) -> int:
+        """Blocks fetched, summed over the nodes."""
+        return self.rows.get("blocks", 0)
 
-
-COUNTED = [t.name for t in schemas.NESTED_TABLES]
+    def add(self, counts: list[dict[str, Any]]) -> None:
+        for row in counts:
+            for table in ("blocks", *COUNTED):
+                self.rows[table] = self.rows.get(table, 0) + (row[table] or 0)
 
 
 def range_counts(bundle: DataFrame) -> list[dict[str, Any]]:
@@ -226,11 +231,7 @@ def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
     manifest = manifest_rows(counts, infos, options.range_size)
     write_table(spark.createDataFrame(manifest, schemas.EXPORT_MANIFEST.schema), options.out,
                 schemas.EXPORT_MANIFEST)
-    for row in counts:
-        summary.blocks += row["blocks"]
-        summary.add("blocks", row["blocks"])
-        for name in COUNTED:
-            summary.add(name, row[name] or 0)
+    summary.add(counts)
 
 
 def export_consensus_records(spark: SparkSession, options: ExportOptions,
@@ -246,9 +247,11 @@ def export_consensus_records(spark: SparkSession, options: ExportOptions,
         write_table(frame, options.out, table)
 
 
+def _ranges(first: int, last: int, range_size: int) -> int:
+    return last // range_size - first // range_size + 1
+
+
 def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> ExportSummary:
-    if not 1 <= options.range_size <= MAX_SPAN:
-        raise UsageError(f"--range-size must be in 1..{MAX_SPAN}")
     started = time.monotonic()
     infos = [probe(url, options.policy) for url in options.nodes]
     check_same_chain(infos)
@@ -256,8 +259,9 @@ def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> E
     done = read_done(spark, options, infos)
     spans = plan_spans(options.nodes, first, last, options.range_size, done)
     total = sum(s.size for s in spans)
-    summary = ExportSummary(skipped=(len(options.nodes) * _range_count(first, last, options)
-                                     - len(spans)))
+    summary = ExportSummary(
+        skipped=len(options.nodes) * _ranges(first, last, options.range_size) - len(spans)
+    )
     progress(
         f"exporting blocks {first}..{last} from {len(infos)} node(s) to {options.out}: "
         f"{total} blocks to fetch, {summary.skipped} range(s) already exported"
@@ -271,7 +275,3 @@ def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> E
     export_consensus_records(spark, options, infos)
     summary.seconds = time.monotonic() - started
     return summary
-
-
-def _range_count(first: int, last: int, options: ExportOptions) -> int:
-    return last // options.range_size - first // options.range_size + 1
