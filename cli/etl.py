@@ -56,23 +56,29 @@ def build_parser() -> Parser:
     parser = Parser(prog="pbft-etl", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     out = commands.add_parser("export", help="export blocks and consensus records to Parquet")
-    out.add_argument("--rpc", required=True, help="node JSON-RPC URL(s), comma-separated")
-    out.add_argument("--out", required=True, help="output directory (or a Hadoop URI)")
-    out.add_argument("--from", dest="first", type=_count, help="first block (default 0)")
-    out.add_argument("--to", dest="last", type=_count, help="last block (default: head)")
+    out.add_argument("--rpc", required=True, metavar="URL[,URL...]",
+                     help="the nodes' JSON-RPC URLs; each node's rows are kept apart")
+    out.add_argument("--out", required=True, metavar="DIR",
+                     help="output directory (or a Hadoop URI)")
+    out.add_argument("--from", dest="first", type=_count, metavar="N",
+                     help="first block (default 0)")
+    out.add_argument("--to", dest="last", type=_count, metavar="M",
+                     help="last block (default: the lowest head of the nodes)")
     out.add_argument("--master", help="Spark master URL (default local[*])")
-    out.add_argument("--range-size", type=_positive, default=DEFAULT_RANGE_SIZE,
+    out.add_argument("--range-size", type=_positive, default=DEFAULT_RANGE_SIZE, metavar="BLOCKS",
                      help=f"blocks per partition directory (default {DEFAULT_RANGE_SIZE})")
-    out.add_argument("--retries", type=_count, default=RetryPolicy.attempts - 1,
+    out.add_argument("--retries", type=_count, default=RetryPolicy.attempts - 1, metavar="K",
                      help="retries of a failing request, with backoff (default %(default)s)")
     out.set_defaults(handler=_export)
     audit = commands.add_parser("audit", help="audit an exported data set")
-    audit.add_argument("--data", required=True, help="the --out directory of an export")
+    audit.add_argument("--data", required=True, metavar="DIR",
+                       help="the --out directory of an export")
     trusted = audit.add_mutually_exclusive_group()
-    trusted.add_argument("--validators", type=Path,
+    trusted.add_argument("--validators", type=Path, metavar="FILE",
                          help="validator addresses: JSON list, testnet.json, or one a line")
-    trusted.add_argument("--genesis", type=Path, help="genesis file with config.pbft.validators")
-    audit.add_argument("--report", type=Path, help="write the JSON report here")
+    trusted.add_argument("--genesis", type=Path, metavar="FILE",
+                         help="genesis file with config.pbft.validators")
+    audit.add_argument("--report", type=Path, metavar="FILE", help="write the JSON report here")
     audit.add_argument("--master", help="Spark master URL (default local[*])")
     audit.set_defaults(handler=_audit)
     return parser
