@@ -33,24 +33,12 @@ from pbft_engine.messages import (
 from tests.integration.cluster import Cluster
 from tests.integration.conftest import wait_for
 from tests.integration.test_pbft_faults import FAST
+from tests.unit.test_rlp_depth import nested as nested_rlp
 
 pytestmark = pytest.mark.integration
 
 FLOOD = 3_000
 MAX_RSS_GROWTH = 64 * 1024 * 1024
-
-
-def nested_rlp(depth: int) -> bytes:
-    """A list nested `depth` deep, built without recursion."""
-    data = b"\x80"
-    for _ in range(depth):
-        size = len(data)
-        if size < 56:
-            data = bytes([0xC0 + size]) + data
-        else:
-            length = size.to_bytes((size.bit_length() + 7) // 8, "big")
-            data = bytes([0xF7 + len(length)]) + length + data
-    return data
 
 
 class Attacker:
