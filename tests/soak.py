@@ -177,7 +177,8 @@ class Faults:
         self.report.longest_stall = max(self.report.longest_stall, time.monotonic() - healed)
 
 
-def soak(directory: Path, seconds: float, seed: int) -> Report:
+def soak(directory: Path, seconds: float, seed: int, min_faults: int = 0) -> Report:
+    """Run for `seconds`, and on until at least `min_faults` faults were injected."""
     rng = random.Random(seed)
     report = Report()
     cluster = Cluster.create(directory, 4, *FAST)
@@ -190,7 +191,7 @@ def soak(directory: Path, seconds: float, seed: int) -> Report:
         faults = Faults(cluster, load, rng, report)
         deadline = started + seconds
         schedule = threading.Event()  # never set: its wait() paces the fault schedule
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or sum(report.faults.values()) < min_faults:
             schedule.wait(rng.uniform(*FAULT_EVERY))
             faults.step()
         faults.heal()

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_short_soak_loses_nothing_and_never_forks(tmp_path: Path) -> None:
-    report = soak(tmp_path, seconds=30, seed=11)
+    report = soak(tmp_path, seconds=20, seed=11, min_faults=4)
     assert sum(report.faults.values()) >= 4
     assert report.acknowledged > 50
     assert (report.lost, report.forks) == (0, 0)
