@@ -23,6 +23,7 @@ from chain.registry import available_engines
 from cli.config import node_config, resolve_settings
 from cli.errors import CliError
 from cli.keys import list_keyfiles, read_password, write_keyfile
+from cli.send import add_send_parser
 from cli.testnet import init_testnet, run_testnet
 from storage import StorageError
 
@@ -192,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show a node's head and peers")
     status.add_argument("--rpc", default="http://127.0.0.1:8545", help="JSON-RPC URL")
     status.set_defaults(handler=_status)
+
+    add_send_parser(commands)
     return parser
 
 

@@ -86,12 +86,17 @@ class EthApi:
     def _header_for(self, block: Any, *, allow_missing: bool = False) -> BlockHeaderAPI | None:
         """A block tag, number or EIP-1898 object to a canonical header."""
         if isinstance(block, dict):
+            if ("blockHash" in block) == ("blockNumber" in block):
+                raise InvalidParams(
+                    "invalid argument: a block object needs exactly one of blockHash and "
+                    "blockNumber"
+                )
             if "blockHash" in block:
                 header = self.blockchain.header_by_hash(parse_hash(block["blockHash"], "blockHash"))
                 if header is None and not allow_missing:
                     raise ServerError("header for hash not found")
                 return header
-            block = block.get("blockNumber", "latest")
+            block = block["blockNumber"]
         if block in ("latest", "pending", "safe", "finalized"):
             return self.blockchain.head()  # BFT finality: every committed block is final
         if block == "earliest":
@@ -151,7 +156,7 @@ class EthApi:
             or percentiles != sorted(percentiles)
         ):
             raise InvalidParams("invalid reward percentiles: want increasing numbers in [0, 100]")
-        newest_header = self._header_for(newest)
+        newest_header = self._fee_history_newest(newest)
         oldest = max(0, newest_header.block_number - count + 1)
         newest_number = newest_header.block_number
         headers = (
@@ -172,6 +177,17 @@ class EthApi:
         if percentiles is not None:
             result["reward"] = [[quantity(0)] * len(percentiles) for _ in headers]
         return result
+
+    def _fee_history_newest(self, newest: Any) -> BlockHeaderAPI:
+        """A block number or tag (as geth, no EIP-1898 object); beyond the head is an error."""
+        if isinstance(newest, dict):
+            raise InvalidParams("invalid argument 1: want a block number or tag")
+        header = self._header_for(newest, allow_missing=True)
+        if header is None:
+            requested = parse_quantity(newest, "block number", bits=64)
+            head = self.blockchain.head().block_number
+            raise ServerError(f"request beyond head block: requested {requested}, head {head}")
+        return header
 
     async def eth_getBalance(self, address: Any, block: Any = "latest") -> str:  # noqa: N802
         return quantity(self._state_at(block).get_balance(parse_address(address)))

@@ -134,6 +134,8 @@ class FilterManager:
         return changes
 
     def uninstall(self, filter_id: str) -> bool:
+        if not isinstance(filter_id, str):
+            raise InvalidParams("invalid argument 0: filter id must be a string")
         return self._filters.pop(filter_id, None) is not None
 
     def expire(self) -> None:

@@ -1,29 +1,25 @@
 """The JSON-RPC server: HTTP POST and WebSocket on one port (aiohttp).
 
-Limits, as geth's defaults: request bodies up to `MAX_BODY_BYTES`, batches up to
-`MAX_BATCH_ITEMS` calls and `MAX_BATCH_RESPONSE_BYTES` of results. The Host header must be in
-the allowlist; a request carrying a browser Origin is refused unless CORS allows that origin.
+Every limit is in `RpcLimits` (geth's defaults where geth has one). The Host header must be
+in the allowlist; a request carrying a browser Origin is refused unless CORS allows that
+origin. HTTP-level refusals are plain-text answers with a status; everything that reaches the
+dispatcher gets a JSON-RPC answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import json
 import logging
+import sys
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
-from chain.rpc.errors import (
-    INTERNAL_ERROR,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    PARSE_ERROR,
-    InvalidParams,
-    RpcError,
-)
-from chain.rpc.eth import EthApi, Method
+from chain.rpc.dispatcher import BatchLimits, Dispatcher
+from chain.rpc.eth import EthApi
 from chain.rpc.subscriptions import Subscriptions
 
 if TYPE_CHECKING:
@@ -31,129 +27,92 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 5 * 1024 * 1024
-MAX_BATCH_ITEMS = 1_000
-MAX_BATCH_RESPONSE_BYTES = 25 * 1024 * 1024
 WS_SEND_QUEUE = 1_000
 JSON_CONTENT_TYPES = ("application/json", "application/json-rpc", "application/jsonrequest")
+BUSY_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
+    b"Connection: close\r\n\r\ntoo many connections\n"
+)
+BUSY_LINGER_SECONDS = 1.0
+CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 
 
-def _response(request_id: Any, result: Any = None, error: RpcError | None = None) -> dict:
-    response: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
-    if error is not None:
-        response["error"] = error.to_json()
-    else:
-        response["result"] = result
+@dataclass(frozen=True)
+class RpcLimits:
+    """What one client can make the server hold. Header sizes are aiohttp's (request line and
+    each header up to 8190 bytes, at most 128 headers: 400 beyond)."""
+
+    max_body_bytes: int = 5 * 1024 * 1024  # geth's 5 MiB: 413 beyond
+    batch: BatchLimits = field(default_factory=BatchLimits)
+    read_timeout: float = 30.0  # the whole body, as geth's ReadTimeout: 408 beyond
+    idle_timeout: float = 120.0  # a connection without a request (headers too), geth's IdleTimeout
+    max_connections: int = 256  # HTTP and WebSocket together: 503 beyond
+    # After refusing a body (408, 413) the rest is read and dropped this long, so the client
+    # reads the answer rather than a reset; the connection holds its slot meanwhile.
+    linger_time: float = 2.0
+
+
+DEFAULT_LIMITS = RpcLimits()
+
+
+class _HttpErrorLog(logging.LoggerAdapter):
+    """aiohttp logs each malformed request (too many or too long headers, a bad chunk or
+    compression, a client gone mid-body) with a traceback. That is the client's fault, worth a
+    debug line: a hostile client must not fill the log. Anything else keeps its traceback."""
+
+    def exception(self, msg: Any, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(error, CLIENT_FAULTS):
+            self.debug(f"{msg}: %s", *args, error)
+        else:
+            super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+class _Busy(asyncio.Protocol):
+    """A connection over the limit: answered 503 and closed, its input ignored. The write side
+    is shut first and the socket closed a moment later (or when the client closes), so the
+    client reads the answer instead of a reset."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        transport.write(BUSY_RESPONSE)
+        if transport.can_write_eof():
+            transport.write_eof()
+        asyncio.get_running_loop().call_later(BUSY_LINGER_SECONDS, transport.close)
+
+    def eof_received(self) -> bool:
+        self._transport.close()
+        return False
+
+
+def _closing(status: int, text: str) -> web.Response:
+    """A refusal after which the connection is not reused (its body was not read)."""
+    response = web.Response(status=status, text=text)
+    response.force_close()
     return response
 
 
-def _encode(response: dict) -> str:
-    return json.dumps(response, separators=(",", ":"))
-
-
-def _check_arity(method: Method, params: list[Any]) -> None:
-    signature = inspect.signature(method)
-    positional = list(signature.parameters.values())
-    required = sum(1 for p in positional if p.default is inspect.Parameter.empty)
-    if len(params) > len(positional):
-        raise InvalidParams(f"too many arguments, want at most {len(positional)}")
-    if len(params) < required:
-        raise InvalidParams(f"missing value for required argument {len(params)}")
-
-
-class Dispatcher:
-    """Decodes requests, calls methods, encodes responses; shared by HTTP and WebSocket."""
-
-    def __init__(self, methods: dict[str, Method]) -> None:
-        self.methods = methods
-
-    async def call(self, request: Any, session: Any = None) -> dict | None:
-        """One request object; None for a notification (a request without an id)."""
-        if not isinstance(request, dict):
-            return _response(None, error=RpcError(INVALID_REQUEST, "invalid request"))
-        request_id = request.get("id")
-        is_notification = "id" not in request
-        if (
-            request.get("jsonrpc") != "2.0"
-            or not isinstance(request_id, str | int | None)
-            or (isinstance(request_id, bool))
-        ):
-            return _response(None, error=RpcError(INVALID_REQUEST, "invalid request"))
-        try:
-            result = await self._invoke(request, session)
-        except RpcError as exc:
-            return None if is_notification else _response(request_id, error=exc)
-        except Exception:
-            log.exception("internal error in %s", request.get("method"))
-            error = RpcError(INTERNAL_ERROR, "internal error")
-            return None if is_notification else _response(request_id, error=error)
-        return None if is_notification else _response(request_id, result)
-
-    async def _invoke(self, request: dict, session: Any) -> Any:
-        name = request.get("method")
-        if not isinstance(name, str):
-            raise RpcError(INVALID_REQUEST, "invalid request: method must be a string")
-        params = request.get("params", [])
-        if params is None:
-            params = []
-        if not isinstance(params, list):
-            raise InvalidParams("non-array args")
-        if session is not None and name in session.methods:
-            method = session.methods[name]
-        elif name in self.methods:
-            method = self.methods[name]
-        elif name in Subscriptions.METHODS:
-            raise RpcError(METHOD_NOT_FOUND, "notifications not supported")
-        else:
-            raise RpcError(METHOD_NOT_FOUND, f"the method {name} does not exist/is not available")
-        _check_arity(method, params)
-        return await method(*params)
-
-    async def handle_payload(self, body: bytes | str, session: Any = None) -> str | None:
-        """A whole body, a single request or a batch, to the encoded answer (None: nothing to
-        answer). Each response is encoded once; its size counts toward the batch limit."""
-        try:
-            payload = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-            return _encode(_response(None, error=RpcError(PARSE_ERROR, "parse error")))
-        if not isinstance(payload, list):
-            response = await self.call(payload, session)
-            return None if response is None else _encode(response)
-        if not payload:
-            return _encode(_response(None, error=RpcError(INVALID_REQUEST, "empty batch")))
-        if len(payload) > MAX_BATCH_ITEMS:
-            return _encode(_response(None, error=RpcError(INVALID_REQUEST, "batch too large")))
-        encoded: list[str] = []
-        size = 0
-        for item in payload:
-            response = await self.call(item, session)
-            if response is None:
-                continue
-            text = _encode(response)
-            size += len(text)
-            if size > MAX_BATCH_RESPONSE_BYTES:
-                error = RpcError(-32003, "response too large")
-                text = _encode(_response(response.get("id"), error=error))
-            encoded.append(text)
-        return "[" + ",".join(encoded) + "]" if encoded else None
-
-
 class RpcServer:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, limits: RpcLimits | None = None) -> None:
         self.node = node
+        self.limits = limits or DEFAULT_LIMITS
         config = node.config
         self.host_allowlist = {h.lower() for h in config.host_allowlist}
         self.cors_origins = set(config.cors_origins)
         methods = EthApi(node).methods()
         methods.update(node.engine.rpc_methods())
-        self.dispatcher = Dispatcher(methods)
+        self.dispatcher = Dispatcher(methods, self.limits.batch)
         self.subscriptions = Subscriptions(node)
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+        self._websockets: set[web.WebSocketResponse] = set()
         self.port: int | None = None
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._guard])
+        app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._guard])
         app.router.add_route("*", "/", self._handle)
+        app.on_shutdown.append(self._close_websockets)
         return app
 
     @web.middleware
@@ -169,9 +128,8 @@ class RpcServer:
             response.headers["Access-Control-Allow-Origin"] = origin
         return response
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        if request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket":
-            return await self._websocket(request)
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        """The answer to a request refused on its method and headers alone."""
         if request.method == "OPTIONS":
             return web.Response(status=200)
         if request.method != "POST":
@@ -180,38 +138,67 @@ class RpcServer:
             return web.Response(
                 status=415, text="invalid content type, only application/json is supported\n"
             )
-        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-            return web.Response(status=413, text="content length too large\n")
+        if request.content_length is not None and request.content_length > (
+            self.limits.max_body_bytes
+        ):
+            return _closing(413, "content length too large\n")
+        return None
+
+    async def _read_body(self, request: web.Request) -> bytes | web.Response:
+        """The body, or the answer when it is too long (chunked: reading stops at the limit)
+        or too slow."""
         try:
-            body = await request.read()
+            async with asyncio.timeout(self.limits.read_timeout):
+                return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return web.Response(status=413, text="content length too large\n")
+            return _closing(413, "content length too large\n")
+        except TimeoutError:
+            return _closing(408, "request body read timeout\n")
+        except (RequestPayloadError, ConnectionError):  # bad encoding, or the client left
+            return _closing(400, "malformed or incomplete request body\n")
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket":
+            return await self._websocket(request)
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return refusal
+        body = await self._read_body(request)
+        if isinstance(body, web.Response):
+            return body
         result = await self.dispatcher.handle_payload(body)
         if result is None:
             return web.Response(status=200)
         return web.Response(text=result, content_type="application/json")
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
-        socket = web.WebSocketResponse(max_msg_size=MAX_BODY_BYTES, heartbeat=30)
+        socket = web.WebSocketResponse(max_msg_size=self.limits.max_body_bytes, heartbeat=30)
         await socket.prepare(request)
+        self._websockets.add(socket)
         outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=WS_SEND_QUEUE)
         session = self.subscriptions.session(outbox)
         writer = asyncio.create_task(self._ws_writer(socket, outbox))
         try:
             async for message in socket:
                 if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    break  # CLOSE or ERROR; pings are answered by aiohttp itself
+                    break  # CLOSE or ERROR (a message over the limit: closed with 1009)
                 result = await self.dispatcher.handle_payload(message.data, session)
                 if result is not None and not session.enqueue(result):
                     break
                 if session.overflowed:
                     break
         finally:
+            self._websockets.discard(socket)
             session.close()
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
             await socket.close()
         return socket
+
+    async def _close_websockets(self, _app: web.Application) -> None:
+        """On stop: without this, each open WebSocket would hold the shutdown for a minute."""
+        sockets = list(self._websockets)
+        await asyncio.gather(*(s.close(code=WSCloseCode.GOING_AWAY) for s in sockets))
 
     @staticmethod
     async def _ws_writer(socket: web.WebSocketResponse, outbox: asyncio.Queue[str]) -> None:
@@ -219,17 +206,33 @@ class RpcServer:
             text = await outbox.get()
             await socket.send_str(text)
 
+    def _accept(self) -> asyncio.BaseProtocol:
+        """A protocol for each accepted connection: aiohttp's, or a 503 over the limit."""
+        server = self._runner.server if self._runner else None
+        if server is None or len(server.connections) >= self.limits.max_connections:
+            return _Busy()
+        return server()
+
     async def start(self) -> None:
         config = self.node.config
-        self._runner = web.AppRunner(self._app(), access_log=None)
+        self._runner = web.AppRunner(
+            self._app(),
+            access_log=None,
+            keepalive_timeout=self.limits.idle_timeout,
+            lingering_time=self.limits.linger_time,
+            logger=_HttpErrorLog(logging.getLogger("chain.rpc.http"), {}),
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, config.http_addr, config.http_port)
-        await site.start()
-        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-        self.port = sockets[0].getsockname()[1] if sockets else config.http_port
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(self._accept, config.http_addr, config.http_port)
+        self.port = self._listener.sockets[0].getsockname()[1]
         log.info("JSON-RPC on http://%s:%d (HTTP and WebSocket)", config.http_addr, self.port)
 
     async def stop(self) -> None:
         self.subscriptions.close_all()
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._listener is not None:
+            await self._listener.wait_closed()

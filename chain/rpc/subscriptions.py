@@ -11,7 +11,7 @@ import json
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from chain.rpc.errors import InvalidParams
+from chain.rpc.errors import LIMIT_EXCEEDED, InvalidParams, RpcError
 from chain.rpc.filters import LogCriteria, matching_logs
 from chain.rpc.formatters import header_json
 
@@ -44,7 +44,8 @@ class Session:
 
     async def eth_subscribe(self, kind: Any, options: Any = None) -> str:
         if len(self._subscriptions) >= MAX_SUBSCRIPTIONS_PER_CONNECTION:
-            raise InvalidParams("too many subscriptions on this connection")
+            limit = MAX_SUBSCRIPTIONS_PER_CONNECTION
+            raise RpcError(LIMIT_EXCEEDED, f"too many subscriptions on this connection ({limit})")
         if kind == "newHeads":
             criteria = None
         elif kind == "logs":
@@ -58,6 +59,8 @@ class Session:
         return subscription_id
 
     async def eth_unsubscribe(self, subscription_id: Any) -> bool:
+        if not isinstance(subscription_id, str):
+            raise InvalidParams("invalid argument 0: subscription id must be a string")
         return self._subscriptions.pop(subscription_id, False) is not False
 
     def _notify(self, subscription_id: str, result: Any) -> None:

@@ -88,8 +88,14 @@ class RunningNode:
         return Web3(Web3.HTTPProvider(self.rpc_url, request_kwargs={"timeout": 30}))
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.node["command"], stdout=log, stderr=log)
+
+    def wait_ready(self) -> None:
         w3 = self.web3()
 
         def ready() -> bool:
@@ -140,16 +146,25 @@ def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str) -> dict
     return json.loads((directory / "testnet.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def dev_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
-    """One dev-engine node shared by a test module."""
-    directory = tmp_path_factory.mktemp("testnet")
+def run_dev_node(directory: Path, program: list[str] | None = None) -> Iterator[RunningNode]:
+    """A one-validator dev testnet in `directory`, its node running until the generator is
+    resumed, then stopped cleanly. `program` replaces `python -m cli.node` in its command."""
     description = make_testnet(directory)
-    node = RunningNode(description, description["nodes"][0], directory / "node0.log")
+    entry = dict(description["nodes"][0])
+    if program is not None:
+        assert entry["command"][1:3] == ["-m", "cli.node"], entry["command"]
+        entry["command"] = [*program, *entry["command"][3:]]
+    node = RunningNode(description, entry, directory / "node0.log")
     node.start()
     yield node
     code = node.stop()
     assert code == 0, f"node did not shut down cleanly:\n{node.log_path.read_text()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def dev_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
+    """One dev-engine node shared by a test module."""
+    yield from run_dev_node(tmp_path_factory.mktemp("testnet"))
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +180,18 @@ def accounts(dev_node: RunningNode) -> list[dict[str, str]]:
 def load_contract(name: str) -> dict[str, Any]:
     path = Path(__file__).resolve().parent.parent / "fixtures" / "contracts" / f"{name}.json"
     return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Four PBFT validators in a full mesh (a `tests.integration.cluster.Cluster`), shared by
+    a test module."""
+    from tests.integration.cluster import Cluster  # it builds on this module
+
+    cluster = Cluster.create(tmp_path_factory.mktemp("pbft"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        codes = cluster.close()
+    assert codes == [0, 0, 0, 0]

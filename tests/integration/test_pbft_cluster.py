@@ -4,23 +4,10 @@ commit, every node holds the same chain, and every block's commit certificate ve
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cluster import Cluster, rpc
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster.create(tmp_path_factory.mktemp("pbft"))
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        codes = cluster.close()
-    assert codes == [0, 0, 0, 0]
 
 
 def test_transactions_to_every_node_commit_everywhere(cluster: Cluster) -> None:

@@ -142,6 +142,8 @@ def test_unprotected_legacy_and_bad_signature(pool: TxPool) -> None:
         add(pool, forged)
     with pytest.raises(TxPoolError, match="invalid raw transaction"):
         decode_raw_transaction(BUILDER, b"\xc0")
+    with pytest.raises(TxPoolError, match="transaction type not supported"):
+        decode_raw_transaction(BUILDER, b"\x07\xc0")
 
 
 def test_replacement_needs_a_ten_percent_bump(pool: TxPool) -> None:

@@ -1,0 +1,565 @@
+"""The BFT client: a transaction counts as done when f+1 validators report the same receipt.
+
+DESIGN.md section 4, "the f+1 reply rule": the client signs a transaction, submits it to one
+node, then polls every validator for its receipt until f+1 distinct validators (f = (N-1)//3)
+report the same (block hash, status, gas used); at most f validators are faulty, so at least
+one of them is correct and the transaction really committed in that block. If that does not
+happen within `Timeouts.resend_after` seconds the raw transaction is re-sent to every validator
+(the node it went to may be down or faulty), again after twice as long, and so on, until
+`Timeouts.deadline`.
+
+A validator's identity is the address this client was configured with for its URL: a node's
+word about who it is counts for nothing, and each validator's latest answer is one vote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any, Protocol
+
+import aiohttp
+from eth_hash.auto import keccak
+from eth_keys.datatypes import PrivateKey
+from eth_utils import is_hex_address, to_canonical_address, to_checksum_address
+
+from chain.blockchain import ChainVM
+from chain.errors import ChainError
+
+MAX_REPLY_BYTES = 4 * 1024 * 1024  # a receipt with many logs fits; a hostile node cannot flood
+MIN_CALL_TIMEOUT = 0.1  # the shortest time a call gets, even right before the deadline
+ALREADY_KNOWN = "already known"  # the pool's answer for a transaction it holds (not an error)
+
+
+class BftClientError(ChainError):
+    """The client cannot confirm the transaction; the message says what each node answered."""
+
+
+class RpcUnreachable(BftClientError):
+    """A node that did not answer (refused, timed out, not JSON-RPC)."""
+
+
+class RpcReplyError(BftClientError):
+    """A node that answered with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class TransactionRejected(BftClientError):
+    """The node the transaction was submitted to refused it (bad nonce, funds, fees ...)."""
+
+
+class NoAgreement(BftClientError):
+    """No f+1 validators reported the same receipt before the deadline."""
+
+
+class RpcTransport(Protocol):
+    async def call(self, url: str, method: str, params: list[Any], timeout: float) -> Any:
+        """The result of `method`, or RpcUnreachable / RpcReplyError."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class HttpTransport:
+    """JSON-RPC over HTTP POST with aiohttp; replies are capped at MAX_REPLY_BYTES."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._ids = itertools.count(1)
+
+    async def call(self, url: str, method: str, params: list[Any], timeout: float) -> Any:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
+        try:
+            async with self._session.post(
+                url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                payload = await response.content.read(MAX_REPLY_BYTES + 1)
+        except TimeoutError:
+            raise RpcUnreachable(f"unreachable: no answer within {timeout:g}s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise RpcUnreachable(f"unreachable: {exc or type(exc).__name__}") from None
+        return _result(payload, method)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _result(payload: bytes, method: str) -> Any:
+    if len(payload) > MAX_REPLY_BYTES:
+        raise RpcUnreachable(f"{method}: reply larger than {MAX_REPLY_BYTES} bytes")
+    try:
+        reply = json.loads(payload)
+    except ValueError:
+        raise RpcUnreachable(f"{method}: the reply is not JSON-RPC") from None
+    if not isinstance(reply, dict):
+        raise RpcUnreachable(f"{method}: the reply is not a JSON-RPC object")
+    error = reply.get("error")
+    if isinstance(error, dict):
+        code = error.get("code")
+        raise RpcReplyError(code if isinstance(code, int) else 0, str(error.get("message", "")))
+    if "result" not in reply:
+        raise RpcUnreachable(f"{method}: the reply has neither result nor error")
+    return reply["result"]
+
+
+def quantity(value: Any, what: str) -> int:
+    """A JSON-RPC hex quantity from a node's reply."""
+    if not isinstance(value, str) or not value.startswith("0x"):
+        raise BftClientError(f"{what}: {value!r} is not a hex quantity")
+    try:
+        return int(value, 16)
+    except ValueError:
+        raise BftClientError(f"{what}: {value!r} is not a hex quantity") from None
+
+
+def fault_tolerance(validators: int) -> int:
+    """f: how many of N validators may be faulty."""
+    return (validators - 1) // 3
+
+
+@dataclass(frozen=True)
+class ReceiptKey:
+    """What f+1 validators must agree on."""
+
+    block_hash: str
+    status: int
+    gas_used: int
+
+    def __str__(self) -> str:
+        return f"block {self.block_hash} status {self.status} gas {self.gas_used}"
+
+
+def receipt_key(receipt: Any, tx_hash: str) -> ReceiptKey:
+    """The agreement key of a receipt for `tx_hash`; BftClientError if it is not one."""
+    if not isinstance(receipt, dict):
+        raise BftClientError(f"malformed receipt {receipt!r}")
+    if str(receipt.get("transactionHash", "")).lower() != tx_hash:
+        raise BftClientError(f"a receipt for another transaction {receipt.get('transactionHash')}")
+    block_hash = receipt.get("blockHash")
+    if not isinstance(block_hash, str) or len(block_hash) != 66:
+        raise BftClientError(f"a receipt without a block hash: {block_hash!r}")
+    return ReceiptKey(
+        block_hash.lower(),
+        quantity(receipt.get("status"), "receipt status"),
+        quantity(receipt.get("gasUsed"), "receipt gasUsed"),
+    )
+
+
+class ReplyTally:
+    """Each validator's latest receipt (one vote each) and, for the others, what they said."""
+
+    def __init__(self, validators: Sequence[str], needed: int) -> None:
+        self.validators = tuple(validators)
+        self.needed = needed
+        self._receipts: dict[str, tuple[ReceiptKey, dict[str, Any]]] = {}
+        self._notes: dict[str, str] = {}
+
+    def record_receipt(self, validator: str, key: ReceiptKey, receipt: dict[str, Any]) -> None:
+        self._receipts[validator] = (key, receipt)
+        self._notes.pop(validator, None)
+
+    def record_note(self, validator: str, note: str) -> None:
+        """A non-receipt answer; it does not erase a receipt the validator reported earlier."""
+        if validator not in self._receipts:
+            self._notes[validator] = note
+
+    def agreement(self) -> tuple[ReceiptKey, tuple[str, ...]] | None:
+        """The receipt key reported by at least `needed` distinct validators, and by whom."""
+        supporters: dict[ReceiptKey, list[str]] = {}
+        for validator in self.validators:
+            if validator in self._receipts:
+                supporters.setdefault(self._receipts[validator][0], []).append(validator)
+        for key, agreeing in supporters.items():
+            if len(agreeing) >= self.needed:
+                return key, tuple(agreeing)
+        return None
+
+    def receipt_of(self, validator: str) -> dict[str, Any]:
+        return self._receipts[validator][1]
+
+    def disagreeing(self, key: ReceiptKey) -> dict[str, ReceiptKey]:
+        return {v: k for v, (k, _) in self._receipts.items() if k != key}
+
+    def describe(self) -> str:
+        """One line: what every validator answered last."""
+        answers = []
+        for validator in self.validators:
+            if validator in self._receipts:
+                answers.append(f"{validator}: {self._receipts[validator][0]}")
+            else:
+                answers.append(f"{validator}: {self._notes.get(validator, 'no answer')}")
+        return "; ".join(answers)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds. Polls start at `poll_interval` and double up to `max_poll_interval`."""
+
+    request: float = 5.0  # one JSON-RPC call
+    poll_interval: float = 0.2
+    max_poll_interval: float = 2.0
+    resend_after: float = 10.0  # first re-send to every validator; the interval then doubles
+    deadline: float = 60.0  # give up (NoAgreement)
+
+    def max_rounds(self) -> int:
+        """A hard cap on polling rounds, whatever the clock does."""
+        return int(self.deadline / self.poll_interval) + 2
+
+
+@dataclass(frozen=True)
+class TxRequest:
+    """An EIP-1559 transaction; fields left None are filled from a node."""
+
+    to: str | None = None  # None deploys `data`
+    value: int = 0
+    data: bytes = b""
+    gas: int | None = None
+    nonce: int | None = None
+    max_fee_per_gas: int | None = None
+    max_priority_fee_per_gas: int | None = None
+    chain_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ConfirmedReceipt:
+    tx_hash: str
+    receipt: dict[str, Any]  # as the first agreeing validator reported it
+    key: ReceiptKey
+    agreeing: tuple[str, ...]  # validator addresses, in configured order
+    disagreeing: dict[str, ReceiptKey]  # validators that reported a different receipt
+    validators: int  # N
+    needed: int  # f+1
+    resends: int  # how many times the transaction was re-sent to every validator
+
+    @property
+    def block_number(self) -> int:
+        return quantity(self.receipt.get("blockNumber"), "receipt blockNumber")
+
+
+def sign_transaction(key: PrivateKey, request: TxRequest) -> bytes:
+    """The raw (typed, EIP-1559) transaction; every field of `request` must be filled."""
+    builder = ChainVM.get_transaction_builder()
+    unsigned = builder.new_unsigned_dynamic_fee_transaction(
+        chain_id=request.chain_id,
+        nonce=request.nonce,
+        max_priority_fee_per_gas=request.max_priority_fee_per_gas,
+        max_fee_per_gas=request.max_fee_per_gas,
+        gas=request.gas,
+        to=to_canonical_address(request.to) if request.to else b"",
+        value=request.value,
+        data=request.data,
+        access_list=(),
+    )
+    return unsigned.as_signed_transaction(key).encode()
+
+
+def _checked_validators(validators: Mapping[str, str]) -> dict[str, str]:
+    """Checksummed address -> URL; every address valid, every URL a different node."""
+    if not validators:
+        raise BftClientError("no validators configured")
+    checked: dict[str, str] = {}
+    for address, url in validators.items():
+        if not is_hex_address(address):
+            raise BftClientError(f"validator {address!r} is not an address")
+        checked[to_checksum_address(address)] = url.rstrip("/")
+    if len(set(checked.values())) != len(checked):
+        raise BftClientError("two validators share one URL: each validator needs its own node")
+    return checked
+
+
+@dataclass
+class _ResendTimer:
+    """When to re-send to every validator: after `resend_after`, then twice as long each time."""
+
+    every: float
+    due_at: float
+    count: int = 0
+
+    def take(self, now: float) -> bool:
+        """Whether a re-send is due now; if so, the next one is due twice as long later."""
+        if now < self.due_at:
+            return False
+        self.count += 1
+        self.every *= 2
+        self.due_at = now + self.every
+        return True
+
+
+class BftClient:
+    """Sends transactions to a validator set and confirms them by f+1 matching receipts."""
+
+    def __init__(
+        self,
+        validators: Mapping[str, str],
+        *,
+        transport: RpcTransport | None = None,
+        timeouts: Timeouts | None = None,
+    ) -> None:
+        self.validators = _checked_validators(validators)
+        self.needed = fault_tolerance(len(self.validators)) + 1
+        self.timeouts = timeouts or Timeouts()
+        self._transport = transport or HttpTransport()
+        self._checked_node: str | None = None
+
+    async def __aenter__(self) -> BftClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._transport.close()
+
+    async def _call(
+        self, validator: str, method: str, params: list[Any], deadline: float | None = None
+    ) -> Any:
+        timeout = self.timeouts.request
+        if deadline is not None:
+            timeout = max(MIN_CALL_TIMEOUT, min(timeout, deadline - time.monotonic()))
+        return await self._transport.call(self.validators[validator], method, params, timeout)
+
+    async def check_validators(self) -> str:
+        """The first reachable validator, once its `pbft_getValidators` equals the configured
+        set (a check against misconfiguration, not against a lying node)."""
+        if self._checked_node is not None:
+            return self._checked_node
+        failures = []
+        for validator in self.validators:
+            try:
+                reported = await self._call(validator, "pbft_getValidators", [])
+            except RpcUnreachable as exc:
+                failures.append(f"{validator}: {exc}")
+                continue
+            except RpcReplyError as exc:
+                raise BftClientError(
+                    f"{validator} answered pbft_getValidators with an error ({exc.message}): "
+                    "is it a PBFT validator?"
+                ) from None
+            self._compare_validator_set(validator, reported)
+            self._checked_node = validator
+            return validator
+        raise BftClientError("no validator is reachable: " + "; ".join(failures))
+
+    def _compare_validator_set(self, validator: str, reported: Any) -> None:
+        if not isinstance(reported, list) or not all(is_hex_address(a) for a in reported):
+            raise BftClientError(f"{validator} answered pbft_getValidators with {reported!r}")
+        if {to_checksum_address(a) for a in reported} != set(self.validators):
+            raise BftClientError(
+                f"the configured validators are not the chain's: {validator} reports "
+                f"{', '.join(to_checksum_address(a) for a in reported)}"
+            )
+
+    def resolve_via(self, via: str | None) -> str | None:
+        """The validator named by address or URL (None: the first reachable one)."""
+        if via is None:
+            return None
+        for validator, url in self.validators.items():
+            if via.rstrip("/") == url or via.lower() == validator.lower():
+                return validator
+        raise BftClientError(f"{via} is not one of the configured validators")
+
+    async def _query(self, node: str, method: str, params: list[Any]) -> Any:
+        """A call whose failure ends the send, with the method and node in the message."""
+        try:
+            return await self._call(node, method, params)
+        except BftClientError as exc:
+            raise BftClientError(f"{method} on {node}: {exc}") from None
+
+    async def fill(self, sender: str, request: TxRequest) -> TxRequest:
+        """`request` with chain id, nonce (pending), fees and gas filled from a node."""
+        node = await self.check_validators()
+        chain_id = request.chain_id
+        if chain_id is None:
+            chain_id = quantity(await self._query(node, "eth_chainId", []), "eth_chainId")
+        nonce = request.nonce
+        if nonce is None:
+            count = await self._query(node, "eth_getTransactionCount", [sender, "pending"])
+            nonce = quantity(count, "eth_getTransactionCount")
+        priority, max_fee = await self._fees(node, request)
+        filled = replace(
+            request,
+            chain_id=chain_id,
+            nonce=nonce,
+            max_priority_fee_per_gas=priority,
+            max_fee_per_gas=max_fee,
+        )
+        if request.gas is not None:
+            return filled
+        return replace(filled, gas=await self._estimate_gas(node, sender, filled))
+
+    async def _fees(self, node: str, request: TxRequest) -> tuple[int, int]:
+        """(max priority fee, max fee): the node's tip, and twice the base fee plus the tip."""
+        priority = request.max_priority_fee_per_gas
+        if priority is None:
+            tip = await self._query(node, "eth_maxPriorityFeePerGas", [])
+            priority = quantity(tip, "eth_maxPriorityFeePerGas")
+        if request.max_fee_per_gas is not None:
+            return priority, request.max_fee_per_gas
+        head = await self._query(node, "eth_getBlockByNumber", ["latest", False])
+        base = head.get("baseFeePerGas") if isinstance(head, dict) else None
+        base_fee = quantity(base, "latest block baseFeePerGas")
+        return priority, 2 * base_fee + priority
+
+    async def _estimate_gas(self, node: str, sender: str, request: TxRequest) -> int:
+        call: dict[str, Any] = {
+            "from": sender,
+            "value": hex(request.value),
+            "data": "0x" + request.data.hex(),
+        }
+        if request.to:
+            call["to"] = request.to
+        return quantity(await self._query(node, "eth_estimateGas", [call]), "eth_estimateGas")
+
+    async def send_transaction(
+        self, key: PrivateKey, request: TxRequest, via: str | None = None
+    ) -> ConfirmedReceipt:
+        """Fill, sign, submit and confirm."""
+        filled = await self.fill(key.public_key.to_checksum_address(), request)
+        return await self.send_raw_transaction(sign_transaction(key, filled), via)
+
+    async def send_raw_transaction(self, raw: bytes, via: str | None = None) -> ConfirmedReceipt:
+        """Submit `raw` through `via` (a validator address or URL) and wait for f+1 receipts."""
+        first_reachable = await self.check_validators()
+        submit_to = self.resolve_via(via) or first_reachable
+        tx_hash = "0x" + keccak(raw).hex()
+        start = time.monotonic()
+        tally = ReplyTally(list(self.validators), self.needed)
+        # the submission gets no longer than the first re-send would: then all are tried
+        submit_by = start + min(self.timeouts.resend_after, self.timeouts.deadline)
+        await self._submit(submit_to, raw, tally, submit_by)
+        return await self._confirm(raw, tx_hash, tally, start)
+
+    async def _push_raw(self, validator: str, raw: bytes, deadline: float) -> None:
+        await self._call(validator, "eth_sendRawTransaction", ["0x" + raw.hex()], deadline)
+
+    async def _submit(self, validator: str, raw: bytes, tally: ReplyTally, deadline: float) -> None:
+        try:
+            await self._push_raw(validator, raw, deadline)
+        except RpcReplyError as exc:
+            if exc.message != ALREADY_KNOWN:
+                raise TransactionRejected(
+                    f"{validator} rejected the transaction: {exc.message}"
+                ) from None
+        except RpcUnreachable as exc:  # the re-send timer will reach the others
+            tally.record_note(validator, f"submission failed: {exc}")
+
+    async def _confirm(
+        self, raw: bytes, tx_hash: str, tally: ReplyTally, start: float
+    ) -> ConfirmedReceipt:
+        """Watch every validator at once (a slow one delays nobody) until f+1 agree."""
+        changed = asyncio.Event()
+        deadline = start + self.timeouts.deadline
+        timer = _ResendTimer(self.timeouts.resend_after, start + self.timeouts.resend_after)
+        tasks = [
+            asyncio.create_task(self._watch(v, tx_hash, tally, changed, deadline))
+            for v in self.validators
+        ]
+        try:
+            agreed = await self._await_agreement(raw, tally, changed, timer, deadline, tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
+        if agreed is None:
+            raise NoAgreement(
+                f"no {self.needed} of {len(self.validators)} validators agreed on a receipt for "
+                f"{tx_hash} within {self.timeouts.deadline:g}s: {tally.describe()}"
+            )
+        return self._confirmed(tx_hash, tally, agreed, timer.count)
+
+    async def _await_agreement(
+        self,
+        raw: bytes,
+        tally: ReplyTally,
+        changed: asyncio.Event,
+        timer: _ResendTimer,
+        deadline: float,
+        tasks: list[asyncio.Task[None]],
+    ) -> tuple[ReceiptKey, tuple[str, ...]] | None:
+        """Re-count after every answer, re-send to all when the timer fires; None at the
+        deadline. The re-sends join `tasks`."""
+        for _ in range((len(self.validators) + 1) * self.timeouts.max_rounds()):
+            agreed = tally.agreement()
+            now = time.monotonic()
+            if agreed is not None or now >= deadline:
+                return agreed
+            if timer.take(now):
+                tasks.extend(
+                    asyncio.create_task(self._push_quietly(v, raw, deadline))
+                    for v in self.validators
+                )
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(timer.due_at, deadline) - now)
+        return tally.agreement()
+
+    async def _push_quietly(self, validator: str, raw: bytes, deadline: float) -> None:
+        """A re-send: "already known", "nonce too low" or no answer do not matter, receipts do."""
+        with contextlib.suppress(BftClientError):
+            await self._push_raw(validator, raw, deadline)
+
+    async def _watch(
+        self,
+        validator: str,
+        tx_hash: str,
+        tally: ReplyTally,
+        changed: asyncio.Event,
+        deadline: float,
+    ) -> None:
+        """Poll one validator for the receipt, pausing longer each time (capped)."""
+        pause = self.timeouts.poll_interval
+        for _ in range(self.timeouts.max_rounds()):
+            await self._ask_receipt(validator, tx_hash, tally, deadline)
+            changed.set()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(2 * pause, self.timeouts.max_poll_interval)
+
+    async def _ask_receipt(
+        self, validator: str, tx_hash: str, tally: ReplyTally, deadline: float
+    ) -> None:
+        try:
+            receipt = await self._call(validator, "eth_getTransactionReceipt", [tx_hash], deadline)
+            if receipt is None:
+                tally.record_note(validator, "no receipt yet")
+            else:
+                tally.record_receipt(validator, receipt_key(receipt, tx_hash), receipt)
+        except BftClientError as exc:
+            tally.record_note(validator, str(exc))
+
+    def _confirmed(
+        self,
+        tx_hash: str,
+        tally: ReplyTally,
+        agreed: tuple[ReceiptKey, tuple[str, ...]],
+        resends: int,
+    ) -> ConfirmedReceipt:
+        key, agreeing = agreed
+        return ConfirmedReceipt(
+            tx_hash=tx_hash,
+            receipt=tally.receipt_of(agreeing[0]),
+            key=key,
+            agreeing=agreeing,
+            disagreeing=tally.disagreeing(key),
+            validators=len(self.validators),
+            needed=self.needed,
+            resends=resends,
+        )

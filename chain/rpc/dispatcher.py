@@ -1,0 +1,218 @@
+"""JSON-RPC 2.0 decoding, validation, dispatch and batches; shared by HTTP and WebSocket.
+
+Every input gets a JSON-RPC answer, never an exception: bodies that are not JSON (NaN,
+Infinity and numbers too long to convert included) get -32700; anything but a request object,
+a `jsonrpc` other than "2.0", an id that is not a string, number or null, an empty or
+over-limit batch get -32600; unknown methods -32601; wrong argument counts and types -32602.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from chain.rpc.errors import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    RESPONSE_TOO_LARGE,
+    InvalidParams,
+    RpcError,
+)
+from chain.rpc.eth import Method
+from chain.rpc.subscriptions import Subscriptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_items: int = 1_000  # geth's BatchRequestLimit
+    max_response_bytes: int = 25 * 1000 * 1000  # geth's BatchResponseMaxSize
+
+
+# Arrays and objects nested deeper are refused before parsing: the C decoder recurses on the
+# C stack, and py-evm raises the recursion limit so far that deep input would crash the process.
+MAX_JSON_DEPTH = 32
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|.*\Z)', re.DOTALL)  # or the rest, unclosed
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_AS_SQUARE = bytes.maketrans(b"{}", b"[]")
+
+
+def _balanced_within(depth: int) -> re.Pattern[bytes]:
+    """Square brackets that pair up, nested at most `depth` deep (possessive: linear time)."""
+    pattern = b""
+    for _ in range(depth):
+        pattern = rb"(?:\[" + pattern + rb"\])*+"
+    return re.compile(pattern)
+
+
+_WITHIN_MAX_DEPTH = _balanced_within(MAX_JSON_DEPTH)
+
+
+def _nesting_within_limit(body: bytes) -> bool:
+    """Whether `body`'s arrays and objects nest at most MAX_JSON_DEPTH deep (False too for
+    brackets that do not pair, which is not JSON either): its strings dropped, its brackets
+    matched against a regular expression."""
+    brackets = _STRING.sub(b"", body).translate(_AS_SQUARE, _NOT_BRACKETS)
+    return _WITHIN_MAX_DEPTH.fullmatch(brackets) is not None
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise _NotJson(f"{name} is not JSON")
+
+
+def decode_json(body: bytes | str) -> Any:
+    """Strict JSON, at most MAX_JSON_DEPTH deep: raises ValueError on anything else."""
+    raw = body.encode() if isinstance(body, str) else body
+    if not _nesting_within_limit(raw):
+        raise _NotJson(f"nested deeper than {MAX_JSON_DEPTH}")
+    return json.loads(raw, parse_constant=_reject_constant)
+
+
+def _response(request_id: Any, result: Any = None, error: RpcError | None = None) -> dict:
+    response: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
+    if error is not None:
+        response["error"] = error.to_json()
+    else:
+        response["result"] = result
+    return response
+
+
+def _encode(response: dict) -> str:
+    try:
+        return json.dumps(response, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):  # a method's bug: still an answer, not a 500
+        log.exception("cannot encode the answer to id %r", response["id"])
+        error = RpcError(INTERNAL_ERROR, "internal error")
+        return json.dumps(_response(response["id"], error=error), separators=(",", ":"))
+
+
+def _valid_id(request_id: Any) -> bool:
+    if isinstance(request_id, float):
+        return math.isfinite(request_id)  # 1e999 parses as infinity, which JSON cannot say
+    return request_id is None or (
+        isinstance(request_id, str | int) and not isinstance(request_id, bool)
+    )
+
+
+def request_error(request: Any) -> RpcError | None:
+    """Why `request` is not a valid JSON-RPC 2.0 request object (None: it is)."""
+    if not isinstance(request, dict):
+        return RpcError(INVALID_REQUEST, "invalid request: not a JSON object")
+    if request.get("jsonrpc") != "2.0":
+        return RpcError(INVALID_REQUEST, 'invalid request: "jsonrpc" must be "2.0"')
+    if not _valid_id(request.get("id")):
+        return RpcError(INVALID_REQUEST, "invalid request: id must be a string, number or null")
+    if not isinstance(request.get("method"), str):
+        return RpcError(INVALID_REQUEST, "invalid request: method must be a string")
+    return None
+
+
+def _answer_id(request: Any) -> Any:
+    """The id to answer with: the request's when it is a valid id, else null."""
+    request_id = request.get("id") if isinstance(request, dict) else None
+    return request_id if _valid_id(request_id) else None
+
+
+def _is_notification(request: Any) -> bool:
+    return isinstance(request, dict) and "id" not in request and request_error(request) is None
+
+
+def check_arity(method: Method, params: list[Any]) -> None:
+    positional = list(inspect.signature(method).parameters.values())
+    required = sum(1 for p in positional if p.default is inspect.Parameter.empty)
+    if len(params) > len(positional):
+        raise InvalidParams(f"too many arguments, want at most {len(positional)}")
+    if len(params) < required:
+        raise InvalidParams(f"missing value for required argument {len(params)}")
+
+
+class Dispatcher:
+    """Calls methods by name; a session (a WebSocket connection) may add its own."""
+
+    def __init__(self, methods: dict[str, Method], limits: BatchLimits | None = None) -> None:
+        self.methods = methods
+        self.limits = limits or BatchLimits()
+
+    async def call(self, request: Any, session: Any = None) -> dict | None:
+        """One request object; None for a notification (a valid request without an id)."""
+        invalid = request_error(request)
+        if invalid is not None:
+            return _response(_answer_id(request), error=invalid)
+        try:
+            result = await self._invoke(request, session)
+        except RpcError as exc:
+            outcome = _response(request.get("id"), error=exc)
+        except Exception:
+            log.exception("internal error in %s", request["method"])
+            outcome = _response(request.get("id"), error=RpcError(INTERNAL_ERROR, "internal error"))
+        else:
+            outcome = _response(request.get("id"), result)
+        return None if "id" not in request else outcome
+
+    def _method(self, name: str, session: Any) -> Method:
+        if session is not None and name in session.methods:
+            return session.methods[name]
+        if name in self.methods:
+            return self.methods[name]
+        if name in Subscriptions.METHODS:
+            raise RpcError(METHOD_NOT_FOUND, "notifications not supported")
+        raise RpcError(METHOD_NOT_FOUND, f"the method {name} does not exist/is not available")
+
+    async def _invoke(self, request: dict, session: Any) -> Any:
+        method = self._method(request["method"], session)
+        params = request.get("params")
+        if params is None:
+            params = []
+        if not isinstance(params, list):
+            raise InvalidParams("non-array args")
+        check_arity(method, params)
+        return await method(*params)
+
+    async def handle_payload(self, body: bytes | str, session: Any = None) -> str | None:
+        """A whole body, a single request or a batch, to the encoded answer (None: nothing to
+        answer)."""
+        try:
+            payload = decode_json(body)
+        except ValueError:
+            return _encode(_response(None, error=RpcError(PARSE_ERROR, "parse error")))
+        if not isinstance(payload, list):
+            response = await self.call(payload, session)
+            return None if response is None else _encode(response)
+        if not payload:
+            return _encode(_response(None, error=RpcError(INVALID_REQUEST, "empty batch")))
+        if len(payload) > self.limits.max_items:
+            return _encode(_response(None, error=RpcError(INVALID_REQUEST, "batch too large")))
+        return await self._batch(payload, session)
+
+    async def _batch(self, payload: list[Any], session: Any) -> str | None:
+        """Each response is encoded once and counted; once the results pass the size limit,
+        that call and every later one get "response too large" without being run (geth)."""
+        encoded: list[str] = []
+        size = 0
+        too_large = RpcError(RESPONSE_TOO_LARGE, "response too large")
+        for item in payload:
+            if size > self.limits.max_response_bytes:
+                if not _is_notification(item):
+                    encoded.append(_encode(_response(_answer_id(item), error=too_large)))
+                continue
+            response = await self.call(item, session)
+            if response is None:
+                continue
+            text = _encode(response)
+            size += len(text)
+            if size > self.limits.max_response_bytes:
+                text = _encode(_response(response["id"], error=too_large))
+            encoded.append(text)
+        return "[" + ",".join(encoded) + "]" if encoded else None
