@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -21,15 +22,17 @@ SETTINGS = {
 }
 
 
-def spark_session(master: str | None = None, app_name: str = "pbft-etl") -> SparkSession:
+def spark_session(master: str | None = None, app_name: str = "pbft-etl",
+                  settings: Mapping[str, str] | None = None) -> SparkSession:
     """A session for the ETL. Without --master, spark-submit's master or local[*]; a local
-    session runs its Python workers on this interpreter (the one with spark_etl installed)."""
+    session runs its Python workers on this interpreter (the one with spark_etl installed).
+    `settings` add to or override SETTINGS."""
     if master is None or master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in SETTINGS.items():
+    for key, value in {**SETTINGS, **(settings or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.dataSource.register(ChainDataSource)

@@ -28,8 +28,8 @@ Tables = dict[str, list[dict[str, Any]]]
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = spark_session("local[2]", "pbft-etl-tests")
-    session.conf.set("spark.sql.shuffle.partitions", "1")
+    small_data = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"}
+    session = spark_session("local[2]", "pbft-etl-tests", small_data)
     yield session
     session.stop()
 
