@@ -113,17 +113,17 @@ class Cluster:
         self, index: int, key: PrivateKey | None = None, peers: tuple[int, ...] = (1, 2, 3)
     ) -> AsyncIterator[Transport]:
         """A transport speaking as validator `index` (its node must be down) or, with `key`,
-        as someone else, dialling `peers`; yields once connected (or refused: see stats)."""
-        key = key or dev_private_key(index, DEV_VALIDATOR_SEED)
+        as someone else, dialling `peers`; yields once connected to all of them (at once with
+        a `key`: a stranger is never connected)."""
         transport = Transport(
-            key, self.description["chain_id"],
+            key or dev_private_key(index, DEV_VALIDATOR_SEED), self.description["chain_id"],
             {self.validators[i]: self.endpoint(i) for i in peers},
             *self.endpoint(index), lambda *_: None)
         await transport.start()
         try:
-            await asyncio.wait_for(transport.wait_until(
-                lambda: len(transport.connected_peers()) == len(peers)
-                or bool(transport.stats()["handshakes_refused"])), 30)
+            if key is None:
+                await asyncio.wait_for(transport.wait_until(
+                    lambda: len(transport.connected_peers()) == len(peers)), 30)
             yield transport
         finally:
             await transport.stop()

@@ -122,8 +122,6 @@ def test_two_of_four_down_stalls_without_forking_then_resumes(cluster: Cluster) 
 def test_unknown_key_refused_and_conflicting_pre_prepares_recorded(cluster: Cluster) -> None:
     cluster.start(1, 2, 3)
     asyncio.run(_connect_with_unknown_key(cluster))
-    wait_for(lambda: "refused handshake" in cluster.nodes[1].log_path.read_text(), 30,
-             "the unknown key refused in node 1's log")
     asyncio.run(_equivocate_as_primary(cluster))
     primary = cluster.description["validators"][0].lower()
     for index in (1, 2, 3):
@@ -136,7 +134,10 @@ def test_unknown_key_refused_and_conflicting_pre_prepares_recorded(cluster: Clus
 
 
 async def _connect_with_unknown_key(cluster: Cluster) -> None:
+    log = cluster.nodes[1].log_path
     async with cluster.impersonate(0, key=PrivateKey(os.urandom(32)), peers=(1,)) as stranger:
+        await asyncio.to_thread(wait_for, lambda: "refused handshake" in log.read_text(), 30,
+                                "the unknown key refused in node 1's log")
         assert not stranger.connected_peers()
 
 
