@@ -1,12 +1,13 @@
 # Two commands: `make run` (set up, then a local chain with JSON-RPC on 127.0.0.1:8545) and
-# `make test` (set up, then the whole test suite and the linter).
+# `make test` (set up, then the whole test suite and the linter). `make bench` runs the
+# benchmarks (about 12 minutes) and writes benchmarks/results/latest.json.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TESTNET_DIR ?= .testnet
 VALIDATORS ?= 4
 
-.PHONY: setup run test lint unit integration clean
+.PHONY: setup run test lint unit integration bench profile clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +33,14 @@ unit: setup
 
 integration: setup
 	$(PY) -m pytest -q tests/integration
+
+bench: setup
+	$(PY) -m benchmarks
+
+profile: setup
+	$(PY) -m pip install --quiet py-spy
+	$(PY) -m benchmarks.profile --validators 1 --out benchmarks/results/profile-n1
+	$(PY) -m benchmarks.profile --validators 4 --out benchmarks/results/profile-n4
 
 clean:
 	rm -rf $(VENV) $(TESTNET_DIR) .pytest_cache .ruff_cache

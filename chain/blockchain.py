@@ -8,7 +8,8 @@ certificate), so a crash leaves either both or neither.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -16,14 +17,25 @@ import rlp
 from eth.abc import (
     BlockAPI,
     BlockHeaderAPI,
+    BlockPersistResult,
     ReceiptAPI,
     SignedTransactionAPI,
     VirtualMachineAPI,
 )
 from eth.chains.base import Chain
+from eth.db import trie as py_evm_trie
 from eth.exceptions import BlockNotFound, HeaderNotFound
 from eth.vm.forks import PragueVM
+from eth.vm.forks.berlin.transactions import TypedTransaction
+from eth.vm.forks.prague.blocks import PragueBlock
+from eth.vm.forks.prague.transactions import (
+    PragueLegacyTransaction,
+    PragueTransactionBuilder,
+    PragueTypedTransaction,
+)
+from eth_typing import Address
 from eth_utils import ValidationError
+from rlp.sedes import CountableList
 
 from chain.errors import BlockValidationError, ChainError
 from chain.genesis import Genesis
@@ -36,13 +48,78 @@ GENESIS_KEY = b"genesis"
 MAX_BLOCK_DEPTH = 8  # block > uncles > header (RlpTooDeep is a ValueError)
 
 
+SENDER_MEMO_SIZE = 1 << 15  # more than the pool holds, so a pooled transaction stays memoized
+
+
+class _SenderMemo:
+    """Transaction senders by transaction hash, for this process.
+
+    py-evm recovers the sender (an ECDSA public-key recovery, ~55 us) on every `tx.sender`,
+    and a transaction's sender is read when the pool admits it, when the block is executed
+    (built or imported) and when the pool is pruned. The hash commits to every signed field,
+    so a sender recovered once stands for every decoding of the same bytes: a replica that
+    pooled a gossiped transaction does not recover it again when the block arrives.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._senders: OrderedDict[bytes, Address] = OrderedDict()
+
+    def sender(self, tx_hash: bytes, recover: Callable[[], Address]) -> Address:
+        sender = self._senders.get(tx_hash)
+        if sender is None:
+            sender = recover()
+            if len(self._senders) >= self._size:
+                self._senders.popitem(last=False)  # atomic: the pool and the block thread share it
+            self._senders[tx_hash] = sender
+        return sender
+
+
+SENDERS = _SenderMemo(SENDER_MEMO_SIZE)
+
+
+class ChainLegacyTransaction(PragueLegacyTransaction):
+    def get_sender(self) -> Address:
+        return SENDERS.sender(self.hash, super().get_sender)
+
+
+class ChainTypedTransaction(PragueTypedTransaction):
+    def get_sender(self) -> Address:
+        return SENDERS.sender(self.hash, super().get_sender)
+
+
+class ChainTransactionBuilder(PragueTransactionBuilder):
+    """Prague's transaction types, decoded into the classes that memoize their sender."""
+
+    legacy_signed = ChainLegacyTransaction
+    typed_transaction = ChainTypedTransaction
+
+    @classmethod
+    def serialize(cls, obj: SignedTransactionAPI) -> rlp.sedes.raw.DecodedZeroOrOneLayerRLP:
+        # Any fork's typed transaction encodes the same way (signing returns London's class).
+        if isinstance(obj, TypedTransaction):
+            return cls.typed_transaction.serialize(obj)
+        return cls.legacy_signed.serialize(obj)
+
+
+class ChainBlock(PragueBlock):
+    transaction_builder = ChainTransactionBuilder
+    fields = [
+        (name, CountableList(ChainTransactionBuilder) if name == "transactions" else sedes)
+        for name, sedes in PragueBlock._meta.fields
+    ]
+
+
 class ChainVM(PragueVM):
     """Prague with one relaxation: a block's timestamp may equal its parent's.
 
     PBFT commits many blocks per second; with Ethereum's strictly increasing one-second
     timestamps the chain's clock would run ahead of real time under load (IBFT and QBFT avoid
     this with a block period of at least a second, which is what we do not want to pay).
+    Its block class decodes transactions into ones that memoize their sender (`_SenderMemo`).
     """
+
+    block_class = ChainBlock
 
     @classmethod
     def validate_header(cls, header: BlockHeaderAPI, parent_header: BlockHeaderAPI) -> None:
@@ -51,8 +128,39 @@ class ChainVM(PragueVM):
         super().validate_header(header, parent_header)
 
 
+def _forget_block_tries() -> None:
+    """Drop py-evm's memo of transaction and receipt tries once a block is executed.
+
+    py-evm memoizes its last 128 `make_trie_root_and_nodes` inputs and results (each full
+    block's encoded transactions and receipts and their trie nodes, ~1 MB), which only pays
+    off within one block's execution; kept, they grow a node's memory by ~70 MB over its
+    first ~64 full blocks.
+    """
+    py_evm_trie._make_trie_root_and_nodes.cache_clear()
+
+
+class NodeChain(Chain):
+    """py-evm's Chain without one waste: having persisted a block, py-evm decodes that same
+    block back from the database (every transaction) to report it as the new canonical one,
+    and keeps it in an LRU cache; a block built or imported here is reported as it is."""
+
+    def persist_block(
+        self, block: BlockAPI, perform_validation: bool = True
+    ) -> BlockPersistResult:
+        if perform_validation:
+            self.validate_block(block)
+        new_hashes, old_hashes = self.chaindb.persist_block(block)
+        return BlockPersistResult(
+            imported_block=block,
+            new_canonical_blocks=tuple(
+                block if h == block.hash else self.get_block_by_hash(h) for h in new_hashes
+            ),
+            old_canonical_blocks=tuple(self.get_block_by_hash(h) for h in old_hashes),
+        )
+
+
 def chain_class(chain_id: int) -> type[Chain]:
-    return Chain.configure(
+    return NodeChain.configure(
         __name__="PbftChain", vm_configuration=((0, ChainVM),), chain_id=chain_id
     )
 
@@ -200,6 +308,7 @@ class Blockchain:
             left_out = tuple(tx for tx in transactions if tx not in included)
             block, receipts = self._execute_batch(chain, header, included)
         chain.persist_block(block)
+        _forget_block_tries()
         return ExecutedBlock(block, receipts, overlay), left_out
 
     @staticmethod
@@ -252,6 +361,8 @@ class Blockchain:
             result = chain.import_block(block)
         except ValidationError as exc:
             raise BlockValidationError(f"invalid block {block.number}: {exc}") from None
+        finally:
+            _forget_block_tries()
         imported = result.imported_block
         receipt_class = chain.get_vm(imported.header).get_receipt_builder()
         receipts = tuple(chain.chaindb.get_receipts(imported.header, receipt_class))

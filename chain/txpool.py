@@ -86,6 +86,10 @@ class TxPool:
         self.limits = limits or PoolLimits()
         self._by_hash: dict[bytes, PoolEntry] = {}
         self._senders: dict[bytes, dict[int, PoolEntry]] = {}  # sender -> nonce -> entry
+        # sender -> account nonce at the head, read when the sender's transaction was admitted
+        # or its block committed (a state read costs ~0.1 ms of trie decoding); forgotten with
+        # the sender's last transaction and whenever one of its transactions is removed.
+        self._head_nonces: dict[bytes, int] = {}
         self._bytes = 0
         self._arrivals = itertools.count()
 
@@ -128,6 +132,7 @@ class TxPool:
         if replaced is not None:
             self._drop(replaced)
         self._insert(entry)
+        self._head_nonces[sender] = account_nonce
         return entry
 
     def _check_static(self, tx: SignedTransactionAPI) -> None:
@@ -144,8 +149,9 @@ class TxPool:
 
     @staticmethod
     def _recover_sender(tx: SignedTransactionAPI) -> bytes:
+        # One recovery: py-evm's check_signature_validity recovers the key and then verifies
+        # the signature against that same key, which cannot fail (both normalise s).
         try:
-            tx.check_signature_validity()
             return tx.sender
         except (BadSignature, ValidationError):
             raise TxPoolError("invalid sender") from None
@@ -192,6 +198,7 @@ class TxPool:
         del queue[entry.tx.nonce]
         if not queue:
             del self._senders[entry.sender]
+            self._head_nonces.pop(entry.sender, None)
 
     def pending_nonce(self, sender: bytes) -> int:
         """The next nonce `sender` should use, counting its executable pool transactions."""
@@ -206,41 +213,49 @@ class TxPool:
     ) -> list[SignedTransactionAPI]:
         """A batch for the next block: arrival order, nonce order per sender, bounded by the
         block gas limit (sum of tx gas limits) and `max_count`; a sender whose next
-        transaction cannot pay the base fee is skipped."""
-        next_nonce = {sender: self.accounts.nonce(sender) for sender in self._senders}
-        candidates: list[tuple[int, int, PoolEntry]] = []
-        for sender, queue in self._senders.items():
-            # A transaction is ready no earlier than the ones before it in its sender's nonce
-            # order: sort by the running maximum of arrivals, then nonce (arrivals are unique,
-            # so equal ready times only occur within one sender).
-            ready_at = -1
-            nonce = next_nonce[sender]
-            while nonce in queue:
-                entry = queue[nonce]
-                ready_at = max(ready_at, entry.arrival)
-                candidates.append((ready_at, nonce, entry))
-                nonce += 1
-        candidates.sort(key=lambda item: item[:2])
+        transaction cannot pay the base fee is skipped.
+
+        A transaction is ready no earlier than the ones before it in its sender's nonce order:
+        walking the pool in arrival order, the arrival that closes a sender's nonce gap makes
+        the run of nonces behind it ready at once. The walk stops when the batch is full.
+        Account nonces come from `_head_nonces`: a nonce moved without a transaction of its
+        own (an EIP-7702 authorization) makes that sender's transaction fail at block
+        building, which removes it and so re-reads the nonce.
+        """
+        next_nonce: dict[bytes, int] = {}
         batch: list[SignedTransactionAPI] = []
         gas = 0
-        for _, _, entry in candidates:
+        for arrived in self._by_hash.values():
             if len(batch) >= max_count:
                 break
-            tx = entry.tx
-            if tx.nonce != next_nonce[entry.sender] or tx.max_fee_per_gas < base_fee:
-                continue
-            if gas + tx.gas > gas_limit:
-                continue
-            batch.append(tx)
-            gas += tx.gas
-            next_nonce[entry.sender] += 1
+            sender = arrived.sender
+            if sender not in next_nonce:
+                next_nonce[sender] = self._head_nonce(sender)
+            queue = self._senders[sender]
+            nonce = arrived.tx.nonce
+            while nonce == next_nonce[sender] and len(batch) < max_count:
+                tx = queue[nonce].tx
+                if tx.max_fee_per_gas < base_fee or gas + tx.gas > gas_limit:
+                    break  # this sender's later nonces wait behind this one
+                batch.append(tx)
+                gas += tx.gas
+                nonce = next_nonce[sender] = nonce + 1
+                if nonce not in queue or queue[nonce].arrival > arrived.arrival:
+                    break  # a later arrival, reached in its turn
         return batch
+
+    def _head_nonce(self, sender: bytes) -> int:
+        nonce = self._head_nonces.get(sender)
+        if nonce is None:
+            nonce = self._head_nonces[sender] = self.accounts.nonce(sender)
+        return nonce
 
     def remove(self, tx_hashes: Iterable[bytes]) -> None:
         for tx_hash in tx_hashes:
             entry = self._by_hash.get(tx_hash)
             if entry is not None:
                 self._drop(entry)
+                self._head_nonces.pop(entry.sender, None)
 
     def prune(self, senders: Iterable[bytes]) -> None:
         """Drop what the new head made invalid for `senders` (nonces now used)."""
@@ -248,6 +263,6 @@ class TxPool:
             queue = self._senders.get(sender)
             if queue is None:
                 continue
-            account_nonce = self.accounts.nonce(sender)
+            account_nonce = self._head_nonces[sender] = self.accounts.nonce(sender)
             for nonce in [n for n in queue if n < account_nonce]:
                 self._drop(queue[nonce])

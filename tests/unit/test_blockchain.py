@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import rlp
+from eth.db.trie import _make_trie_root_and_nodes
 from eth.vm.forks import PragueVM
+from eth.vm.forks.london import transactions as london_transactions
 from eth_keys import keys
 
 from chain.blockchain import Blockchain
@@ -168,3 +170,30 @@ def test_abandoned_proposal_leaves_no_trace_and_commit_checks_the_parent(
 def test_undecodable_block_is_a_validation_error(pair: tuple[Blockchain, Blockchain]) -> None:
     with pytest.raises(BlockValidationError, match="undecodable"):
         pair[0].decode_block(rlp.encode([b"junk"]))
+
+
+def test_a_sender_is_recovered_once_per_transaction(
+    pair: tuple[Blockchain, Blockchain], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's decoding, block building, the validator's block decoding and pruning all
+    read `tx.sender`; the signature is recovered once."""
+    recovered = []
+    original = london_transactions.extract_transaction_sender
+    monkeypatch.setattr(london_transactions, "extract_transaction_sender",
+                        lambda tx: recovered.append(tx) or original(tx))
+    proposer, validator = pair
+    builder = proposer.view().get_vm().get_transaction_builder()
+    pooled = [builder.decode(t.encode()) for t in transfers(3, value=5)]
+    assert {t.sender for t in pooled} == {SENDER.public_key.to_canonical_address()}
+    executed, _ = proposer.build_block(pooled, timestamp=1_700_000_001, coinbase=COINBASE)
+    imported = validator.execute_block(validator.decode_block(executed.encode()))
+    assert [t.sender for t in imported.block.transactions] == [t.sender for t in pooled]
+    assert len(recovered) == 3
+
+
+def test_executing_a_block_leaves_no_memoized_tries(pair: tuple[Blockchain, Blockchain]) -> None:
+    proposer, validator = pair
+    executed, _ = proposer.build_block(transfers(2), timestamp=1_700_000_001, coinbase=COINBASE)
+    assert _make_trie_root_and_nodes.cache_info().currsize == 0
+    validator.execute_block(validator.decode_block(executed.encode()))
+    assert _make_trie_root_and_nodes.cache_info().currsize == 0

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
 from eth.vm.forks import PragueVM
 from eth_keys import keys
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chain.errors import TxPoolError
 from chain.txpool import AccountReader, PoolLimits, TxPool, decode_raw_transaction
@@ -193,3 +196,86 @@ def test_remove_and_prune_after_a_commit(pool: TxPool, accounts: Accounts) -> No
     pool.prune([address(ALICE)])
     assert [e.tx.hash for e in pool.entries()] == [txs[2].hash]
     assert pool.size_bytes == len(txs[2].encode())
+
+
+def reference_batch(pool: TxPool, accounts: Accounts, base_fee: int, gas_limit: int,
+                    max_count: int) -> list[bytes]:
+    """The batch rule stated plainly: every sender's runs of contiguous nonces from its account
+    nonce, each transaction ready at the latest arrival of its run so far, sorted by readiness
+    then nonce; taken greedily, a skipped transaction stopping its sender."""
+    by_sender: dict[bytes, dict[int, object]] = {}
+    for entry in pool.entries():
+        by_sender.setdefault(entry.sender, {})[entry.tx.nonce] = entry
+    next_nonce = {s: accounts.nonce(s) for s in by_sender}
+    ready = []
+    for sender, queue in by_sender.items():
+        latest, nonce = -1, next_nonce[sender]
+        while nonce in queue:
+            latest = max(latest, queue[nonce].arrival)
+            ready.append((latest, nonce, queue[nonce]))
+            nonce += 1
+    batch, gas = [], 0
+    for _, _, entry in sorted(ready, key=lambda item: item[:2]):
+        if len(batch) >= max_count:
+            break
+        t = entry.tx
+        if t.nonce != next_nonce[entry.sender] or t.max_fee_per_gas < base_fee:
+            continue
+        if gas + t.gas > gas_limit:
+            continue
+        batch.append(t.hash)
+        gas += t.gas
+        next_nonce[entry.sender] += 1
+    return batch
+
+
+KEYS = [keys.PrivateKey(bytes([n + 1]) * 32) for n in range(3)]
+SIGNED = {(k, n, f): tx(key=KEYS[k], nonce=n, max_fee=f * GWEI)
+          for k in range(3) for n in range(5) for f in (10, 20)}
+
+
+@given(
+    arrivals=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 4), st.sampled_from([10, 20])),
+                      max_size=15),
+    base_fee=st.sampled_from([GWEI, 15 * GWEI]),
+    gas_limit=st.sampled_from([21_000 * 3, 30_000_000]),
+    max_count=st.integers(1, 12),
+)
+@settings(max_examples=200, deadline=None)
+def test_batch_walk_matches_the_stated_rule(
+    arrivals: list[tuple[int, int, int]], base_fee: int, gas_limit: int, max_count: int
+) -> None:
+    accounts = Accounts()
+    pool = TxPool(CHAIN_ID, accounts, block_gas_limit=30_000_000)
+    for key, nonce, fee in arrivals:
+        with contextlib.suppress(TxPoolError):  # duplicates and underpriced replacements
+            add(pool, SIGNED[(key, nonce, fee)])
+    walked = pool.executable(base_fee=base_fee, gas_limit=gas_limit, max_count=max_count)
+    assert [t.hash for t in walked] == reference_batch(pool, accounts, base_fee, gas_limit,
+                                                       max_count)
+
+
+class CountingAccounts(Accounts):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nonce_reads = 0
+
+    def nonce(self, address: bytes) -> int:
+        self.nonce_reads += 1
+        return super().nonce(address)
+
+
+def test_batches_reuse_the_nonce_read_at_admission_until_a_removal() -> None:
+    accounts = CountingAccounts()
+    pool = TxPool(CHAIN_ID, accounts, block_gas_limit=30_000_000)
+    first, second = tx(nonce=0), tx(nonce=1)
+    add(pool, first)
+    add(pool, second)
+    reads = accounts.nonce_reads
+    for _ in range(3):
+        assert len(pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=10)) == 2
+    assert accounts.nonce_reads == reads
+    pool.remove([first.hash])  # as after a commit, or a transaction failing in a block
+    accounts.nonces[address(ALICE)] = 1
+    assert pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=10) == [second]
+    assert accounts.nonce_reads == reads + 1
