@@ -4,6 +4,7 @@ stdout and the results as JSON (benchmarks/results/latest.json unless --out says
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
@@ -25,6 +26,9 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=sorted(STAGES), default=sorted(STAGES),
                         help="stages to run (the raw limit always runs)")
     parser.add_argument("--keep", action="store_true", help="keep the testnets' directories")
+    parser.add_argument("--soak", type=int, metavar="N",
+                        help="N=1: committed transactions when memory is read again "
+                             f"(default {Sizes.soak_total:,})")
     return parser.parse_args(argv)
 
 
@@ -48,6 +52,8 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     results = Results(describe_machine())
     sizes = QUICK if args.quick else Sizes()
+    if args.soak:
+        sizes = dataclasses.replace(sizes, soak_total=args.soak)
     workdir = Path(tempfile.mkdtemp(prefix="pbft-bench-"))
     try:
         _run_stages(Context(results, Reference(), sizes, workdir), args.only)

@@ -292,9 +292,7 @@ def _primary(net: BenchNet) -> int:
 
 def _restart_and_follow(net: BenchNet, index: int, target: int) -> list[tuple[float, int]]:
     """Start node `index` and record (time, head) until its head reaches `target`."""
-    node = net.cluster.nodes[index]
-    node.launch()
-    node.wait_ready()
+    net.restart(index)
     progress: list[tuple[float, int]] = []
 
     def caught_up() -> bool:

@@ -162,6 +162,15 @@ class BenchNet:
         datadir = Path(self.cluster.description["nodes"][index]["datadir"])
         return directory_bytes(datadir / CHAINDATA)
 
+    def restart(self, index: int) -> None:
+        """Start a stopped node again and wait for its JSON-RPC; its start-up (the keystore's
+        scrypt) does not count toward its peak RSS."""
+        before = self.peak_rss.get(index, 0)
+        node = self.cluster.nodes[index]
+        node.launch()
+        node.wait_ready()
+        self.peak_rss[index] = before
+
     def stop(self, index: int, *sig: int) -> int:
         self.sample()  # the node's peak RSS before it goes
         return self.cluster.stop(index, *sig)
