@@ -39,11 +39,13 @@ from rlp.sedes import CountableList
 
 from chain.errors import BlockValidationError, ChainError
 from chain.genesis import Genesis
+from chain.rlp_depth import check_rlp_depth
 from storage import Database, Keyspace, OverlayDB, WriteBatch
 
 CHAIN_PREFIX = b"chain/"  # py-evm's chain database: headers, bodies, receipts, state trie
 META_PREFIX = b"meta/"  # node metadata: the genesis file the data directory was made from
 GENESIS_KEY = b"genesis"
+MAX_BLOCK_DEPTH = 8  # block > uncles > header (RlpTooDeep is a ValueError)
 
 
 SENDER_MEMO_SIZE = 1 << 15  # more than the pool holds, so a pooled transaction stays memoized
@@ -340,6 +342,7 @@ class Blockchain:
     def decode_block(self, data: bytes) -> BlockAPI:
         block_class = self.view().get_vm().get_block_class()
         try:
+            check_rlp_depth(data, MAX_BLOCK_DEPTH)
             return rlp.decode(data, sedes=block_class)
         except (rlp.DecodingError, rlp.DeserializationError, ValueError, TypeError) as exc:
             raise BlockValidationError(f"undecodable block: {exc}") from None

@@ -19,8 +19,10 @@ from eth_keys.exceptions import BadSignature
 from eth_utils import ValidationError
 
 from chain.errors import TxPoolError
+from chain.rlp_depth import RlpTooDeep, check_rlp_depth
 
 PRICE_BUMP_PERCENT = 10
+MAX_TRANSACTION_DEPTH = 8  # an access list or authorization list nests three levels
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,10 @@ def decode_raw_transaction(
     builder: type[TransactionBuilderAPI], raw: bytes
 ) -> SignedTransactionAPI:
     try:
+        check_rlp_depth(raw[1:] if raw[:1] < b"\x80" else raw, MAX_TRANSACTION_DEPTH)
         return builder.decode(raw)
+    except RlpTooDeep as exc:
+        raise TxPoolError(f"invalid raw transaction: {exc}") from None
     except UnrecognizedTransactionType:
         raise TxPoolError("transaction type not supported") from None
     except (rlp.DecodingError, rlp.DeserializationError, ValidationError, ValueError) as exc:

@@ -28,12 +28,14 @@ from eth_keys import KeyAPI
 from eth_keys.backends import CoinCurveECCBackend
 from eth_keys.exceptions import BadSignature, ValidationError
 
+from chain.rlp_depth import RlpTooDeep, check_rlp_depth
 from pbft_engine.errors import CertificateError, MessageError, SignatureError
 from pbft_engine.quorum import quorum
 
 DOMAIN = b"pbft-chain/consensus/v1"
 MAX_UINT64 = 2**64 - 1
 MAX_REPLICAS = 2**16
+MAX_MESSAGE_DEPTH = 24  # NEW-VIEW, the deepest message, nests about a dozen lists
 HASH_SIZE = 32
 SIGNATURE_SIZE = 65
 NULL_DIGEST = b"\x00" * HASH_SIZE
@@ -302,6 +304,10 @@ def decode_signed(item: object, expected: type[B] | None = None) -> Signed[Any]:
 def _rlp_decode(data: bytes) -> Any:
     if not isinstance(data, bytes):
         raise MessageError("a message must be bytes")
+    try:
+        check_rlp_depth(data, MAX_MESSAGE_DEPTH)
+    except RlpTooDeep as exc:
+        raise MessageError(str(exc)) from None
     try:
         item = rlp.decode(data, strict=True)
     except (rlp.exceptions.RLPException, RecursionError) as exc:

@@ -35,6 +35,7 @@ from eth_utils import keccak
 from chain.blockchain import ExecutedBlock
 from chain.engine import EngineContext, TimerHandle
 from chain.errors import BlockValidationError
+from chain.rlp_depth import RlpTooDeep, check_rlp_depth
 from pbft_engine.core import (
     Event,
     FetchCompleted,
@@ -62,6 +63,7 @@ MAX_BLOCKS_PER_REQUEST = 32
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # below the transport's frame cap
 REQUEST_TIMEOUT_S = 10.0
 MAX_UINT64 = 2**64 - 1
+MAX_SYNC_DEPTH = 4  # BLOCKS: [kind, id, [[block, certificate], ...]]
 HEADER_NUMBER_INDEX = 8  # an Ethereum header's fields: ..., difficulty, number, ...
 
 
@@ -126,7 +128,10 @@ def encode_sync(message: SyncMessage) -> bytes:
 def decode_sync(data: bytes) -> SyncMessage:
     """A block-sync message; MessageError for anything malformed."""
     try:
+        check_rlp_depth(data, MAX_SYNC_DEPTH)
         item = rlp.decode(data, strict=True)
+    except RlpTooDeep as exc:
+        raise MessageError(f"block sync: {exc}") from None
     except (rlp.exceptions.RLPException, RecursionError) as exc:
         raise MessageError(f"block sync: not RLP ({type(exc).__name__})") from None
     if not isinstance(item, list) or not item or not isinstance(item[0], bytes):

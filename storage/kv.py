@@ -42,9 +42,13 @@ class Database:
                 ) from None
             raise StorageError(f"cannot open database in {self.path}: {exc}") from None
         except plyvel.Error as exc:
+            reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(
+                exc.args[0], bytes) else str(exc)
             raise StorageError(
-                f"cannot open database in {self.path}: {exc}; "
-                "if it is corrupt, restore it from a backup or re-sync into an empty --datadir"
+                f"cannot open database in {self.path}: {reason}; the database is damaged: "
+                f"move {self.path} aside, run `pbft-node init --genesis GENESIS --datadir "
+                f"{self.path.parent}` and start the node (a validator re-syncs from its "
+                "peers), or restore a backup"
             ) from None
         except OSError as exc:
             raise StorageError(

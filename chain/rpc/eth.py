@@ -1,10 +1,11 @@
-"""The web3_*, net_* and eth_* methods."""
+"""The web3_*, net_*, eth_* methods and geth's read-only debug_getRaw* methods."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import rlp
 from eth.abc import BlockHeaderAPI, ComputationAPI
 from eth.exceptions import Revert
 from eth.vm.spoof import SpoofTransaction
@@ -76,7 +77,8 @@ class EthApi:
         return {
             name: getattr(self, name)
             for name in dir(self)
-            if name.split("_", 1)[0] in ("web3", "net", "eth") and callable(getattr(self, name))
+            if name.split("_", 1)[0] in ("web3", "net", "eth", "debug")
+            and callable(getattr(self, name))
         }
 
     # Block resolution.
@@ -407,3 +409,10 @@ class EthApi:
 
     async def eth_uninstallFilter(self, filter_id: Any) -> bool:  # noqa: N802
         return self.filters.uninstall(filter_id)
+
+    # Raw encodings (geth's debug namespace; read-only).
+
+    async def debug_getRawBlock(self, block: Any) -> str:  # noqa: N802
+        """The RLP block [header, transactions, ommers, withdrawals], as it hashes and as
+        the audit ETL recomputes the transactions root from it."""
+        return data(rlp.encode(self.blockchain.block_by_header(self._header_for(block))))

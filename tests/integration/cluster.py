@@ -4,13 +4,19 @@ same block at every height and that every block's commit certificate verifies.""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eth_account import Account
+from eth_keys.datatypes import PrivateKey
 
+from chain.transport import Transport
+from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
 from pbft_engine.messages import verify_commit_certificate
 from tests.integration.conftest import RunningNode, make_testnet, wait_for
 
@@ -93,6 +99,34 @@ class Cluster:
     def wait_heads(self, indices: list[int], height: int, deadline: float = 60) -> None:
         wait_for(lambda: all(self.head(i) >= height for i in indices), deadline,
                  f"nodes {indices} at height {height}")
+
+    @property
+    def validators(self) -> tuple[bytes, ...]:
+        return tuple(bytes.fromhex(v[2:]) for v in self.description["validators"])
+
+    def endpoint(self, index: int) -> tuple[str, int]:
+        host, port = self.nodes[index].node["p2p"].split(":")
+        return host, int(port)
+
+    @asynccontextmanager
+    async def impersonate(
+        self, index: int, key: PrivateKey | None = None, peers: tuple[int, ...] = (1, 2, 3)
+    ) -> AsyncIterator[Transport]:
+        """A transport speaking as validator `index` (its node must be down) or, with `key`,
+        as someone else, dialling `peers`; yields once connected to all of them (at once with
+        a `key`: a stranger is never connected)."""
+        transport = Transport(
+            key or dev_private_key(index, DEV_VALIDATOR_SEED), self.description["chain_id"],
+            {self.validators[i]: self.endpoint(i) for i in peers},
+            *self.endpoint(index), lambda *_: None)
+        await transport.start()
+        try:
+            if key is None:
+                await asyncio.wait_for(transport.wait_until(
+                    lambda: len(transport.connected_peers()) == len(peers)), 30)
+            yield transport
+        finally:
+            await transport.stop()
 
     def assert_consistent(self) -> None:
         """Every running node: the same hash at every height, and certificates that verify."""

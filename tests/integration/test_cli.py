@@ -147,3 +147,13 @@ def test_dev_period_seals_empty_blocks(tmp_path: Path) -> None:
     finally:
         node.send_signal(signal.SIGTERM)
         assert node.wait(timeout=30) == 0
+
+
+def test_a_corrupt_database_is_refused_with_the_recovery(tmp_path: Path) -> None:
+    datadir = tmp_path / "node"
+    pbft_node("init", "--genesis", str(REPO / "genesis" / "dev.json"), "--datadir", str(datadir))
+    (manifest,) = (datadir / "chaindata").glob("MANIFEST-*")
+    manifest.write_bytes(b"not a manifest")
+    result = pbft_node("run", "--datadir", str(datadir), "--http.port", "0", check=False)
+    assert_one_line_error(result, "Corruption")
+    assert "pbft-node init" in result.stderr and "re-syncs from its peers" in result.stderr

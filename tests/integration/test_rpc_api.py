@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import requests
+import rlp
 from eth_account import Account
+from eth_hash.auto import keccak
 from web3 import AsyncWeb3, Web3
 from web3.providers.persistent import WebSocketProvider
 
@@ -139,6 +141,19 @@ def test_every_method_matches_the_spec(dev_node: RunningNode, chain_with_activit
     assert result(url, "eth_getTransactionByHash", "0x" + "ab" * 32) is None
     assert result(url, "eth_getTransactionReceipt", "0x" + "ab" * 32) is None
 
+
+def test_debug_get_raw_block(dev_node: RunningNode, chain_with_activity: dict) -> None:
+    """The RLP block hashes to the block's hash and holds its transactions' encodings."""
+    url = dev_node.rpc_url
+    number = hex(chain_with_activity["receipts"][1].blockNumber)
+    raw = bytes.fromhex(result(url, "debug_getRawBlock", number)[2:])
+    block = result(url, "eth_getBlockByNumber", number, False)
+    header, transactions, *_ = rlp.decode(raw)
+    assert "0x" + keccak(rlp.encode(header)).hex() == block["hash"]
+    encodings = [tx if isinstance(tx, bytes) else rlp.encode(tx) for tx in transactions]
+    assert ["0x" + keccak(e).hex() for e in encodings] == block["transactions"]
+    assert int(block["size"], 16) == len(raw)
+    assert rpc(url, "debug_getRawBlock", "0xffffff")["error"]["code"] == -32000
 
 @pytest.mark.parametrize(
     ("method", "params", "code"),

@@ -1,0 +1,83 @@
+"""The audit's result: the violations, as JSON and as a readable summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spark_etl.audit.context import ValidatorSet
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken rule: where (node, block) and why."""
+
+    rule: str
+    node: str | None
+    block_number: int | None
+    detail: str
+
+    def sort_key(self) -> tuple[int, str, str, str]:
+        return (-1 if self.block_number is None else self.block_number, self.rule,
+                self.node or "", self.detail)
+
+    def line(self) -> str:
+        where = "-" if self.block_number is None else str(self.block_number)
+        node = f" [{self.node}]" if self.node else ""
+        return f"  block {where:>8}  {self.rule:<30} {self.detail}{node}"
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    validators: ValidatorSet
+    blocks: dict[str, int]  # node -> blocks audited
+    transactions: int
+    signatures: int  # distinct signed messages recovered
+    recovery_seconds: float
+    seconds: float
+    violations: list[Violation]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def by_rule(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for violation in self.violations:
+            counts[violation.rule] = counts.get(violation.rule, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "chain_id": self.validators.chain_id,
+            "validators": list(self.validators.addresses),
+            "quorum": self.validators.quorum,
+            "nodes": self.blocks,
+            "transactions": self.transactions,
+            "signatures": self.signatures,
+            "signatures_per_second": round(self.signatures / max(self.recovery_seconds, 1e-9)),
+            "seconds": round(self.seconds, 3),
+            "violations_by_rule": self.by_rule(),
+            "violations": [asdict(x) for x in self.violations],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2) + "\n"
+
+    def summary(self) -> str:
+        v = self.validators
+        lines = [
+            f"audited {sum(self.blocks.values())} blocks from {len(self.blocks)} node(s), "
+            f"{self.transactions} transactions, {self.signatures} signed messages "
+            f"(N = {v.size}, f = {v.max_faulty}, Q = {v.quorum}, chain id {v.chain_id}) "
+            f"in {self.seconds:.1f} s",
+        ]
+        if self.ok:
+            lines.append("no violations: the chain and its certificates are sound")
+            return "\n".join(lines) + "\n"
+        counts = ", ".join(f"{rule} {n}" for rule, n in self.by_rule().items())
+        lines.append(f"{len(self.violations)} violation(s): {counts}")
+        lines.extend(x.line() for x in self.violations)
+        return "\n".join(lines) + "\n"

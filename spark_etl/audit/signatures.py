@@ -1,0 +1,193 @@
+"""Signature recovery, once per distinct signed message, in parallel partitions.
+
+Every signed consensus message in the data set (the COMMITs of certificates, the CHECKPOINTs
+of checkpoint proofs, the VIEW-CHANGE and NEW-VIEW messages with everything nested in them,
+and the evidence) is decoded with `pbft_engine.messages`, its signing hash recomputed for the
+chain id (domain-separated), and its signer recovered with libsecp256k1 (coincurve). The
+result, `signatures`, has one row per distinct message:
+
+    message, type, view, seq_no, digest, replica, signer (recovered), error, valid
+
+`digest` is what two messages of one (signer, type, view, seqNo) must agree on: the block
+hash of a phase message, block hash || state root of a CHECKPOINT, the keccak256 of the body
+of a VIEW-CHANGE or NEW-VIEW. `valid` means the recovered signer is the validator at the
+claimed replica index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial, reduce
+from typing import Any
+
+import pyarrow as pa
+import rlp
+from coincurve import PublicKey
+from eth_hash.auto import keccak
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+from rlp.codec import consume_length_prefix
+
+from pbft_engine.messages import (
+    DOMAIN,
+    Checkpoint,
+    MessageError,
+    NewView,
+    PhaseMessage,
+    SignatureError,
+    Signed,
+    Verifier,
+    ViewChange,
+    decode_signed_bytes,
+)
+from spark_etl.audit.context import Audit, to_record_batch
+from spark_etl.hexcodec import from_hex, to_hex
+
+TYPE_NAMES = {
+    "PrePrepare": "pre-prepare",
+    "Prepare": "prepare",
+    "Commit": "commit",
+    "Checkpoint": "checkpoint",
+    "ViewChange": "view-change",
+    "NewView": "new-view",
+}
+
+RECOVERED = StructType(
+    [
+        StructField("message", StringType()),
+        StructField("type", StringType()),
+        StructField("view", LongType()),
+        StructField("seq_no", LongType()),
+        StructField("digest", StringType()),
+        StructField("replica", LongType()),
+        StructField("signer", StringType()),
+        StructField("error", StringType()),
+    ]
+)
+
+
+class CoincurveVerifier(Verifier):
+    """Public-key recovery straight through libsecp256k1: the audit's hot loop."""
+
+    def recover(self, message_hash: bytes, signature: bytes) -> bytes:
+        if len(signature) != 65 or signature[64] > 1:
+            raise SignatureError("signature must be 65 bytes r || s || v with v in {0, 1}")
+        try:
+            public_key = PublicKey.from_signature_and_message(signature, message_hash, hasher=None)
+        except ValueError as exc:
+            raise SignatureError(f"unrecoverable signature: {exc}") from None
+        return keccak(public_key.format(compressed=False)[1:])[12:]
+
+
+def _key(body: Any) -> tuple[int | None, int | None, bytes]:
+    """(view, seqNo, digest) that identify what a message commits its signer to."""
+    if isinstance(body, PhaseMessage):
+        return body.view, body.seq_no, body.digest
+    if isinstance(body, Checkpoint):
+        return None, body.seq_no, body.block_hash + body.state_root
+    return body.view, None, keccak(rlp.encode(body.fields()))
+
+
+def encoded_signing_hash(encoded: bytes, body: Any, chain_id: int) -> bytes:
+    """`messages.signing_hash(body, chain_id)` of a canonically encoded signed message
+    [type, body, signature], hashing the body's RLP as it stands in `encoded` instead of
+    encoding it again (the audit's hot loop; a test holds the two equal)."""
+    _, _, _, position = consume_length_prefix(encoded, 0)  # into the message list
+    _, _, length, start = consume_length_prefix(encoded, position)  # over the type
+    position = start + length
+    _, _, length, start = consume_length_prefix(encoded, position)  # the body
+    domain = DOMAIN + chain_id.to_bytes(8, "big") + bytes([body.TYPE])
+    return keccak(domain + encoded[position : start + length])
+
+
+def recover(encoded: bytes, chain_id: int, verifier: Verifier) -> tuple[Any, ...]:
+    """One row of RECOVERED for an encoded signed message."""
+    message = to_hex(encoded)
+    try:
+        signed = decode_signed_bytes(encoded)  # canonical, or refused
+    except (MessageError, ValueError) as exc:
+        return (message, None, None, None, None, None, None, f"undecodable message: {exc}")
+    body = signed.body
+    view, seq_no, digest = _key(body)
+    head = (message, TYPE_NAMES[type(body).__name__], view, seq_no, to_hex(digest), body.replica)
+    try:
+        signer = verifier.recover(encoded_signing_hash(encoded, body, chain_id),
+                                  signed.signature)
+    except SignatureError as exc:
+        return (*head, None, str(exc))
+    return (*head, to_hex(signer), None)
+
+
+VERIFIER = CoincurveVerifier()
+RECOVERED_ARROW = to_arrow_schema(RECOVERED)
+
+
+def _recover_batches(batches: Iterator[pa.RecordBatch], chain_id: int
+                     ) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        messages = batch.column(0).to_pylist()
+        yield to_record_batch([recover(m, chain_id, VERIFIER) for m in messages],
+                              RECOVERED_ARROW)
+
+
+def _children(signed: Signed[Any]) -> list[Signed[Any]]:
+    body = signed.body
+    if isinstance(body, ViewChange):
+        proofs = [m for p in body.pset for m in (p.pre_prepare, *p.prepares)]
+        return [*body.checkpoint_proof, *proofs]
+    if isinstance(body, NewView):
+        return [*body.view_changes, *body.pre_prepares]
+    return []
+
+
+def nested_messages(message: str | None) -> list[str]:
+    """`message` and every signed message nested in it (VIEW-CHANGE, NEW-VIEW), encoded."""
+    if message is None:
+        return []
+    found = [message]
+    pending = [message]
+    while pending:
+        try:
+            signed = decode_signed_bytes(from_hex(pending.pop()))
+        except (MessageError, ValueError):
+            continue  # recovery reports it
+        children = [to_hex(child.encode()) for child in _children(signed)]
+        found.extend(children)
+        pending.extend(children)
+    return found
+
+
+def signed_messages(audit: Audit) -> DataFrame:
+    """Every distinct signed message in the data set, as bytes (one column, `encoded`)."""
+    data = audit.data
+    flat = [
+        data.commit_certificates.select("message"),
+        data.checkpoints.select("message"),
+    ]
+    containers = reduce(DataFrame.unionByName, [
+        data.view_changes.select("message"),
+        data.view_changes.select(F.col("new_view").alias("message")),
+        data.evidence.select(F.col("first").alias("message")),
+        data.evidence.select(F.col("second").alias("message")),
+    ]).distinct()
+    unnest = F.udf(nested_messages, ArrayType(StringType()), useArrow=True)
+    nested = containers.select(F.explode(unnest("message")).alias("message"))
+    union = reduce(DataFrame.unionByName, [*flat, nested]).where(F.col("message").isNotNull())
+    return union.select(F.expr("unhex(substr(message, 3))").alias("encoded")).distinct()
+
+
+def signatures(audit: Audit) -> DataFrame:
+    """RECOVERED for every distinct signed message, plus `valid`; computed once per audit."""
+
+    def build() -> DataFrame:
+        recovered = signed_messages(audit).mapInArrow(
+            partial(_recover_batches, chain_id=audit.validators.chain_id), RECOVERED
+        )
+        claimed = audit.validators.address_of(F.col("replica"))
+        return recovered.withColumn(
+            "valid", F.coalesce(F.col("signer") == claimed, F.lit(False))
+        )
+
+    return audit.cached("signatures", build)

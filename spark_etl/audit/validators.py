@@ -1,0 +1,107 @@
+"""The validator set and chain id the audit checks signatures against: from a validators
+file, a genesis file (geth format, `config.pbft.validators`), or the export manifest."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from spark_etl.audit.context import ValidatorSet
+from spark_etl.errors import DataError, UsageError
+
+ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+
+
+def parse_addresses(items: Iterable[Any], source: str) -> tuple[str, ...]:
+    """Lower-case addresses in replica order; UsageError for anything else."""
+    addresses = []
+    for item in items:
+        if not isinstance(item, str) or not ADDRESS.match(item):
+            raise UsageError(f"{source}: {item!r} is not an address (0x and 40 hex digits)")
+        addresses.append(item.lower())
+    if not addresses:
+        raise UsageError(f"{source}: no validators listed")
+    if len(set(addresses)) != len(addresses):
+        raise UsageError(f"{source}: a validator is listed twice")
+    return tuple(addresses)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(_read(path))
+    except ValueError as exc:
+        raise UsageError(f"{path}: not JSON ({exc})") from None
+
+
+def read_validators_file(path: Path) -> tuple[str, ...]:
+    """A JSON list of addresses, a JSON object with "validators" (testnet.json), or one
+    address per line."""
+    text = _read(path).strip()
+    if not text.startswith(("[", "{")):
+        lines = [line.strip() for line in text.splitlines()]
+        return parse_addresses([x for x in lines if x and not x.startswith("#")], str(path))
+    value = _json(path)
+    if isinstance(value, dict):
+        value = value.get("validators")
+    if not isinstance(value, list):
+        raise UsageError(f'{path}: expected a list of addresses or an object with "validators"')
+    return parse_addresses(value, str(path))
+
+
+def _chain_id(value: Any, path: Path) -> int:
+    try:
+        number = value if isinstance(value, int) else int(str(value), 0)
+    except ValueError:
+        number = 0
+    if isinstance(number, bool) or number <= 0:
+        raise UsageError(f"{path}: config.chainId must be a positive number")
+    return number
+
+
+def read_genesis(path: Path) -> ValidatorSet:
+    genesis = _json(path)
+    config = genesis.get("config") if isinstance(genesis, dict) else None
+    pbft = config.get("pbft") if isinstance(config, dict) else None
+    if not isinstance(pbft, dict) or not isinstance(pbft.get("validators"), list):
+        raise UsageError(f"{path}: no config.pbft.validators: is it a PBFT chain's genesis?")
+    chain_id = _chain_id(config.get("chainId"), path)
+    return ValidatorSet(parse_addresses(pbft["validators"], str(path)), chain_id)
+
+
+def _exported(manifest: DataFrame) -> tuple[set[tuple[str, ...]], set[int]]:
+    rows = manifest.select("validators", "chain_id").distinct().collect()
+    if not rows:
+        raise DataError("the export manifest is empty: run `pbft-etl export` first")
+    return {tuple(r["validators"] or ()) for r in rows}, {r["chain_id"] for r in rows}
+
+
+def resolve_validators(
+    manifest: DataFrame, addresses: tuple[str, ...] | None, genesis: ValidatorSet | None
+) -> ValidatorSet:
+    """The genesis's set, else the given addresses with the exported chain id, else the set
+    the exported nodes reported."""
+    if genesis is not None:
+        return genesis
+    sets, chain_ids = _exported(manifest)
+    if len(chain_ids) != 1:
+        raise DataError(f"the exported nodes have different chain ids {sorted(chain_ids)}")
+    chain_id = chain_ids.pop()
+    if addresses is not None:
+        return ValidatorSet(addresses, chain_id)
+    if len(sets) != 1:
+        raise DataError(
+            "the exported nodes report different validator sets: pass --validators or --genesis"
+        )
+    return ValidatorSet(parse_addresses(sets.pop(), "the export manifest"), chain_id)

@@ -1,0 +1,277 @@
+"""`pbft-etl export`: nodes' chains and consensus records to Parquet, by block range.
+
+The requested blocks are cut into aligned ranges of `range_size` blocks (the partitions on
+disk). Ranges the manifest already holds are skipped (an interrupted export resumes); the
+others are fetched in waves through the `pbft_chain` data source and each table's partitions
+for those ranges are replaced (a re-run never duplicates rows); the manifest records a range
+only after all its tables are written."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_etl import schemas
+from spark_etl.errors import EtlError, ExtractError, UsageError
+from spark_etl.hexcodec import hex_data, quantity
+from spark_etl.rpc import JsonRpcClient, RetryPolicy
+from spark_etl.source import (
+    DEFAULT_BATCH_BLOCKS,
+    DEFAULT_PARTITION_BLOCKS,
+    ReadOptions,
+    Span,
+)
+from spark_etl.tables import is_local_path, split_bundle, table_path, write_table
+
+DEFAULT_RANGE_SIZE = 1_000
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    nodes: tuple[str, ...]
+    out: str
+    first: int | None = None
+    last: int | None = None
+    range_size: int = DEFAULT_RANGE_SIZE
+    partition_blocks: int = DEFAULT_PARTITION_BLOCKS
+    batch_blocks: int = DEFAULT_BATCH_BLOCKS
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def read_options(self, kind: str, spans: tuple[Span, ...] = (),
+                     nodes: tuple[tuple[str, int], ...] = ()) -> dict[str, str]:
+        return ReadOptions(
+            kind, spans, nodes, self.partition_blocks, self.batch_blocks, self.policy
+        ).as_strings()
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What a node says about itself before the export starts."""
+
+    url: str
+    chain_id: int
+    genesis_hash: str
+    validators: tuple[str, ...]
+    head: int
+    view: int
+
+
+def _number(value: Any, what: str) -> int:
+    return value if isinstance(value, int) else quantity(value, what)
+
+
+def probe(url: str, policy: RetryPolicy) -> NodeInfo:
+    calls = [
+        ("eth_chainId", []),
+        ("eth_getBlockByNumber", ["0x0", False]),
+        ("pbft_getValidators", []),
+        ("pbft_status", []),
+        ("eth_blockNumber", []),
+    ]
+    try:
+        with JsonRpcClient(url, policy) as client:
+            chain_id, genesis, validators, status, head = client.batch(calls)
+    except EtlError as exc:
+        raise ExtractError(f"{url}: {exc} (is it a running PBFT node?)") from None
+    return NodeInfo(
+        url=url,
+        chain_id=_number(chain_id, "eth_chainId"),
+        genesis_hash=hex_data(genesis["hash"]),
+        validators=tuple(hex_data(v) for v in validators),
+        head=_number(head, "eth_blockNumber"),
+        view=_number(status["view"], "pbft_status view"),
+    )
+
+
+def check_same_chain(infos: list[NodeInfo]) -> None:
+    reference = infos[0]
+    for info in infos[1:]:
+        if (info.chain_id, info.genesis_hash) != (reference.chain_id, reference.genesis_hash):
+            raise UsageError(
+                f"{info.url} and {reference.url} are on different chains (chain id or genesis "
+                "differ): export them to different --out directories"
+            )
+
+
+def block_bounds(options: ExportOptions, infos: list[NodeInfo]) -> tuple[int, int]:
+    """--from (default 0) .. --to (default: the lowest head, so every node has every block)."""
+    lowest = min(infos, key=lambda i: i.head)
+    first = 0 if options.first is None else options.first
+    last = lowest.head if options.last is None else options.last
+    if last > lowest.head:
+        raise UsageError(f"--to {last} is above the head {lowest.head} of {lowest.url}")
+    if first > last:
+        raise UsageError(f"--from {first} is after --to {last}")
+    return first, last
+
+
+Done = dict[tuple[str, int], tuple[int, int]]
+
+
+def plan_spans(nodes: tuple[str, ...], first: int, last: int, range_size: int,
+               done: Done) -> list[Span]:
+    """The spans still to fetch, ordered by range then node. A range the manifest covers is
+    skipped; one it holds partly is fetched whole again (what it held and what is asked),
+    so that replacing its partitions loses nothing."""
+    spans = []
+    for start in range(first - first % range_size, last + 1, range_size):
+        for node in nodes:
+            want = (max(start, first), min(start + range_size - 1, last))
+            have = done.get((node, start))
+            if have is not None and have[0] <= want[0] and have[1] >= want[1]:
+                continue
+            if have is not None:
+                want = (min(want[0], have[0]), max(want[1], have[1]))
+            spans.append(Span(node, want[0], want[1], start))
+    return spans
+
+
+def waves(spans: list[Span], spans_per_wave: int) -> Iterator[list[Span]]:
+    """Consecutive groups of spans: one Spark job each, recorded in the manifest when done."""
+    for start in range(0, len(spans), spans_per_wave):
+        yield spans[start : start + spans_per_wave]
+
+
+def read_done(spark: SparkSession, options: ExportOptions, infos: list[NodeInfo]) -> Done:
+    """What the manifest of an earlier export into --out holds for these nodes."""
+    path = table_path(options.out, schemas.EXPORT_MANIFEST)
+    if is_local_path(options.out) and not Path(path.removeprefix("file://")).exists():
+        return {}
+    rows = spark.read.schema(schemas.EXPORT_MANIFEST.schema).parquet(path).collect()
+    reference = infos[0]
+    for row in rows:
+        if row["genesis_hash"] != reference.genesis_hash:
+            raise UsageError(f"{options.out} holds an export of another chain: use another --out")
+        if row["range_size"] != options.range_size:
+            raise UsageError(
+                f"{options.out} was exported with --range-size {row['range_size']}: use that"
+            )
+    return {(r["node"], r["range_start"]): (r["first_block"], r["last_block"]) for r in rows}
+
+
+COUNTED = [t.name for t in schemas.NESTED_TABLES]  # the tables nested in a fetched block
+
+
+@dataclass
+class ExportSummary:
+    skipped: int  # (node, range) pairs the manifest already held
+    rows: dict[str, int] = field(default_factory=dict)  # rows written per table
+    seconds: float = 0.0
+
+    @property
+    def blocks(self) -> int:
+        """Blocks fetched, summed over the nodes."""
+        return self.rows.get("blocks", 0)
+
+    def add(self, counts: list[dict[str, Any]]) -> None:
+        for row in counts:
+            for table in ("blocks", *COUNTED):
+                self.rows[table] = self.rows.get(table, 0) + (row[table] or 0)
+
+
+def range_counts(bundle: DataFrame) -> list[dict[str, Any]]:
+    """Per (node, range_start) of fetched bundles: first and last block and rows per table."""
+    rows = (
+        bundle.groupBy("node", "range_start")
+        .agg(
+            F.min("block.number").alias("first_block"),
+            F.max("block.number").alias("last_block"),
+            F.count("*").alias("blocks"),
+            *(F.sum(F.size(name)).alias(name) for name in COUNTED),
+        )
+        .collect()
+    )
+    return [row.asDict() for row in rows]
+
+
+def manifest_rows(counts: list[dict[str, Any]], infos: dict[str, NodeInfo],
+                  range_size: int) -> list[tuple[Any, ...]]:
+    """The export_manifest rows of the ranges in `counts` (as `range_counts` gives them)."""
+    now = datetime.now(UTC)
+    rows = []
+    for row in counts:
+        info = infos[row["node"]]
+        values = {
+            **row,
+            **{name: row[name] or 0 for name in COUNTED},
+            "range_size": range_size,
+            "chain_id": info.chain_id,
+            "genesis_hash": info.genesis_hash,
+            "validators": list(info.validators),
+            "exported_at": now,
+        }
+        rows.append(tuple(values[n] for n in schemas.EXPORT_MANIFEST.schema.names))
+    return rows
+
+
+def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
+                infos: dict[str, NodeInfo], summary: ExportSummary) -> None:
+    """Fetch the wave's spans once, write every block-range table, then the manifest."""
+    bundle = (
+        spark.read.format("pbft_chain")
+        .options(**options.read_options("blocks", tuple(wave)))
+        .load()
+        .persist(StorageLevel.DISK_ONLY)
+    )
+    try:
+        counts = range_counts(bundle)
+        for name, frame in split_bundle(bundle).items():
+            write_table(frame, options.out, schemas.BY_NAME[name])
+    finally:
+        bundle.unpersist()
+    manifest = manifest_rows(counts, infos, options.range_size)
+    write_table(spark.createDataFrame(manifest, schemas.EXPORT_MANIFEST.schema), options.out,
+                schemas.EXPORT_MANIFEST)
+    summary.add(counts)
+
+
+def export_consensus_records(spark: SparkSession, options: ExportOptions,
+                             infos: list[NodeInfo]) -> None:
+    """view_changes and evidence: each node's whole record, one task per node."""
+    nodes = tuple((info.url, info.view) for info in infos)
+    for table in (schemas.VIEW_CHANGES, schemas.EVIDENCE):
+        frame: DataFrame = (
+            spark.read.format("pbft_chain")
+            .options(**options.read_options(table.name, nodes=nodes))
+            .load()
+        )
+        write_table(frame, options.out, table)
+
+
+def _ranges(first: int, last: int, range_size: int) -> int:
+    return last // range_size - first // range_size + 1
+
+
+def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> ExportSummary:
+    started = time.monotonic()
+    infos = [probe(url, options.policy) for url in options.nodes]
+    check_same_chain(infos)
+    first, last = block_bounds(options, infos)
+    done = read_done(spark, options, infos)
+    spans = plan_spans(options.nodes, first, last, options.range_size, done)
+    total = sum(s.size for s in spans)
+    summary = ExportSummary(
+        skipped=len(options.nodes) * _ranges(first, last, options.range_size) - len(spans)
+    )
+    progress(
+        f"exporting blocks {first}..{last} from {len(infos)} node(s) to {options.out}: "
+        f"{total} blocks to fetch, {summary.skipped} range(s) already exported"
+    )
+    by_url = {info.url: info for info in infos}
+    for wave in waves(spans, 2 * max(1, spark.sparkContext.defaultParallelism)):
+        export_wave(spark, options, wave, by_url, summary)
+        elapsed = time.monotonic() - started
+        progress(f"{summary.blocks}/{total} blocks ({100 * summary.blocks // max(total, 1)}%), "
+                 f"{summary.blocks / elapsed:.0f} blocks/s")
+    export_consensus_records(spark, options, infos)
+    summary.seconds = time.monotonic() - started
+    return summary

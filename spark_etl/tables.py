@@ -1,0 +1,73 @@
+"""The tables on disk: how a bundle DataFrame splits into them, and reading them back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_etl import schemas
+from spark_etl.errors import DataError
+from spark_etl.schemas import Table
+
+RANGE_KEYS = [schemas.NODE.name, schemas.RANGE_START.name]
+
+
+def split_bundle(bundle: DataFrame) -> dict[str, DataFrame]:
+    """The block-range tables of fetched bundles (`schemas.BUNDLE`), each in its schema."""
+    tables = {schemas.BLOCKS.name: bundle.select("block.*", *RANGE_KEYS)}
+    for table in schemas.NESTED_TABLES:
+        exploded = bundle.select(F.explode(table.name).alias("row"), *RANGE_KEYS)
+        tables[table.name] = exploded.select("row.*", *RANGE_KEYS)
+    return tables
+
+
+def table_path(root: str, table: Table) -> str:
+    return f"{root.rstrip('/')}/{table.name}"
+
+
+def write_table(frame: DataFrame, root: str, table: Table) -> None:
+    """Replace the partitions (node, block range) that `frame` has rows for; keep the rest."""
+    (
+        frame.select(*table.schema.names)
+        .write.mode("overwrite")
+        .option("partitionOverwriteMode", "dynamic")
+        .partitionBy(*(c.name for c in table.partition))
+        .parquet(table_path(root, table))
+    )
+
+
+def is_local_path(root: str) -> bool:
+    return "://" not in root or root.startswith("file://")
+
+
+def read_table(spark: SparkSession, root: str, table: Table) -> DataFrame:
+    """A table as written by the export, with its declared schema."""
+    path = table_path(root, table)
+    if is_local_path(root) and not Path(path.removeprefix("file://")).exists():
+        raise DataError(
+            f"{path} is missing: {root} is not a finished `pbft-etl export` (run the export "
+            "into it, again if it was interrupted)"
+        )
+    return spark.read.schema(table.schema).parquet(path)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Every exported table as a DataFrame."""
+
+    blocks: DataFrame
+    transactions: DataFrame
+    receipts: DataFrame
+    logs: DataFrame
+    commit_certificates: DataFrame
+    checkpoints: DataFrame
+    view_changes: DataFrame
+    evidence: DataFrame
+    export_manifest: DataFrame
+
+    @classmethod
+    def read(cls, spark: SparkSession, root: str) -> Dataset:
+        return cls(**{t.name: read_table(spark, root, t) for t in schemas.TABLES})

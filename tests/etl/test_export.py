@@ -1,0 +1,205 @@
+"""`pbft-etl export` (and then `audit`) against fake nodes on loopback that serve the test
+chain: tables and counts, resuming after an interrupted export, replacing a re-run range,
+retries, and the CLI's one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from cli.etl import main
+from spark_etl import schemas
+from spark_etl.errors import RpcError
+from spark_etl.export import plan_spans
+from spark_etl.rpc import JsonRpcClient, RetryPolicy
+from spark_etl.source import Span
+from spark_etl.tables import Dataset
+from tests.etl.chain_factory import ServedChain
+from tests.etl.conftest import etl
+from tests.etl.fake_node import FakeNode, serving
+
+FAST = ["--retries", "1"]
+
+
+@pytest.fixture
+def node(test_chain: ServedChain) -> Iterator[FakeNode]:
+    with serving(test_chain) as fake:
+        yield fake
+
+
+@pytest.fixture
+def other_node(test_chain: ServedChain) -> Iterator[FakeNode]:
+    with serving(test_chain) as fake:
+        yield fake
+
+
+def counts(spark: SparkSession, out: Path) -> dict[str, int]:
+    data = Dataset.read(spark, str(out))
+    return {t.name: getattr(data, t.name).count() for t in schemas.TABLES}
+
+
+def expected_counts(chain: ServedChain, nodes: int) -> dict[str, int]:
+    payloads = chain.payloads
+    per_node = {
+        "blocks": len(payloads),
+        "transactions": sum(len(p.block["transactions"]) for p in payloads),
+        "receipts": sum(len(p.receipts) for p in payloads),
+        "logs": sum(len(r["logs"]) for p in payloads for r in p.receipts),
+        "commit_certificates": sum(len(p.certificate["signers"]) for p in payloads
+                                   if p.certificate),
+        "checkpoints": sum(len(c["proof"]) for p in payloads for c in p.checkpoints),
+        "view_changes": sum(len(v["viewChanges"]) for v in chain.view_changes),
+        "evidence": len(chain.evidence),
+        "export_manifest": 6,  # ranges of 2 blocks: 0-1 .. 10
+    }
+    return {name: count * nodes for name, count in per_node.items()}
+
+
+@pytest.fixture(scope="module")
+def exported(spark: SparkSession, test_chain: ServedChain,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """The test chain exported from two fake nodes, and the export's stdout and stderr."""
+    out = tmp_path_factory.mktemp("export") / "out"
+    with serving(test_chain) as first, serving(test_chain) as second:
+        code = main(["export", "--rpc", f"{first.url},{second.url}", "--out", str(out),
+                     "--range-size", "2"])
+        assert code == 0
+    yield out
+
+
+def test_export_of_two_nodes_writes_every_row_once_and_the_audit_passes(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    test_chain: ServedChain, exported: Path,
+) -> None:
+    assert counts(spark, exported) == expected_counts(test_chain, nodes=2)
+    report = tmp_path / "report.json"
+    code, stdout, stderr = etl(capsys, "audit", "--data", str(exported), "--report", str(report))
+    assert code == 0, stdout + stderr
+    assert "no violations" in stdout
+    result = json.loads(report.read_text())
+    assert result["ok"] is True and result["violations"] == []
+    assert sorted(result["nodes"].values()) == [11, 11]
+    # 33 COMMITs, 6 CHECKPOINTs, 3 VIEW-CHANGEs and a NEW-VIEW, each recovered once for both
+    # nodes (the CHECKPOINTs nested in the VIEW-CHANGEs are the same messages)
+    assert result["signatures"] == 33 + 6 + 3 + 1
+
+
+def test_audit_against_another_validator_set_fails_listing_each_violation(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, test_chain: ServedChain,
+    exported: Path,
+) -> None:
+    validators = [*test_chain.validators.addresses[:3], "0x" + "ee" * 20]
+    trusted = tmp_path / "validators.txt"
+    trusted.write_text("\n".join(validators) + "\n")
+    report = tmp_path / "report.json"
+    code, stdout, _ = etl(capsys, "audit", "--data", str(exported), "--validators",
+                          str(trusted), "--report", str(report))
+    assert code == 1
+    result = json.loads(report.read_text())
+    lines = stdout.splitlines()
+    assert f"{len(result['violations'])} violation(s)" in lines[1]
+    assert len(lines) == 2 + len(result["violations"])
+    assert {"certificate-non-validator", "certificate-signature"} <= set(
+        result["violations_by_rule"])
+
+
+def test_interrupted_export_resumes_from_the_manifest(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    test_chain: ServedChain, node: FakeNode,
+) -> None:
+    out = tmp_path / "out"
+    node.fail_from = 9  # ranges of 2 blocks, 4 a wave: 0..7 are written, 8..10 fail
+    code, _, stderr = etl(capsys, "export", "--rpc", node.url, "--out", str(out),
+                          "--range-size", "2", *FAST)
+    assert code == 3 and "Traceback" not in stderr
+    error = stderr.splitlines()[-1]
+    assert re.search(f"error: blocks (8-9|10-10) from {node.url}: HTTP 503", error), error
+    assert spark.read.parquet(str(out / "blocks")).count() == 8
+    node.fail_from = None
+    node.fetched.clear()
+    code, stdout, stderr = etl(capsys, "export", "--rpc", node.url, "--out", str(out),
+                               "--range-size", "2")
+    assert code == 0, stderr
+    assert sorted(node.fetched) == [8, 9, 10]  # only what the manifest did not hold
+    assert "4 range(s) were already exported" in stdout
+    assert counts(spark, out) == expected_counts(test_chain, nodes=1)
+
+
+def test_rerunning_a_range_replaces_it(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    test_chain: ServedChain, node: FakeNode,
+) -> None:
+    out = tmp_path / "out"
+    args = ["export", "--rpc", node.url, "--out", str(out), "--range-size", "4"]
+    assert etl(capsys, *args, "--to", "5")[0] == 0  # range 4..7 holds 4 and 5
+    node.fetched.clear()
+    assert etl(capsys, *args)[0] == 0
+    assert sorted(node.fetched) == [4, 5, 6, 7, 8, 9, 10]  # range 4..7 again, whole
+    data = Dataset.read(spark, str(out))
+    numbers = [r["number"] for r in data.blocks.select("number").collect()]
+    assert sorted(numbers) == list(range(11))
+    assert data.transactions.count() == expected_counts(test_chain, 1)["transactions"]
+
+
+def test_plan_skips_what_the_manifest_holds_and_widens_partial_ranges() -> None:
+    done = {("a", 0): (0, 3), ("a", 4): (4, 5), ("b", 0): (2, 3)}
+    assert plan_spans(("a", "b"), 0, 9, 4, done) == [
+        Span("b", 0, 3, 0),
+        Span("a", 4, 7, 4),
+        Span("b", 4, 7, 4),
+        Span("a", 8, 9, 8),
+        Span("b", 8, 9, 8),
+    ]
+    assert plan_spans(("a",), 5, 5, 4, done) == []
+
+
+def test_client_retries_with_backoff_then_gives_up(node: FakeNode) -> None:
+    policy = RetryPolicy(attempts=3, backoff=0.01)
+    node.fail_next = 2
+    with JsonRpcClient(node.url, policy) as client:
+        assert client.call("eth_blockNumber") == "0xa"
+        assert node.requests == 3
+        node.fail_next = 3
+        with pytest.raises(RpcError, match="HTTP 503.*gave up after 3 attempts"):
+            client.call("eth_blockNumber")
+        with pytest.raises(RpcError, match="does not exist") as error:
+            client.call("eth_noSuchMethod")
+        assert not error.value.retriable
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["export", "--out", "x"], "the following arguments are required: --rpc"),
+        (["export", "--rpc", "ftp://node", "--out", "x"], "expected an http:// or https:// URL"),
+        (["export", "--rpc", "http://a,http://a", "--out", "x"], "a node is listed twice"),
+        (["export", "--rpc", "http://a", "--out", "x", "--from", "-1"], "is negative"),
+        (["audit", "--data", "/no/such/dir"], "no such directory"),
+        (["audit", "--data", ".", "--validators", "a", "--genesis", "b"], "not allowed with"),
+    ],
+)
+def test_usage_errors_are_one_line_with_exit_status_2(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code, _, stderr = etl(capsys, *args)
+    assert code == 2
+    assert stderr.count("\n") == 1 and message in stderr and stderr.startswith("pbft-etl: error")
+
+
+def test_a_range_beyond_the_head_and_an_unreachable_node_are_one_line_errors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, node: FakeNode
+) -> None:
+    code, _, stderr = etl(capsys, "export", "--rpc", node.url, "--out", str(tmp_path),
+                          "--to", "99")
+    assert (code, stderr.count("\n")) == (2, 1)
+    assert f"--to 99 is above the head 10 of {node.url}" in stderr
+    unreachable = node.url.rsplit(":", 1)[0] + ":1"
+    code, _, stderr = etl(capsys, "export", "--rpc", unreachable, "--out", str(tmp_path),
+                          "--retries", "0")
+    assert (code, stderr.count("\n")) == (3, 1)
+    assert "ConnectionRefusedError" in stderr and "is it a running PBFT node?" in stderr

@@ -1,0 +1,172 @@
+"""A hostile validator against three real nodes: validator 0's key in the hands of an attacker
+(its node is down; f = 1) sends malformed, forged, replayed, out-of-window and flooding
+messages on every channel. The nodes stay up, count each refusal in their metrics by reason,
+keep their memory bounded and keep committing."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import rlp
+from eth_utils import keccak
+from prometheus_client.parser import text_string_to_metric_families
+
+from chain.transport import Channel, Transport
+from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
+from pbft_engine.messages import (
+    Authenticator,
+    Checkpoint,
+    KeySigner,
+    KeyVerifier,
+    NewView,
+    Prepare,
+    PrePrepare,
+    Signed,
+    ViewChange,
+    WireMessage,
+    signing_hash,
+)
+from tests.integration.cluster import Cluster
+from tests.integration.conftest import wait_for
+from tests.integration.test_pbft_faults import FAST
+from tests.unit.test_rlp_depth import nested as nested_rlp
+
+pytestmark = pytest.mark.integration
+
+FLOOD = 3_000
+MAX_RSS_GROWTH = 64 * 1024 * 1024
+
+
+class Attacker:
+    """Signs as validator 0, or forges the ways a liar would."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.chain_id = cluster.description["chain_id"]
+        self.validators = cluster.validators
+        self.auth = Authenticator(self.chain_id, self.validators, KeyVerifier())
+        self.signer = KeySigner(dev_private_key(0, DEV_VALIDATOR_SEED).to_bytes())
+
+    def wire(self, body: object, blocks: tuple[bytes, ...] = ()) -> bytes:
+        return WireMessage(self.auth.sign(body, self.signer), blocks).encode()
+
+    def future_flood(self, view: int, seq_no: int) -> list[bytes]:
+        """Valid messages for ever later views: a replica keeps one per (sender, type, seqNo)."""
+        digest = keccak(b"a future block")
+        return [self.wire(Prepare(v, seq_no, digest, 0)) for v in range(view + 1, view + FLOOD)]
+
+    def engine_payloads(self, view: int, seq_no: int) -> dict[str, list[bytes]]:
+        """Each hostile engine message, by the drop reason a replica must count it under."""
+        digest = keccak(b"a block nobody proposed")
+        prepare = self.wire(Prepare(view, seq_no, digest, 0))
+        tampered = bytearray(prepare)
+        tampered[-70] ^= 0x01  # a byte of the body, after signing
+        unknown_type = rlp.decode(prepare)
+        unknown_type[0] = b"\x63"
+        foreign = Authenticator(self.chain_id + 1, self.validators, KeyVerifier())
+        stranger = KeySigner(keccak(b"not a validator"))
+        body = Prepare(view, seq_no, digest, 0)
+        checkpoint = Checkpoint(4, digest, digest, 0)
+        ours = view + 4 - view % 4  # a later view whose primary is validator 0
+        forged_view_change = ViewChange(ours, 4, (self.auth.sign(checkpoint, self.signer),),
+                                        (), (), 0)
+        lonely_new_view = NewView(ours, (self.auth.sign(forged_view_change, self.signer),),
+                                  (), 0)
+        return {
+            "MessageError": [b"\x00garbage", nested_rlp(50_000), rlp.encode(unknown_type)],
+            "SignatureError": [
+                bytes(tampered),
+                WireMessage(foreign.sign(Prepare(view, seq_no, digest, 0), self.signer)).encode(),
+                WireMessage(Signed(body, stranger.sign_hash(signing_hash(body, self.chain_id)))
+                            ).encode(),  # a non-validator's signature
+                self.wire(Prepare(view, seq_no, digest, 2)),  # claims to be replica 2
+            ],
+            "duplicate": [prepare] * FLOOD,
+            "outside the watermarks": [self.wire(Prepare(view, 10**9, digest, 0)),
+                                       self.wire(Prepare(2**64 - 2, 2**64 - 1, digest, 0))],
+            "pre-prepare not from the primary or without its block": [
+                self.wire(PrePrepare(view, seq_no, digest, 0), (b"block",))],
+            "view-change: CertificateError": [self.wire(forged_view_change)],
+            "new-view: CertificateError": [self.wire(lonely_new_view)],
+        }
+
+
+def metrics(cluster: Cluster, index: int) -> dict[str, float]:
+    with urllib.request.urlopen(cluster.nodes[index].node["metrics_url"], timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        sample.name + "|" + "|".join(sample.labels.values()): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def rss(cluster: Cluster, index: int) -> int:
+    process = cluster.nodes[index].process
+    assert process is not None
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    (line,) = [x for x in status.splitlines() if x.startswith("VmRSS:")]
+    return int(line.split()[1]) * 1024
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster.create(tmp_path, 4, *FAST)
+    try:
+        cluster.start(1, 2, 3)
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def test_hostile_validator_is_refused_and_counted(cluster: Cluster) -> None:
+    cluster.commit(via=1)  # node 0 is silent: view 1 (primary: node 1)
+    view, seq_no = cluster.status(1)["view"], cluster.status(1)["seqNo"] + 1
+    payloads = Attacker(cluster).engine_payloads(view, seq_no)
+    before = {i: metrics(cluster, i) for i in (1, 2, 3)}
+    memory = {i: rss(cluster, i) for i in (1, 2, 3)}
+    asyncio.run(_attack(cluster, payloads, Attacker(cluster).future_flood(view, seq_no)))
+    height = cluster.commit(via=2, sender=1)  # still committing, with node 0's key hostile
+    cluster.wait_heads([1, 2, 3], height)
+    for index in (1, 2, 3):
+        after = metrics(cluster, index)
+        for reason, sent in payloads.items():
+            key = f"pbft_dropped_messages_total|{reason}"
+            counted = after.get(key, 0) - before[index].get(key, 0)
+            least = len(sent) - 1 if reason == "duplicate" else len(sent)
+            assert counted >= least, (index, reason, counted)
+        assert rss(cluster, index) - memory[index] < MAX_RSS_GROWTH
+    cluster.assert_consistent()
+
+
+async def _attack(cluster: Cluster, payloads: dict[str, list[bytes]], flood: list[bytes]
+                  ) -> None:
+    async with cluster.impersonate(0) as attacker:
+        for messages in [*payloads.values(), flood]:
+            for peer in cluster.validators[1:]:
+                for message in messages:
+                    await _send(attacker, peer, Channel.ENGINE, message)
+        for peer in cluster.validators[1:]:  # the other channels: dropped, logged
+            for channel in (Channel.BLOCK_SYNC, Channel.TX_GOSSIP):
+                for junk in (b"", b"\xff" * 100, nested_rlp(10_000), rlp.encode([9, 9, 9])):
+                    await _send(attacker, peer, channel, junk)
+        expected = sum(len(m) for m in payloads.values())
+        await asyncio.to_thread(_wait_counted, cluster, expected)
+
+
+async def _send(transport: Transport, peer: bytes, channel: Channel, payload: bytes) -> None:
+    assert transport.send(peer, channel, payload), "the attack outgrew the send queue"
+    await asyncio.sleep(0)  # let the writer drain the queue as we go
+
+
+def _wait_counted(cluster: Cluster, expected: int) -> None:
+    def counted() -> bool:
+        return all(
+            sum(v for k, v in metrics(cluster, i).items()
+                if k.startswith("pbft_dropped_messages_total")) >= expected - 1
+            for i in (1, 2, 3))
+
+    wait_for(counted, 60, "every hostile message counted")
