@@ -87,6 +87,8 @@ def _testnet_init(args: argparse.Namespace) -> int:
             ("log_multiplier", args.log_multiplier),
             ("request_timeout", args.request_timeout),
             ("new_view_timeout", args.request_timeout),
+            ("new_view_timeout_cap",
+             None if args.request_timeout is None else max(30, args.request_timeout)),
         )
         if value is not None
     }

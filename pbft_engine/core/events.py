@@ -7,7 +7,7 @@ from enum import Enum
 
 
 class TimerKind(Enum):
-    REQUEST = "request"  # key: tx hash; a known transaction was not committed in time
+    REQUEST = "request"  # key: b""; known transactions waited a timeout with no progress
     NEW_VIEW = "new_view"  # key: view (8 bytes BE); no valid NEW-VIEW after N-f VIEW-CHANGEs
     VIEW_CHANGE_RESEND = "view_change_resend"  # key: view; resend our VIEW-CHANGE
     BLOCK_PERIOD = "block_period"  # key: b""; the primary may propose an empty block

@@ -164,6 +164,7 @@ class Replica:
         self.block_due = False
         self.halted = False
         self.new_view_timer_armed = False
+        self.request_timer_armed = False
         self.certs: dict[tuple[int, int], Slot] = {}  # cert_store, by (view, seqNo)
         self.block_store: dict[int, tuple[int, bytes, bytes]] = {}  # seqNo -> view, digest, block
         self.outstanding_blocks: dict[tuple[int, bytes], bytes] = {}
@@ -393,26 +394,37 @@ class Replica:
         if event.tx_hash in self.requests:
             return
         self.requests.add(event.tx_hash)
-        if self.active:
-            self._set_timer(TimerKind.REQUEST, event.tx_hash, self.params.request_timeout_ms)
+        if self.active and not self.request_timer_armed:
+            self._arm_request_timer()
         self._maybe_propose()
 
     def _on_request_dropped(self, event: RequestDropped) -> None:
-        self._forget_requests((event.tx_hash,))
+        self._forget_requests((event.tx_hash,), progress=False)
 
-    def _forget_requests(self, tx_hashes: Iterable[bytes]) -> None:
-        for tx_hash in tx_hashes:
-            if tx_hash in self.requests:
-                self.requests.discard(tx_hash)
-                self._out.append(CancelTimer(TimerKind.REQUEST, tx_hash))
+    def _forget_requests(self, tx_hashes: Iterable[bytes], progress: bool = True) -> None:
+        """Requests left the pool; those committed are progress, which restarts the timer
+        while others wait (Fabric v0.6's rule: one timer, reset on every execution, so a
+        long queue that the primary works through is not mistaken for a faulty primary)."""
+        before = len(self.requests)
+        self.requests.difference_update(tx_hashes)
+        if not self.requests:
+            self._cancel_request_timer()
+        elif progress and len(self.requests) < before and self.active:
+            self._arm_request_timer()
 
-    def _arm_request_timers(self) -> None:
-        for tx_hash in sorted(self.requests):
-            self._set_timer(TimerKind.REQUEST, tx_hash, self.params.request_timeout_ms)
+    def _arm_request_timer(self) -> None:
+        self.request_timer_armed = True
+        self._set_timer(TimerKind.REQUEST, b"", self.params.request_timeout_ms)
+
+    def _cancel_request_timer(self) -> None:
+        if self.request_timer_armed:
+            self.request_timer_armed = False
+            self._out.append(CancelTimer(TimerKind.REQUEST, b""))
 
     def _on_timer(self, event: TimerFired) -> None:
         if event.kind is TimerKind.REQUEST:
-            if event.key in self.requests and self.active:
+            self.request_timer_armed = False
+            if self.requests and self.active:
                 self._start_view_change(self.view + 1)
         elif event.kind is TimerKind.BLOCK_PERIOD:
             self.block_due = True
@@ -816,9 +828,7 @@ class Replica:
         """Leave the current view and send VIEW-CHANGE(view)."""
         if view <= self.view:
             return
-        if self.active:
-            for tx_hash in sorted(self.requests):
-                self._out.append(CancelTimer(TimerKind.REQUEST, tx_hash))
+        self._cancel_request_timer()
         self.view, self.active = view, False
         self.new_view_timer_armed = False
         self.building = None
@@ -959,7 +969,8 @@ class Replica:
                 (pre_prepare.body.seq_no, pre_prepare.body.digest)])
         self.seq_no = max([self.low_watermark, *(n for n, _ in plan.entries)])
         self._persist_meta()
-        self._arm_request_timers()
+        if self.requests:
+            self._arm_request_timer()
         replay = sorted((w for w in self.future.values() if w.signed.body.view == self.view),
                         key=lambda w: (w.signed.body.seq_no, w.signed.body.TYPE))
         self.future = {k: w for k, w in self.future.items() if w.signed.body.view > self.view}

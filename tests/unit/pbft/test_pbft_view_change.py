@@ -10,7 +10,16 @@ import pytest
 import rlp
 from eth_hash.auto import keccak
 
-from pbft_engine.core import Broadcast, MessageReceived, SetTimer, TimerFired, TimerKind
+from pbft_engine.core import (
+    BlockCommitted,
+    Broadcast,
+    CancelTimer,
+    MessageReceived,
+    RequestReceived,
+    SetTimer,
+    TimerFired,
+    TimerKind,
+)
 from pbft_engine.core.view_change import plan_new_view
 from pbft_engine.messages import (
     Authenticator,
@@ -135,7 +144,7 @@ def test_a_single_timed_out_replica_cannot_force_a_view_change() -> None:
     cluster = Cluster(4, request_timeout_ms=100_000)
     tx = keccak(b"waiting")
     cluster.submit(tx)
-    cluster.feed(3, TimerFired(TimerKind.REQUEST, tx))
+    cluster.feed(3, TimerFired(TimerKind.REQUEST, b""))
     assert cluster.nodes[3].replica.view == 1
     commit(cluster, tx_hashes(2), nodes=cluster.nodes[:3])
     assert all(node.replica.view == 0 and node.replica.active for node in cluster.nodes[:3])
@@ -184,3 +193,22 @@ def test_outstanding_transactions_proposed_again_without_duplicates() -> None:
     seen = Counter(tx for block in chain for tx in block_txs(block.block))
     assert all(seen[tx] == 1 for tx in txs)
     assert cluster.nodes[1].replica.view >= 1
+
+
+def test_the_request_timer_restarts_on_progress_so_a_long_queue_is_no_fault() -> None:
+    cluster = Cluster(4)
+    commit(cluster, tx_hashes(1))
+    replica = cluster.nodes[2].replica
+    first, second = tx_hashes(2, "queued")
+    timer = SetTimer(TimerKind.REQUEST, b"", cluster.params.request_timeout_ms)
+    assert timer in replica.step(RequestReceived(first))
+    assert timer not in replica.step(RequestReceived(second))  # a new arrival never resets it
+
+    def commit_next(*txs: bytes) -> list[object]:
+        replica.executing = replica.last_exec + 1
+        return replica.step(BlockCommitted(replica.executing, keccak(b"%d" % replica.executing),
+                                           keccak(b"root"), txs))
+
+    assert timer in commit_next(first)  # progress while `second` waits: the timer restarts
+    assert CancelTimer(TimerKind.REQUEST, b"") in commit_next(second)  # nothing waits
+    assert replica.view == 0 and replica.active
