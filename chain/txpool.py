@@ -124,7 +124,7 @@ class TxPool:
         replaced = queue.get(tx.nonce) if queue else None
         if replaced is not None:
             self._check_replacement(replaced.tx, tx)
-        elif tx.nonce > account_nonce + self.limits.max_nonce_gap:
+        elif tx.nonce > self._next_nonce(account_nonce, queue) + self.limits.max_nonce_gap:
             raise TxPoolError("nonce too high")
         entry = PoolEntry(tx, sender, size, next(self._arrivals))
         self._check_funds(entry, account_nonce, queue)
@@ -134,6 +134,15 @@ class TxPool:
         self._insert(entry)
         self._head_nonces[sender] = account_nonce
         return entry
+
+    @staticmethod
+    def _next_nonce(account_nonce: int, queue: dict[int, PoolEntry] | None) -> int:
+        """The nonce after the sender's run of pending transactions: the gap for future
+        nonces is counted from there, as geth does, so a long queue is not refused."""
+        nonce = account_nonce
+        while queue and nonce in queue:
+            nonce += 1
+        return nonce
 
     def _check_static(self, tx: SignedTransactionAPI) -> None:
         if tx.chain_id is None:

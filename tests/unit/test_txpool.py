@@ -279,3 +279,13 @@ def test_batches_reuse_the_nonce_read_at_admission_until_a_removal() -> None:
     accounts.nonces[address(ALICE)] = 1
     assert pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=10) == [second]
     assert accounts.nonce_reads == reads + 1
+
+
+def test_the_future_gap_counts_from_the_pending_run(pool: TxPool) -> None:
+    """Like geth: 200 pending in a row are fine; the 64-nonce gap starts after them."""
+    for n in range(200):
+        add(pool, tx(nonce=n, max_fee=GWEI, tip=1))
+    add(pool, tx(nonce=200 + 64, max_fee=GWEI, tip=1))  # held: a gap of 64
+    with pytest.raises(TxPoolError, match="nonce too high"):
+        add(pool, tx(nonce=200 + 65, max_fee=GWEI, tip=1))
+    assert len(pool) == 201
