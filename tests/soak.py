@@ -197,7 +197,7 @@ def soak(directory: Path, seconds: float, seed: int, min_faults: int = 0) -> Rep
         faults.heal()
         load.stop.set()
         generator.join(timeout=60)
-        _settle_all(cluster, load)
+        settle_all(cluster, load)
         report.acknowledged = len(load.acknowledged)
         report.committed = len(load.committed)
         report.lost = len(load.acknowledged - load.committed)
@@ -210,7 +210,7 @@ def soak(directory: Path, seconds: float, seed: int, min_faults: int = 0) -> Rep
     return report
 
 
-def _settle_all(cluster: Cluster, load: Load) -> None:
+def settle_all(cluster: Cluster, load: Load) -> None:
     """After the last fault: every acknowledged transaction committed on every node."""
     def settled() -> bool:
         for sender in range(SENDERS):

@@ -7,7 +7,16 @@ import pytest
 import rlp
 from eth_hash.auto import keccak
 
-from pbft_engine.core import FetchCommitted, PeerCommitted, StoreName
+from pbft_engine.core import (
+    FetchCommitted,
+    FetchFailed,
+    PeerCommitted,
+    RequestReceived,
+    SetTimer,
+    StoreName,
+    TimerFired,
+    TimerKind,
+)
 from pbft_engine.errors import MessageError
 from pbft_engine.messages import (
     Authenticator,
@@ -135,3 +144,17 @@ def test_certified_block_hash_refuses(fault: str) -> None:
     with pytest.raises(SyncError):
         certified_block_hash(block, certificate, number=number, validators=VALIDATORS,
                              chain_id=chain_id)
+
+
+def test_a_replica_catching_up_does_not_blame_the_primary_for_its_own_lag() -> None:
+    cluster = Cluster(4)
+    commit(cluster, tx_hashes(1))
+    replica = cluster.nodes[3].replica
+    replica.step(RequestReceived(keccak(b"waiting")))
+    replica.step(PeerCommitted(replica.last_exec + 5, b"\x02" * 32))
+    actions = replica.step(TimerFired(TimerKind.REQUEST, b""))
+    assert SetTimer(TimerKind.REQUEST, b"", cluster.params.request_timeout_ms) in actions
+    assert replica.view == 0 and replica.active
+    replica.step(FetchFailed(replica.last_exec + 5))  # caught up, or gave up: blame it now
+    replica.step(TimerFired(TimerKind.REQUEST, b""))
+    assert replica.view == 1 and not replica.active
