@@ -1,8 +1,8 @@
 """A real-process soak: 4 validators under continuous load while up to f = 1 of them is
-killed, stopped or restarted every few seconds; at the end every acknowledged transaction
-must be committed on every node (lost = 0) and the nodes must agree at every height
-(forks = 0). The load generator behaves like a correct client: a transaction not committed
-within a few seconds is re-sent to every live node.
+killed, stopped, restarted or cut off from its peers every few seconds; at the end every
+acknowledged transaction must be committed on every node (lost = 0) and the nodes must agree
+at every height (forks = 0). The load generator behaves like a correct client: a transaction
+not committed within a few seconds is re-sent to every live node.
 
     .venv/bin/python -m tests.soak --minutes 30            # the long run (README)
     .venv/bin/python -m tests.soak --minutes 1 --seed 7    # a short one (CI runs one)
@@ -29,12 +29,14 @@ from eth_account import Account
 
 from tests.integration.cluster import GWEI, Cluster, rpc
 from tests.integration.conftest import wait_for
+from tests.integration.partition import Partitions
 
 SENDERS = 8  # dev accounts 0-7 send; account 9 receives
 IN_FLIGHT = 4  # unconfirmed transactions per sender
 RESEND_AFTER = 5.0  # seconds without a receipt before re-sending to every live node
 FAULT_EVERY = (2.0, 5.0)  # seconds between fault actions
 POLL = 0.05  # the load generator's round: send what the in-flight bound allows, poll receipts
+KINDS = ("kill", "term", "stop", "isolate")  # each once, in random order, per cycle of faults
 FAST = ("--checkpoint-interval", "5", "--log-multiplier", "2", "--request-timeout", "1")
 
 
@@ -129,25 +131,34 @@ class Load:
 
 
 class Faults:
-    """At most one node faulty at a time: kill -9 then restart, or SIGSTOP then SIGCONT."""
+    """At most one node faulty at a time: kill -9 or SIGTERM then restart, SIGSTOP then
+    SIGCONT, or cut off from its peers (still running, still reachable by clients) then
+    reconnected."""
 
-    def __init__(self, cluster: Cluster, load: Load, rng: random.Random, report: Report
-                 ) -> None:
+    def __init__(self, cluster: Cluster, partitions: Partitions, load: Load,
+                 rng: random.Random, report: Report) -> None:
         self.cluster = cluster
+        self.partitions = partitions
         self.load = load
         self.rng = rng
         self.report = report
         self.faulty: tuple[int, str] | None = None
+        self.kinds: list[str] = []
 
     def step(self) -> None:
         if self.faulty is None:
-            node, kind = self.rng.randrange(4), self.rng.choice(["kill", "stop", "term"])
+            if not self.kinds:
+                self.kinds = self.rng.sample(KINDS, len(KINDS))
+            node, kind = self.rng.randrange(4), self.kinds.pop()
             process = self.cluster.nodes[node].process
             assert process is not None
-            self.load.down.add(node)
-            if kind == "stop":
+            if kind == "isolate":
+                self.partitions.isolate(node)
+            elif kind == "stop":
+                self.load.down.add(node)
                 process.send_signal(signal.SIGSTOP)
             else:
+                self.load.down.add(node)
                 self.cluster.stop(node, signal.SIGKILL if kind == "kill" else signal.SIGTERM)
             self.faulty = (node, kind)
             self.report.faults[kind] = self.report.faults.get(kind, 0) + 1
@@ -158,7 +169,9 @@ class Faults:
         if self.faulty is None:
             return
         node, kind = self.faulty
-        if kind == "stop":
+        if kind == "isolate":
+            self.partitions.heal(node)
+        elif kind == "stop":
             process = self.cluster.nodes[node].process
             assert process is not None
             process.send_signal(signal.SIGCONT)
@@ -182,13 +195,15 @@ def soak(directory: Path, seconds: float, seed: int, min_faults: int = 0) -> Rep
     rng = random.Random(seed)
     report = Report()
     cluster = Cluster.create(directory, 4, *FAST)
+    partitions = Partitions()
     started = time.monotonic()
     try:
+        partitions.install(cluster)
         cluster.start()
         load = Load(cluster, random.Random(seed + 1))
         generator = threading.Thread(target=load.run, daemon=True)
         generator.start()
-        faults = Faults(cluster, load, rng, report)
+        faults = Faults(cluster, partitions, load, rng, report)
         deadline = started + seconds
         schedule = threading.Event()  # never set: its wait() paces the fault schedule
         while time.monotonic() < deadline or sum(report.faults.values()) < min_faults:
@@ -206,6 +221,7 @@ def soak(directory: Path, seconds: float, seed: int, min_faults: int = 0) -> Rep
         cluster.assert_consistent()
     finally:
         cluster.close()
+        partitions.close()
     report.seconds = round(time.monotonic() - started, 1)
     return report
 

@@ -1,0 +1,121 @@
+"""Network isolation of real node processes: every validator link goes through a TCP proxy.
+
+`Partitions.install(cluster)` gives each directed pair (i dials j) its own proxy on loopback
+and rewrites node i's configured peers to dial j through it, so every connection between two
+nodes crosses exactly one proxy. `isolate(k)` closes every connection of node k and refuses
+new ones (the node keeps running, its timers fire, its clients can still reach it);
+`heal(k)` lets it connect again. The proxies run on an asyncio loop in a daemon thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tests.integration.cluster import Cluster
+from tests.integration.conftest import free_port_range
+
+T = TypeVar("T")
+CHUNK = 65536
+
+
+class LinkProxy:
+    """Forwards connections from a loopback port to one node's p2p port, unless cut."""
+
+    def __init__(self, target: tuple[str, int], ends: frozenset[int]) -> None:
+        self.target = target
+        self.ends = ends  # the two nodes this link joins
+        self.cut = False
+        self.server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self, port: int) -> None:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", port)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.drop_connections()
+
+    def drop_connections(self) -> None:
+        for writer in list(self._writers):
+            writer.transport.abort()  # a reset, as when a network path dies
+        self._writers.clear()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut:
+            writer.transport.abort()
+            return
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers |= {writer, upstream_writer}
+        await asyncio.gather(self._pipe(reader, upstream_writer),
+                             self._pipe(upstream_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(CHUNK):
+                writer.write(data)
+                await writer.drain()
+        self._writers.discard(writer)
+        writer.transport.abort()
+
+
+class Partitions:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.links: list[LinkProxy] = []
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result(timeout=30)
+
+    def install(self, cluster: Cluster) -> None:
+        """Put a proxy on every link; call before the nodes start."""
+        count = len(cluster.nodes)
+        base = free_port_range(count * count)
+        for i, node in enumerate(cluster.nodes):
+            config = Path(node.node["command"][-1])
+            text = config.read_text()
+            for j in range(count):
+                if i == j:
+                    continue
+                link = LinkProxy(cluster.endpoint(j), frozenset((i, j)))
+                self._run(link.start(base + i * count + j))
+                self.links.append(link)
+                text = text.replace(f'@{cluster.nodes[j].node["p2p"]}"',
+                                    f'@127.0.0.1:{base + i * count + j}"')
+            config.write_text(text)
+
+    def isolate(self, index: int) -> None:
+        self._set_cut(index, True)
+
+    def heal(self, index: int) -> None:
+        self._set_cut(index, False)
+
+    def _set_cut(self, index: int, cut: bool) -> None:
+        async def apply() -> None:
+            for link in self.links:
+                if index in link.ends:
+                    link.cut = cut
+                    if cut:
+                        link.drop_connections()
+
+        self._run(apply())
+
+    def close(self) -> None:
+        async def stop_all() -> None:
+            for link in self.links:
+                await link.stop()
+
+        self._run(stop_all())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
