@@ -22,6 +22,7 @@ from chain.errors import NodeError, TxPoolError
 from chain.genesis import Genesis, load_genesis_bytes
 from chain.metrics import CallbackCollector, MetricsServer, NodeMetrics, labelled_counter
 from chain.registry import available_engines, load_engine_class
+from chain.rpc.limits import RpcLimits
 from chain.transport import Channel, Transport
 from chain.txpool import AccountReader, PoolLimits, TxPool, decode_raw_transaction
 from storage import Database, Keyspace, WriteBatch
@@ -47,7 +48,8 @@ class NodeConfig:
     cors_origins: tuple[str, ...] = ()
     max_block_transactions: int = 1_000
     pool_limits: PoolLimits = field(default_factory=PoolLimits)
-    rpc_gas_cap: int = 50_000_000
+    rpc_gas_cap: int = 50_000_000  # geth's RPCGasCap: eth_call and eth_estimateGas
+    rpc_limits: RpcLimits = field(default_factory=RpcLimits)
     metrics_addr: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no metrics server
 

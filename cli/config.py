@@ -12,6 +12,14 @@ addr = "127.0.0.1"
 port = 8545
 hosts = ["localhost", "127.0.0.1"]   # Host header allowlist ("*" for any)
 corsdomain = []                      # browser origins allowed (none by default)
+max_connections = 256                # HTTP and WebSocket together; 503 beyond
+max_request_bytes = 5242880          # a request body; 413 beyond
+read_timeout = 30                    # seconds to send a request body; 408 beyond
+idle_timeout = 120                   # seconds a connection may wait between requests
+[rpc]
+batch_request_limit = 1000           # calls in one batch
+batch_response_max_size = 25000000   # bytes of one batch's answers; the rest get an error
+gascap = 50000000                    # gas for eth_call and eth_estimateGas
 [metrics]                            # Prometheus metrics; off unless a port is set
 addr = "127.0.0.1"
 port = 6060
@@ -22,13 +30,16 @@ level = "info"
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from eth_keys.datatypes import PrivateKey
 
 from chain.node import NodeConfig
+from chain.rpc.limits import RpcLimits
 from cli.errors import CliError
 from cli.keys import list_keyfiles, read_password, unlock_keyfile
 
@@ -47,8 +58,24 @@ FLAG_KEYS = {
     "log_level": ("log", "level"),
     "metrics_addr": ("metrics", "addr"),
     "metrics_port": ("metrics", "port"),
+    "http_max_connections": ("http", "max_connections"),
+    "http_max_request_bytes": ("http", "max_request_bytes"),
+    "http_read_timeout": ("http", "read_timeout"),
+    "http_idle_timeout": ("http", "idle_timeout"),
+    "rpc_batch_request_limit": ("rpc", "batch_request_limit"),
+    "rpc_batch_response_max_size": ("rpc", "batch_response_max_size"),
+    "rpc_gascap": ("rpc", "gascap"),
 }
 PATH_SETTINGS = ("datadir", "keystore", "password_file")
+# flag -> RpcLimits field ("batch." for BatchLimits), and its type
+RPC_LIMIT_SETTINGS: tuple[tuple[str, str, type[int] | type[float]], ...] = (
+    ("http_max_connections", "max_connections", int),
+    ("http_max_request_bytes", "max_body_bytes", int),
+    ("http_read_timeout", "read_timeout", float),
+    ("http_idle_timeout", "idle_timeout", float),
+    ("rpc_batch_request_limit", "batch.max_items", int),
+    ("rpc_batch_response_max_size", "batch.max_response_bytes", int),
+)
 
 
 def load_config_file(path: str) -> dict[str, Any]:
@@ -115,6 +142,35 @@ def parse_peers(value: Any) -> dict[bytes, tuple[str, int]]:
     return peers
 
 
+def _positive(value: Any, what: str, kind: type[int] | type[float] = int) -> Any:
+    """A positive int (kind=float: a positive number of seconds) from a flag or the file."""
+    number: int | float | None = None
+    if not isinstance(value, bool) and not (kind is int and isinstance(value, float)):
+        with contextlib.suppress(TypeError, ValueError):
+            number = kind(value)
+    if number is None or number <= 0:
+        unit = "a positive number of seconds" if kind is float else "a positive integer"
+        raise CliError(f"{what} must be {unit}, got {value!r}")
+    return number
+
+
+def _rpc_limits(settings: dict[str, Any]) -> RpcLimits:
+    """[http] and [rpc] limits over the defaults (geth's where geth has one)."""
+    limits = RpcLimits()
+    batch = limits.batch
+    for flag, field_name, kind in RPC_LIMIT_SETTINGS:
+        value = settings[flag]
+        if value is None:
+            continue
+        section, key = FLAG_KEYS[flag]
+        number = _positive(value, f"{section}.{key}", kind)
+        if field_name.startswith("batch."):
+            batch = replace(batch, **{field_name.removeprefix("batch."): number})
+        else:
+            limits = replace(limits, **{field_name: number})
+    return replace(limits, batch=batch)
+
+
 def _validator_key(settings: dict[str, Any]) -> PrivateKey | None:
     if not settings["keystore"]:
         return None
@@ -148,4 +204,7 @@ def node_config(settings: dict[str, Any]) -> NodeConfig:
         config.host_allowlist = _split(settings["http_hosts"])
     if settings["http_corsdomain"] is not None:
         config.cors_origins = _split(settings["http_corsdomain"])
+    if settings["rpc_gascap"] is not None:
+        config.rpc_gas_cap = _positive(settings["rpc_gascap"], "rpc.gascap")
+    config.rpc_limits = _rpc_limits(settings)
     return config

@@ -171,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics.port", dest="metrics_port", type=int,
                      help="serve Prometheus metrics on this port (off by default)")
     run.add_argument("--log.level", dest="log_level", help="debug, info, warning or error")
+    run.add_argument("--http.max-connections", dest="http_max_connections", type=int,
+                     help="HTTP and WebSocket connections at once (256)")
+    run.add_argument("--rpc.batch-request-limit", dest="rpc_batch_request_limit", type=int,
+                     help="calls in one JSON-RPC batch (1000)")
+    run.add_argument("--rpc.batch-response-max-size", dest="rpc_batch_response_max_size",
+                     type=int, help="bytes of one batch's answers (25000000)")
+    run.add_argument("--rpc.gascap", dest="rpc_gascap", type=int,
+                     help="gas for eth_call and eth_estimateGas (50000000)")
     run.set_defaults(handler=_run)
 
     testnet = commands.add_parser("testnet", help="a local cluster of nodes")

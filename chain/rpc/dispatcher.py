@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import re
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from chain.rpc.errors import (
@@ -26,15 +25,10 @@ from chain.rpc.errors import (
     RpcError,
 )
 from chain.rpc.eth import Method
+from chain.rpc.limits import BatchLimits
 from chain.rpc.subscriptions import Subscriptions
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BatchLimits:
-    max_items: int = 1_000  # geth's BatchRequestLimit
-    max_response_bytes: int = 25 * 1000 * 1000  # geth's BatchResponseMaxSize
 
 
 # Arrays and objects nested deeper are refused before parsing: the C decoder recurses on the

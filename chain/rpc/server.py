@@ -1,9 +1,9 @@
 """The JSON-RPC server: HTTP POST and WebSocket on one port (aiohttp).
 
-Every limit is in `RpcLimits` (geth's defaults where geth has one). The Host header must be
-in the allowlist; a request carrying a browser Origin is refused unless CORS allows that
-origin. HTTP-level refusals are plain-text answers with a status; everything that reaches the
-dispatcher gets a JSON-RPC answer.
+Every limit is in `RpcLimits` (chain/rpc/limits.py; set in the node's config). The Host
+header must be in the allowlist; a request carrying a browser Origin is refused unless CORS
+allows that origin. HTTP-level refusals are plain-text answers with a status; everything
+that reaches the dispatcher gets a JSON-RPC answer.
 """
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from chain.rpc.dispatcher import BatchLimits, Dispatcher
+from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.eth import EthApi
 from chain.rpc.subscriptions import Subscriptions
 
@@ -35,24 +34,6 @@ BUSY_RESPONSE = (
 )
 BUSY_LINGER_SECONDS = 1.0
 CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
-
-
-@dataclass(frozen=True)
-class RpcLimits:
-    """What one client can make the server hold. Header sizes are aiohttp's (request line and
-    each header up to 8190 bytes, at most 128 headers: 400 beyond)."""
-
-    max_body_bytes: int = 5 * 1024 * 1024  # geth's 5 MiB: 413 beyond
-    batch: BatchLimits = field(default_factory=BatchLimits)
-    read_timeout: float = 30.0  # the whole body, as geth's ReadTimeout: 408 beyond
-    idle_timeout: float = 120.0  # a connection without a request (headers too), geth's IdleTimeout
-    max_connections: int = 256  # HTTP and WebSocket together: 503 beyond
-    # After refusing a body (408, 413) the rest is read and dropped this long, so the client
-    # reads the answer rather than a reset; the connection holds its slot meanwhile.
-    linger_time: float = 2.0
-
-
-DEFAULT_LIMITS = RpcLimits()
 
 
 class _HttpErrorLog(logging.LoggerAdapter):
@@ -94,10 +75,10 @@ def _closing(status: int, text: str) -> web.Response:
 
 
 class RpcServer:
-    def __init__(self, node: Node, limits: RpcLimits | None = None) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
-        self.limits = limits or DEFAULT_LIMITS
         config = node.config
+        self.limits = config.rpc_limits
         self.host_allowlist = {h.lower() for h in config.host_allowlist}
         self.cors_origins = set(config.cors_origins)
         methods = EthApi(node).methods()

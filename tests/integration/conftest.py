@@ -146,14 +146,13 @@ def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str) -> dict
     return json.loads((directory / "testnet.json").read_text())
 
 
-def run_dev_node(directory: Path, program: list[str] | None = None) -> Iterator[RunningNode]:
+def run_dev_node(directory: Path, http_settings: str = "") -> Iterator[RunningNode]:
     """A one-validator dev testnet in `directory`, its node running until the generator is
-    resumed, then stopped cleanly. `program` replaces `python -m cli.node` in its command."""
+    resumed, then stopped cleanly. `http_settings` (TOML lines) go into its config's [http]."""
     description = make_testnet(directory)
-    entry = dict(description["nodes"][0])
-    if program is not None:
-        assert entry["command"][1:3] == ["-m", "cli.node"], entry["command"]
-        entry["command"] = [*program, *entry["command"][3:]]
+    entry = description["nodes"][0]
+    config = Path(entry["command"][-1])
+    config.write_text(config.read_text().replace("[http]\n", f"[http]\n{http_settings}\n"))
     node = RunningNode(description, entry, directory / "node0.log")
     node.start()
     yield node

@@ -1,8 +1,8 @@
 """Hostile JSON-RPC input against a real dev node: each gets the right HTTP status or JSON-RPC
 error, and the node keeps serving (every test ends by asking it for eth_blockNumber).
 
-HTTP-level cases go over raw asyncio sockets; the node runs with short read and idle
-timeouts (tests/integration/short_timeouts_node.py). What test_rpc_api.py and
+HTTP-level cases go over raw asyncio sockets; the node's config sets short read and idle
+timeouts and a small connection bound (the [http] section). What test_rpc_api.py and
 test_transactions.py already cover (GET/PUT, 415, a 6 MiB body, a Host or Origin refused,
 `{not json`, `[]`, 1,001 calls, wrong chain id, "already known", "exceeds block gas limit") is
 not repeated here.
@@ -15,10 +15,8 @@ import contextlib
 import gzip
 import json
 import re
-import sys
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,14 +27,13 @@ from aiohttp import WSCloseCode, WSMsgType
 from eth_account import Account
 from web3 import Web3
 
-from chain.rpc.dispatcher import BatchLimits
-from chain.rpc.server import RpcLimits
+from chain.rpc.limits import BatchLimits, RpcLimits
 from chain.rpc.subscriptions import MAX_SUBSCRIPTIONS_PER_CONNECTION
 from chain.txpool import PoolLimits
 from tests.integration.conftest import RunningNode, run_dev_node, wait_for
-from tests.integration.short_timeouts_node import IDLE_TIMEOUT, READ_TIMEOUT
 
-LIMITS = RpcLimits()
+LIMITS = RpcLimits(read_timeout=1.0, idle_timeout=3.0, max_connections=32)
+READ_TIMEOUT, IDLE_TIMEOUT = LIMITS.read_timeout, LIMITS.idle_timeout
 MAX_BODY = LIMITS.max_body_bytes
 EXCHANGE_DEADLINE = 20.0
 GWEI = 10**9
@@ -48,9 +45,10 @@ INTERNAL_ERROR = -32603
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
-    launcher = Path(__file__).with_name("short_timeouts_node.py")
     yield from run_dev_node(
-        tmp_path_factory.mktemp("rpc-hardening"), [sys.executable, str(launcher)]
+        tmp_path_factory.mktemp("rpc-hardening"),
+        f"read_timeout = {READ_TIMEOUT}\nidle_timeout = {IDLE_TIMEOUT}\n"
+        f"max_connections = {LIMITS.max_connections}",
     )
 
 

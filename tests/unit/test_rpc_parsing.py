@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from chain.rpc.dispatcher import MAX_JSON_DEPTH, BatchLimits, Dispatcher, decode_json
+from chain.rpc.dispatcher import MAX_JSON_DEPTH, Dispatcher, decode_json
 from chain.rpc.errors import InvalidParams
 from chain.rpc.hexcodec import MAX_UINT256, parse_data, parse_quantity
+from chain.rpc.limits import BatchLimits
 
 
 @pytest.mark.parametrize(

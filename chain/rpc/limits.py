@@ -1,0 +1,27 @@
+"""What one JSON-RPC client can make the node hold: geth's defaults where geth has one, set
+in the `[http]` and `[rpc]` sections of the node's config (cli/config.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_items: int = 1_000  # geth's BatchRequestLimit
+    max_response_bytes: int = 25 * 1000 * 1000  # geth's BatchResponseMaxSize
+
+
+@dataclass(frozen=True)
+class RpcLimits:
+    """Header sizes are aiohttp's (request line and each header up to 8190 bytes, at most 128
+    headers: 400 beyond)."""
+
+    max_body_bytes: int = 5 * 1024 * 1024  # geth's 5 MiB: 413 beyond
+    batch: BatchLimits = field(default_factory=BatchLimits)
+    read_timeout: float = 30.0  # the whole body, as geth's ReadTimeout: 408 beyond
+    idle_timeout: float = 120.0  # a connection without a request (headers too), geth's IdleTimeout
+    max_connections: int = 256  # HTTP and WebSocket together: 503 beyond
+    # After refusing a body (408, 413) the rest is read and dropped this long, so the client
+    # reads the answer rather than a reset; the connection holds its slot meanwhile.
+    linger_time: float = 2.0

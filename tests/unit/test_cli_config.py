@@ -1,0 +1,58 @@
+"""`pbft-node run` settings: the RPC limits from the config file and flags."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from chain.rpc.limits import BatchLimits, RpcLimits
+from cli.config import FLAG_KEYS, node_config, resolve_settings
+from cli.errors import CliError
+
+
+def _settings(tmp_path: Path, toml: str, **flags: object) -> dict[str, object]:
+    config = tmp_path / "node.toml"
+    config.write_text('datadir = "data"\n' + toml)
+    args = argparse.Namespace(config=str(config), **{f: None for f in FLAG_KEYS})
+    for name, value in flags.items():
+        setattr(args, name, value)
+    return resolve_settings(args)
+
+
+def test_rpc_limits_come_from_the_file_and_flags_win(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, """
+[http]
+max_connections = 16
+max_request_bytes = 1024
+read_timeout = 1.5
+idle_timeout = 3
+[rpc]
+batch_request_limit = 10
+batch_response_max_size = 2000
+gascap = 100000
+""", rpc_batch_request_limit=20)
+    config = node_config(settings)
+    assert config.rpc_limits == RpcLimits(
+        max_body_bytes=1024, batch=BatchLimits(max_items=20, max_response_bytes=2000),
+        read_timeout=1.5, idle_timeout=3.0, max_connections=16)
+    assert config.rpc_gas_cap == 100_000
+
+
+def test_without_settings_the_limits_are_the_defaults(tmp_path: Path) -> None:
+    config = node_config(_settings(tmp_path, ""))
+    assert config.rpc_limits == RpcLimits()
+    assert config.rpc_gas_cap == 50_000_000
+
+
+@pytest.mark.parametrize(("toml", "message"), [
+    ("[http]\nmax_connections = 0", "http.max_connections must be a positive integer, got 0"),
+    ("[http]\nread_timeout = \"soon\"",
+     "http.read_timeout must be a positive number of seconds, got 'soon'"),
+    ("[rpc]\nbatch_request_limit = 1.5", "rpc.batch_request_limit must be a positive integer"),
+    ("[rpc]\ngascap = true", "rpc.gascap must be a positive integer, got True"),
+])
+def test_a_bad_limit_is_a_one_line_error(tmp_path: Path, toml: str, message: str) -> None:
+    with pytest.raises(CliError, match=message.replace(".", r"\.")):
+        node_config(_settings(tmp_path, toml))
