@@ -14,6 +14,7 @@ from typing import Any
 from chain.engine import ConsensusEngine, EngineContext, TimerHandle
 from chain.errors import EngineError, GenesisError
 from chain.genesis import parse_address, parse_quantity
+from storage import StorageWriteError
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ class DevEngine(ConsensusEngine):
                 try:
                     executed = await self.context.build_block(coinbase=self.coinbase)
                     await self.context.commit_block(executed)
+                except StorageWriteError:
+                    return  # the database reported it; the node is stopping
                 except Exception:
                     log.exception("dev engine: sealing failed")
                     break

@@ -54,15 +54,19 @@ def _init(args: argparse.Namespace) -> int:
 
 
 async def _serve(node: Node) -> None:
+    """Run until SIGINT or SIGTERM, or until a database write fails (raised after stopping)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await node.start()
     try:
-        await stop.wait()
+        await asyncio.wait([loop.create_task(stop.wait()), node.failed],
+                           return_when=asyncio.FIRST_COMPLETED)
     finally:
         await node.stop()
+    if node.failed.done():
+        raise node.failed.result()
 
 
 def _run(args: argparse.Namespace) -> int:

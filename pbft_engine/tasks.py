@@ -8,6 +8,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from storage import StorageWriteError
+
 log = logging.getLogger(__name__)
 
 
@@ -22,9 +24,11 @@ class BackgroundTasks:
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         what = self._tasks.pop(task, "task")
-        if not task.cancelled() and task.exception() is not None:
-            # The replica keeps waiting for the reply; its timers lead to a view change.
-            log.error("pbft %s failed", what, exc_info=task.exception())
+        error = None if task.cancelled() else task.exception()
+        # A failed database write was reported by the database and stops the node. Otherwise
+        # the replica keeps waiting for the reply; its timers lead to a view change.
+        if error is not None and not isinstance(error, StorageWriteError):
+            log.error("pbft %s failed", what, exc_info=error)
 
     async def cancel_all(self) -> None:
         tasks = list(self._tasks)

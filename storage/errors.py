@@ -7,3 +7,7 @@ class StorageError(Exception):
 
 class DataDirLockedError(StorageError):
     """The data directory is held by another process."""
+
+
+class StorageWriteError(StorageError):
+    """A write failed (a full disk, lost permissions, an I/O error); the node must stop."""

@@ -8,13 +8,13 @@ the chain and to the consensus stores lands on disk all at once or not at all.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
 import plyvel
 
-from storage.errors import DataDirLockedError, StorageError
+from storage.errors import DataDirLockedError, StorageError, StorageWriteError
 
 
 def _prefix_end(prefix: bytes) -> bytes | None:
@@ -25,16 +25,34 @@ def _prefix_end(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
+def _reason(exc: plyvel.Error) -> str:
+    """LevelDB's status message (plyvel passes it as bytes)."""
+    if exc.args and isinstance(exc.args[0], bytes):
+        return exc.args[0].decode(errors="replace")
+    return str(exc)
+
+
 class Database:
-    """One LevelDB database in `path`, opened (and created if missing) for this process only."""
+    """One LevelDB database in `path`, opened (and created if missing) for this process only.
+
+    A failed write raises StorageWriteError and is reported to `on_write_error` (from whichever
+    thread wrote): LevelDB refuses every later write, so the node should stop. Each batch is
+    atomic, so what was written before the failure stays whole.
+    """
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         self.path = Path(path)
+        self.on_write_error: Callable[[StorageWriteError], None] = lambda error: None
         try:
             if create:
                 self.path.mkdir(parents=True, exist_ok=True)
             self._db = plyvel.DB(str(self.path), create_if_missing=create)
         except plyvel.IOError as exc:
+            if "permission denied" in str(exc).lower():
+                raise StorageError(
+                    f"cannot open database in {self.path}: permission denied; the node's user "
+                    f"needs read and write access to {self.path} and everything in it"
+                ) from None
             if "lock" in str(exc).lower():
                 raise DataDirLockedError(
                     f"data directory {self.path} is in use by another process; "
@@ -42,10 +60,8 @@ class Database:
                 ) from None
             raise StorageError(f"cannot open database in {self.path}: {exc}") from None
         except plyvel.Error as exc:
-            reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(
-                exc.args[0], bytes) else str(exc)
             raise StorageError(
-                f"cannot open database in {self.path}: {reason}; the database is damaged: "
+                f"cannot open database in {self.path}: {_reason(exc)}; the database is damaged: "
                 f"move {self.path} aside, run `pbft-node init --genesis GENESIS --datadir "
                 f"{self.path.parent}` and start the node (a validator re-syncs from its "
                 "peers), or restore a backup"
@@ -54,6 +70,16 @@ class Database:
             raise StorageError(
                 f"cannot create data directory {self.path}: {exc.strerror}"
             ) from None
+
+    def write_failed(self, exc: plyvel.Error) -> StorageWriteError:
+        """The error for a failed write, reported to `on_write_error` first."""
+        error = StorageWriteError(
+            f"cannot write to the database in {self.path}: {_reason(exc)}; free space on its "
+            "disk (or give the node's user write access) and restart the node: every block "
+            "committed before this is on disk"
+        )
+        self.on_write_error(error)
+        return error
 
     @property
     def closed(self) -> bool:
@@ -97,10 +123,16 @@ class Keyspace:
         return self._db.get(self.prefix + key) is not None
 
     def put(self, key: bytes, value: bytes, *, sync: bool = False) -> None:
-        self._db.put(self.prefix + key, value, sync=sync)
+        try:
+            self._db.put(self.prefix + key, value, sync=sync)
+        except plyvel.Error as exc:
+            raise self.database.write_failed(exc) from None
 
     def delete(self, key: bytes, *, sync: bool = False) -> None:
-        self._db.delete(self.prefix + key, sync=sync)
+        try:
+            self._db.delete(self.prefix + key, sync=sync)
+        except plyvel.Error as exc:
+            raise self.database.write_failed(exc) from None
 
     def items(
         self,
@@ -126,6 +158,7 @@ class WriteBatch:
     """Puts and deletes across keyspaces, applied atomically (and synced when asked)."""
 
     def __init__(self, database: Database, *, sync: bool) -> None:
+        self.database = database
         self._batch = database._db.write_batch(transaction=True, sync=sync)
 
     def put(self, keyspace: Keyspace, key: bytes, value: bytes) -> None:
@@ -147,9 +180,6 @@ class WriteBatch:
             count += 1
         return count
 
-    def write(self) -> None:
-        self._batch.write()
-
     def __enter__(self) -> WriteBatch:
         return self
 
@@ -160,4 +190,7 @@ class WriteBatch:
         tb: TracebackType | None,
     ) -> None:
         # plyvel's transaction batch writes on a clean exit and discards on an exception.
-        self._batch.__exit__(exc_type, exc, tb)
+        try:
+            self._batch.__exit__(exc_type, exc, tb)
+        except plyvel.Error as error:
+            raise self.database.write_failed(error) from None
