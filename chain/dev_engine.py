@@ -14,7 +14,7 @@ from typing import Any
 from chain.engine import ConsensusEngine, EngineContext, TimerHandle
 from chain.errors import EngineError, GenesisError
 from chain.genesis import parse_address, parse_quantity
-from storage import StorageWriteError
+from storage import StorageFailure
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class DevEngine(ConsensusEngine):
                 try:
                     executed = await self.context.build_block(coinbase=self.coinbase)
                     await self.context.commit_block(executed)
-                except StorageWriteError:
+                except StorageFailure:
                     return  # the database reported it; the node is stopping
                 except Exception:
                     log.exception("dev engine: sealing failed")

@@ -25,7 +25,7 @@ from chain.registry import available_engines, load_engine_class
 from chain.rpc.limits import RpcLimits
 from chain.transport import Channel, Transport
 from chain.txpool import AccountReader, PoolLimits, TxPool, decode_raw_transaction
-from storage import Database, Keyspace, StorageWriteError, WriteBatch
+from storage import Database, Keyspace, StorageFailure, WriteBatch
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,10 @@ class _LoopTimer(TimerHandle):
         self._handle.cancel()
 
 
-def _quiet_write_failures(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """A callback that failed on a database write needs no traceback: the database reported
-    it and the node is stopping. Anything else is logged as asyncio would."""
-    if not isinstance(context.get("exception"), StorageWriteError):
+def _quiet_storage_failures(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A callback that failed on the database needs no traceback: the database reported it
+    and the node is stopping. Anything else is logged as asyncio would."""
+    if not isinstance(context.get("exception"), StorageFailure):
         loop.default_exception_handler(context)
 
 
@@ -151,9 +151,9 @@ class Node:
     async def start(self) -> None:
         config = self.config
         loop = asyncio.get_running_loop()
-        self.failed: asyncio.Future[StorageWriteError] = loop.create_future()
-        self.db.on_write_error = lambda error: loop.call_soon_threadsafe(self._fail, error)
-        loop.set_exception_handler(_quiet_write_failures)
+        self.failed: asyncio.Future[StorageFailure] = loop.create_future()
+        self.db.on_failure = lambda error: loop.call_soon_threadsafe(self._fail, error)
+        loop.set_exception_handler(_quiet_storage_failures)
         if config.peers:
             if config.validator_key is None:
                 raise NodeError("peers are configured but no validator key (--keystore)")
@@ -179,10 +179,10 @@ class Node:
         head = self.blockchain.head()
         log.info("node started: chain id %d, head #%d", self.chain_id, head.block_number)
 
-    def _fail(self, error: StorageWriteError) -> None:
-        """A write failed: every later one will too, so the node stops (`failed` is done)."""
+    def _fail(self, error: StorageFailure) -> None:
+        """A write or read failed: later ones may too, so the node stops (`failed` is done)."""
         if not self.failed.done():
-            log.error("a database write failed; stopping the node")
+            log.error("the database failed; stopping the node")
             self.failed.set_result(error)
 
     async def stop(self) -> None:

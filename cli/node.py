@@ -54,7 +54,7 @@ def _init(args: argparse.Namespace) -> int:
 
 
 async def _serve(node: Node) -> None:
-    """Run until SIGINT or SIGTERM, or until a database write fails (raised after stopping)."""
+    """Run until SIGINT or SIGTERM, or until the database fails (raised after stopping)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from storage import StorageWriteError
+from storage import StorageFailure
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,9 @@ class BackgroundTasks:
     def _done(self, task: asyncio.Task[Any]) -> None:
         what = self._tasks.pop(task, "task")
         error = None if task.cancelled() else task.exception()
-        # A failed database write was reported by the database and stops the node. Otherwise
+        # A database failure was reported by the database and stops the node. Otherwise
         # the replica keeps waiting for the reply; its timers lead to a view change.
-        if error is not None and not isinstance(error, StorageWriteError):
+        if error is not None and not isinstance(error, StorageFailure):
             log.error("pbft %s failed", what, exc_info=error)
 
     async def cancel_all(self) -> None:

@@ -3,7 +3,7 @@
 Imports nothing of ours (DESIGN.md section 2).
 """
 
-from storage.errors import DataDirLockedError, StorageError, StorageWriteError
+from storage.errors import DataDirLockedError, StorageError, StorageFailure
 from storage.evm_db import KeyspaceDB, OverlayDB
 from storage.kv import Database, Keyspace, WriteBatch
 
@@ -14,6 +14,6 @@ __all__ = [
     "KeyspaceDB",
     "OverlayDB",
     "StorageError",
-    "StorageWriteError",
+    "StorageFailure",
     "WriteBatch",
 ]

@@ -9,5 +9,6 @@ class DataDirLockedError(StorageError):
     """The data directory is held by another process."""
 
 
-class StorageWriteError(StorageError):
-    """A write failed (a full disk, lost permissions, an I/O error); the node must stop."""
+class StorageFailure(StorageError):
+    """The open database failed: a write (a full disk, lost permissions, an I/O error) or a
+    read of a damaged file. Every later access may fail too, so the node must stop."""

@@ -14,7 +14,7 @@ from types import TracebackType
 
 import plyvel
 
-from storage.errors import DataDirLockedError, StorageError, StorageWriteError
+from storage.errors import DataDirLockedError, StorageError, StorageFailure
 
 
 def _prefix_end(prefix: bytes) -> bytes | None:
@@ -35,14 +35,15 @@ def _reason(exc: plyvel.Error) -> str:
 class Database:
     """One LevelDB database in `path`, opened (and created if missing) for this process only.
 
-    A failed write raises StorageWriteError and is reported to `on_write_error` (from whichever
-    thread wrote): LevelDB refuses every later write, so the node should stop. Each batch is
-    atomic, so what was written before the failure stays whole.
+    A failed write or a read of a damaged file raises StorageFailure and is reported to
+    `on_failure` (from whichever thread it was): LevelDB refuses every later write, and a
+    damaged database must not serve, so the node should stop. Each batch is atomic, so what
+    was written before a failure stays whole.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         self.path = Path(path)
-        self.on_write_error: Callable[[StorageWriteError], None] = lambda error: None
+        self.on_failure: Callable[[StorageFailure], None] = lambda error: None
         try:
             if create:
                 self.path.mkdir(parents=True, exist_ok=True)
@@ -60,25 +61,35 @@ class Database:
                 ) from None
             raise StorageError(f"cannot open database in {self.path}: {exc}") from None
         except plyvel.Error as exc:
-            raise StorageError(
-                f"cannot open database in {self.path}: {_reason(exc)}; the database is damaged: "
-                f"move {self.path} aside, run `pbft-node init --genesis GENESIS --datadir "
-                f"{self.path.parent}` and start the node (a validator re-syncs from its "
-                "peers), or restore a backup"
-            ) from None
+            raise StorageError(f"cannot open database in {self.path}: {self._damaged(exc)}"
+                               ) from None
         except OSError as exc:
             raise StorageError(
                 f"cannot create data directory {self.path}: {exc.strerror}"
             ) from None
 
-    def write_failed(self, exc: plyvel.Error) -> StorageWriteError:
-        """The error for a failed write, reported to `on_write_error` first."""
-        error = StorageWriteError(
+    def _damaged(self, exc: plyvel.Error) -> str:
+        return (
+            f"{_reason(exc)}; the database is damaged: move {self.path} aside, run "
+            f"`pbft-node init --genesis GENESIS --datadir {self.path.parent}` and start the "
+            "node (a validator re-syncs from its peers), or restore a backup"
+        )
+
+    def write_failed(self, exc: plyvel.Error) -> StorageFailure:
+        """The error for a failed write, reported to `on_failure` first."""
+        return self._fail(
             f"cannot write to the database in {self.path}: {_reason(exc)}; free space on its "
             "disk (or give the node's user write access) and restart the node: every block "
             "committed before this is on disk"
         )
-        self.on_write_error(error)
+
+    def read_failed(self, exc: plyvel.Error) -> StorageFailure:
+        """The error for a failed read (a damaged file), reported to `on_failure` first."""
+        return self._fail(f"cannot read the database in {self.path}: {self._damaged(exc)}")
+
+    def _fail(self, message: str) -> StorageFailure:
+        error = StorageFailure(message)
+        self.on_failure(error)
         return error
 
     @property
@@ -117,10 +128,13 @@ class Keyspace:
         return self.database._db
 
     def get(self, key: bytes) -> bytes | None:
-        return self._db.get(self.prefix + key)
+        try:
+            return self._db.get(self.prefix + key)
+        except plyvel.Error as exc:
+            raise self.database.read_failed(exc) from None
 
     def __contains__(self, key: bytes) -> bool:
-        return self._db.get(self.prefix + key) is not None
+        return self.get(key) is not None
 
     def put(self, key: bytes, value: bytes, *, sync: bool = False) -> None:
         try:
@@ -145,9 +159,12 @@ class Keyspace:
         lower = self.prefix + (start or b"")
         upper = self.prefix + stop if stop is not None else _prefix_end(self.prefix)
         n = len(self.prefix)
-        with self._db.iterator(start=lower, stop=upper, reverse=reverse) as iterator:
-            for key, value in iterator:
-                yield key[n:], value
+        try:
+            with self._db.iterator(start=lower, stop=upper, reverse=reverse) as iterator:
+                for key, value in iterator:
+                    yield key[n:], value
+        except plyvel.Error as exc:
+            raise self.database.read_failed(exc) from None
 
     def keys(self, start: bytes | None = None, stop: bytes | None = None) -> Iterator[bytes]:
         for key, _ in self.items(start, stop):

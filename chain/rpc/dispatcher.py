@@ -27,7 +27,7 @@ from chain.rpc.errors import (
 from chain.rpc.eth import Method
 from chain.rpc.limits import BatchLimits
 from chain.rpc.subscriptions import Subscriptions
-from storage import StorageWriteError
+from storage import StorageFailure
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class Dispatcher:
             result = await self._invoke(request, session)
         except RpcError as exc:
             outcome = _response(request.get("id"), error=exc)
-        except StorageWriteError:  # the database reported it; the node is stopping
+        except StorageFailure:  # the database reported it; the node is stopping
             outcome = _response(request.get("id"), error=RpcError(INTERNAL_ERROR, "internal error"))
         except Exception:
             log.exception("internal error in %s", request["method"])

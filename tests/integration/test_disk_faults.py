@@ -1,5 +1,5 @@
-"""A data directory the node may not write and a disk that fills up: one clear error, and
-nothing committed is lost.
+"""A data directory the node may not write, a disk that fills up and a damaged table file:
+one clear error, nothing committed is lost, nothing wrong is served.
 
 The full disk is a file-size limit (RLIMIT_FSIZE) on the node process: LevelDB's writes then
 fail with EFBIG exactly as they fail with ENOSPC on a full disk. Permissions are enforced on
@@ -8,6 +8,7 @@ root too by dropping its capability to override them (setpriv).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -124,3 +125,44 @@ def test_a_full_disk_stops_the_node_with_a_clear_error_and_loses_nothing(
         assert w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30).status == 1
     finally:
         assert node.stop() == 0
+
+
+def test_a_truncated_table_file_stops_the_node_with_the_recovery(tmp_path: Path) -> None:
+    description = make_testnet(tmp_path / "net")
+    node = RunningNode(description, description["nodes"][0], tmp_path / "node.log")
+    accounts = description["accounts"]
+    node.start()
+    w3 = node.web3()
+    for tx_hash in _send_batch(w3, accounts[0]["private_key"], accounts[9]["address"], 50):
+        w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30)
+    hashes = [bytes(w3.eth.get_block(n).hash) for n in range(w3.eth.block_number + 1)]
+    assert node.stop() == 0
+    node.start()  # opening the database again writes its log out as a table file
+    assert node.stop() == 0
+    chaindata = Path(node.node["datadir"]) / "chaindata"
+    table = max(chaindata.glob("*.ldb"), key=lambda path: path.stat().st_size)
+    with open(table, "r+b") as handle:
+        handle.truncate(table.stat().st_size // 2)
+
+    with open(node.log_path, "ab") as log:
+        process = subprocess.Popen(node.node["command"], stdout=log, stderr=log)
+    served: list[list[bytes]] = []
+
+    def stopped() -> bool:
+        if process.poll() is not None:
+            return True
+        with contextlib.suppress(Exception):  # not serving yet, or stopping
+            served.append([bytes(w3.eth.get_block(n).hash) for n in range(len(hashes))])
+        return False
+
+    try:
+        wait_for(stopped, 60, "the node to stop on the damaged table")
+    finally:
+        process.kill()
+    assert process.wait() == 1
+    assert all(chain == hashes for chain in served)  # until it stopped, it served the truth
+    output = node.log_path.read_text()
+    assert "Traceback" not in output, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert f"{table.name}" in last and "the database is damaged: move " in last, last
+    assert "pbft-node init --genesis GENESIS --datadir" in last, last
