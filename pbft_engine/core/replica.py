@@ -970,8 +970,11 @@ class Replica:
         self._ops.append(DeleteRange(StoreName.BLOCK_STORE, None, None))
         self._forget_signed_view_messages()
         for pre_prepare, block in zip(new_view.body.pre_prepares, blocks, strict=True):
-            self._adopt_pre_prepare(pre_prepare, block or kept[
-                (pre_prepare.body.seq_no, pre_prepare.body.digest)])
+            entry = (pre_prepare.body.seq_no, pre_prepare.body.digest)
+            # Blocks travel unsigned: the copy we executed is genuine, a NEW-VIEW's may not be
+            # (and an executed block is never validated again, so a bad copy would stick).
+            executed = kept[entry] if entry[0] <= self.last_exec else None
+            self._adopt_pre_prepare(pre_prepare, executed or block or kept[entry])
         self.seq_no = max([self.low_watermark, *(n for n, _ in plan.entries)])
         self._persist_meta()
         if self.requests:
