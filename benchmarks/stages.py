@@ -39,9 +39,9 @@ from tests.integration.conftest import wait_for
 CHAIN_ID = 1337
 MIB = 2**20
 CORES = os.cpu_count() or 1
-# PBFT request timeout (s) of the saturated cluster: it must exceed the time between two
-# commits, and a full block takes 4 validators sharing 2 cores longer than the testnet's 2 s.
-THROUGHPUT_TIMEOUT = 10
+# PBFT request timeout (s) of the saturated cluster: the engine's request timers run from a
+# transaction's arrival, so a queue longer than the timeout means view changes (see README).
+THROUGHPUT_TIMEOUT = 120
 WINDOW_BLOCKS = 2  # full blocks' worth of transactions submitted but not committed
 SOAK_ROUNDS = 5  # transfers per account in each load of the N=1 soak
 ETL_DEADLINE = 900  # seconds for one pbft-etl command
@@ -129,13 +129,11 @@ def _throughput(
 ) -> tuple[Throughput, dict[str, Any]]:
     """Run one saturating load; its throughput and what it cost each node."""
     before = {i: net.execution_timings(i) for i in net.running()}
-    view = _view(net)
     outcome = run_load(net, ctx.workdir, name, window=window(net, load), **load)
     throughput = Throughput.of(outcome)
     after = {i: net.execution_timings(i) for i in net.running()}
     details = {
         **throughput.to_json(),
-        "view_changes": _view(net) - view,
         "presign_seconds": outcome["presign_seconds"],
         "cpu_ms_per_tx": {i: c * 1000 for i, c in cpu_per_transaction(sampler, throughput).items()},
         "execution": {i: _execution_delta(before[i], after[i], throughput.blocks)
@@ -145,15 +143,9 @@ def _throughput(
     return throughput, details
 
 
-def _view(net: BenchNet) -> int:
-    """The highest PBFT view among the running nodes (0 for one node: the dev engine)."""
-    if net.size == 1:
-        return 0
-    return max(net.cluster.status(i)["view"] for i in net.running())
-
-
 def window(net: BenchNet, load: dict[str, Any]) -> int:
-    """Per target: enough to keep blocks full, few enough that the pool's queue stays short."""
+    """Per target: enough to keep blocks full, little enough that no transaction waits near a
+    request timeout (the engine's request timers run from arrival, not from the last commit)."""
     targets = load.get("targets") or range(net.size)
     return WINDOW_BLOCKS * raw.block_size(load["workload"]) // len(targets)
 
