@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -148,7 +149,7 @@ def _positive(value: Any, what: str, kind: type[int] | type[float] = int) -> Any
     if not isinstance(value, bool) and not (kind is int and isinstance(value, float)):
         with contextlib.suppress(TypeError, ValueError):
             number = kind(value)
-    if number is None or number <= 0:
+    if number is None or not 0 < number < math.inf:  # NaN and infinity too
         unit = "a positive number of seconds" if kind is float else "a positive integer"
         raise CliError(f"{what} must be {unit}, got {value!r}")
     return number

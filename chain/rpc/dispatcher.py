@@ -149,10 +149,9 @@ class Dispatcher:
             result = await self._invoke(request, session)
         except RpcError as exc:
             outcome = _response(request.get("id"), error=exc)
-        except StorageFailure:  # the database reported it; the node is stopping
-            outcome = _response(request.get("id"), error=RpcError(INTERNAL_ERROR, "internal error"))
-        except Exception:
-            log.exception("internal error in %s", request["method"])
+        except Exception as exc:
+            if not isinstance(exc, StorageFailure):  # that one the database reported; stopping
+                log.exception("internal error in %s", request["method"])
             outcome = _response(request.get("id"), error=RpcError(INTERNAL_ERROR, "internal error"))
         else:
             outcome = _response(request.get("id"), result)

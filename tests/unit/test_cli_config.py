@@ -52,6 +52,8 @@ def test_without_settings_the_limits_are_the_defaults(tmp_path: Path) -> None:
      "http.read_timeout must be a positive number of seconds, got 'soon'"),
     ("[rpc]\nbatch_request_limit = 1.5", "rpc.batch_request_limit must be a positive integer"),
     ("[rpc]\ngascap = true", "rpc.gascap must be a positive integer, got True"),
+    ("[http]\nidle_timeout = nan", "http.idle_timeout must be a positive number of seconds"),
+    ("[http]\nread_timeout = \"inf\"", "http.read_timeout must be a positive number"),
 ])
 def test_a_bad_limit_is_a_one_line_error(tmp_path: Path, toml: str, message: str) -> None:
     with pytest.raises(CliError, match=message.replace(".", r"\.")):
