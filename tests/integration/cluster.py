@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 
 from eth_account import Account
 from eth_keys.datatypes import PrivateKey
+from prometheus_client.parser import text_string_to_metric_families
 
 from chain.transport import Transport
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
@@ -68,6 +70,17 @@ class Cluster:
 
     def status(self, index: int) -> dict[str, Any]:
         return rpc(self.nodes[index], "pbft_status")
+
+    def metrics(self, index: int) -> dict[str, float]:
+        """Node `index`'s Prometheus samples, keyed "name|label value|..."."""
+        url = self.nodes[index].node["metrics_url"]
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+        return {
+            sample.name + "|" + "|".join(sample.labels.values()): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
 
     def head(self, index: int) -> int:
         return self.nodes[index].web3().eth.block_number

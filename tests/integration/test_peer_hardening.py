@@ -6,14 +6,12 @@ keep their memory bounded and keep committing."""
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import rlp
 from eth_utils import keccak
-from prometheus_client.parser import text_string_to_metric_families
 
 from chain.transport import Channel, Transport
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
@@ -94,16 +92,6 @@ class Attacker:
         }
 
 
-def metrics(cluster: Cluster, index: int) -> dict[str, float]:
-    with urllib.request.urlopen(cluster.nodes[index].node["metrics_url"], timeout=10) as reply:
-        text = reply.read().decode()
-    return {
-        sample.name + "|" + "|".join(sample.labels.values()): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
 def rss(cluster: Cluster, index: int) -> int:
     process = cluster.nodes[index].process
     assert process is not None
@@ -126,13 +114,13 @@ def test_hostile_validator_is_refused_and_counted(cluster: Cluster) -> None:
     cluster.commit(via=1)  # node 0 is silent: view 1 (primary: node 1)
     view, seq_no = cluster.status(1)["view"], cluster.status(1)["seqNo"] + 1
     payloads = Attacker(cluster).engine_payloads(view, seq_no)
-    before = {i: metrics(cluster, i) for i in (1, 2, 3)}
+    before = {i: cluster.metrics(i) for i in (1, 2, 3)}
     memory = {i: rss(cluster, i) for i in (1, 2, 3)}
     asyncio.run(_attack(cluster, payloads, Attacker(cluster).future_flood(view, seq_no)))
     height = cluster.commit(via=2, sender=1)  # still committing, with node 0's key hostile
     cluster.wait_heads([1, 2, 3], height)
     for index in (1, 2, 3):
-        after = metrics(cluster, index)
+        after = cluster.metrics(index)
         for reason, sent in payloads.items():
             key = f"pbft_dropped_messages_total|{reason}"
             counted = after.get(key, 0) - before[index].get(key, 0)
@@ -165,7 +153,7 @@ async def _send(transport: Transport, peer: bytes, channel: Channel, payload: by
 def _wait_counted(cluster: Cluster, expected: int) -> None:
     def counted() -> bool:
         return all(
-            sum(v for k, v in metrics(cluster, i).items()
+            sum(v for k, v in cluster.metrics(i).items()
                 if k.startswith("pbft_dropped_messages_total")) >= expected - 1
             for i in (1, 2, 3))
 
