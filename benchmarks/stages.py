@@ -46,8 +46,8 @@ WINDOW_BLOCKS = 2  # full blocks' worth of transactions submitted but not commit
 SOAK_ROUNDS = 5  # transfers per account in each load of the N=1 soak
 ETL_DEADLINE = 900  # seconds for one pbft-etl command
 EXPORT_SUMMARY = re.compile(r"exported (\d+) blocks .* in ([\d.]+) s .*rows: ([^;]+);")
-AUDIT_FIELDS = ("ok", "transactions", "signatures", "signatures_per_second", "seconds",
-                "violations_by_rule")
+AUDIT_FIELDS = ("ok", "transactions", "signatures", "signatures_per_second",
+                "signatures_per_cpu_second", "seconds", "violations_by_rule")
 
 
 @dataclass(frozen=True)
@@ -423,9 +423,12 @@ def _etl(ctx: Context, net: BenchNet) -> None:
         "rows/s", note=f"{rows:,} rows from node 0 in {seconds:.0f} s "
         f"({export_wall:.0f} s with Spark's start-up)"))
     ctx.results.add(Row(
-        "5", "audit signature recovery per core", audit["signatures_per_second"] / CORES,
+        "5", "audit signature recovery per core (CPU time)", audit["signatures_per_cpu_second"],
         "sig/s", target=8_000, absolute=True,
         note=f"{audit['signatures']:,} signatures; audit ok: {audit['ok']}"))
+    ctx.results.add(Row(
+        "5", "audit recovery step per core (wall time)", audit["signatures_per_second"] / CORES,
+        "sig/s", note="the Spark job's fixed cost included"))
 
 
 def _pbft_etl(*args: str) -> str:

@@ -74,6 +74,7 @@ def run_audit(data: Dataset, validators: ValidatorSet) -> AuditResult:
         transactions=transactions,
         signatures=recovered,
         recovery_seconds=recovery_seconds,
+        recovery_cpu_seconds=audit.recovery_cpu_seconds.value,
         seconds=time.monotonic() - started,
         violations=found,
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from pyspark.accumulators import Accumulator
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -57,6 +58,12 @@ class Audit:
     data: Dataset
     validators: ValidatorSet
     _cache: dict[str, DataFrame] = field(default_factory=dict)
+    # CPU time the Python workers spent recovering signatures (the per-core rate's divisor)
+    recovery_cpu_seconds: Accumulator[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        spark = self.data.blocks.sparkSession
+        self.recovery_cpu_seconds = spark.sparkContext.accumulator(0.0)
 
     def cached(self, name: str, build: Callable[[], DataFrame]) -> DataFrame:
         """`build()` computed once per audit and kept (local checkpoint) for every rule."""

@@ -16,6 +16,7 @@ claimed replica index.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from functools import partial, reduce
 from typing import Any
@@ -24,6 +25,7 @@ import pyarrow as pa
 import rlp
 from coincurve import PublicKey
 from eth_hash.auto import keccak
+from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -124,12 +126,13 @@ VERIFIER = CoincurveVerifier()
 RECOVERED_ARROW = to_arrow_schema(RECOVERED)
 
 
-def _recover_batches(batches: Iterator[pa.RecordBatch], chain_id: int
-                     ) -> Iterator[pa.RecordBatch]:
+def _recover_batches(batches: Iterator[pa.RecordBatch], chain_id: int,
+                     cpu_seconds: Accumulator[float]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
-        messages = batch.column(0).to_pylist()
-        yield to_record_batch([recover(m, chain_id, VERIFIER) for m in messages],
-                              RECOVERED_ARROW)
+        started = time.process_time()
+        rows = [recover(m, chain_id, VERIFIER) for m in batch.column(0).to_pylist()]
+        cpu_seconds.add(time.process_time() - started)
+        yield to_record_batch(rows, RECOVERED_ARROW)
 
 
 def _children(signed: Signed[Any]) -> list[Signed[Any]]:
@@ -182,8 +185,14 @@ def signatures(audit: Audit) -> DataFrame:
     """RECOVERED for every distinct signed message, plus `valid`; computed once per audit."""
 
     def build() -> DataFrame:
-        recovered = signed_messages(audit).mapInArrow(
-            partial(_recover_batches, chain_id=audit.validators.chain_id), RECOVERED
+        messages = signed_messages(audit)
+        # one partition per core: Spark's adaptive execution coalesces the few MB of
+        # messages a chain of thousands of blocks has into a single partition (one core)
+        spark = messages.sparkSession
+        recovered = messages.repartition(spark.sparkContext.defaultParallelism).mapInArrow(
+            partial(_recover_batches, chain_id=audit.validators.chain_id,
+                    cpu_seconds=audit.recovery_cpu_seconds),
+            RECOVERED,
         )
         claimed = audit.validators.address_of(F.col("replica"))
         return recovered.withColumn(
