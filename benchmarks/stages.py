@@ -39,9 +39,10 @@ from tests.integration.conftest import wait_for
 CHAIN_ID = 1337
 MIB = 2**20
 CORES = os.cpu_count() or 1
-# PBFT request timeout (s) of the saturated cluster: the engine's request timers run from a
-# transaction's arrival, so a queue longer than the timeout means view changes (see README).
-THROUGHPUT_TIMEOUT = 120
+# PBFT request timeout (s) of the saturated cluster: the request timer restarts at every
+# commit, so it only has to exceed one full block's commit (~6 s for N = 4 here), with room
+# for a machine shared with other work; the testnet's 2 s is for light loads (see README).
+THROUGHPUT_TIMEOUT = 15
 WINDOW_BLOCKS = 2  # full blocks' worth of transactions submitted but not committed
 SOAK_ROUNDS = 5  # transfers per account in each load of the N=1 soak
 ETL_DEADLINE = 900  # seconds for one pbft-etl command
@@ -144,8 +145,8 @@ def _throughput(
 
 
 def window(net: BenchNet, load: dict[str, Any]) -> int:
-    """Per target: enough to keep blocks full, little enough that no transaction waits near a
-    request timeout (the engine's request timers run from arrival, not from the last commit)."""
+    """Per target: enough to keep blocks full, little enough that the pool never holds much
+    more than the next blocks."""
     targets = load.get("targets") or range(net.size)
     return WINDOW_BLOCKS * raw.block_size(load["workload"]) // len(targets)
 
