@@ -835,7 +835,9 @@ class Transport(PeerTransport):
     def _refuse(self, writer: asyncio.StreamWriter, refusal: HandshakeRefused) -> None:
         self._stats.handshakes_refused[refusal.reason] += 1
         self._stats.dropped["auth_failure"] += 1
-        log.warning("refused handshake with %s: %s", writer.get_extra_info("peername"), refusal)
+        # a peer going away mid-handshake is routine (restarts, reset dials); the rest is not
+        level = logging.INFO if refusal.reason == "connection_lost" else logging.WARNING
+        log.log(level, "refused handshake with %s: %s", writer.get_extra_info("peername"), refusal)
         writer.transport.abort()
         self._notify_change()
 

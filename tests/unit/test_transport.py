@@ -676,6 +676,26 @@ def test_connection_to_oneself_is_refused(caplog_transport: pytest.LogCaptureFix
     assert "self_connection" in caplog_transport.text
 
 
+def test_peer_leaving_mid_handshake_is_counted_but_not_warned(
+    caplog_transport: pytest.LogCaptureFixture
+) -> None:
+    """Restarts and reset dials end handshakes early all the time: INFO, not WARNING."""
+    async def body() -> None:
+        endpoints, a_port, _ = two_validator_endpoints()
+        a, _ = make_transport(VALIDATOR_KEYS[0], endpoints, a_port)
+        await a.start()
+        try:
+            peer = await raw_connect(a_port)
+            peer.close()
+            await wait_for(a, lambda: refused(a, "connection_lost") == 1)
+        finally:
+            await a.stop()
+
+    run(body())
+    (record,) = [r for r in caplog_transport.records if "connection_lost" in r.getMessage()]
+    assert record.levelno == logging.INFO
+
+
 def test_simultaneous_dials_leave_exactly_one_connection() -> None:
     async def body() -> None:
         a_key, b_key = VALIDATOR_KEYS[0], VALIDATOR_KEYS[1]
