@@ -362,6 +362,11 @@ class Replica:
             return stored[2]
         return self.outstanding_blocks.get((seq_no, digest))
 
+    def _validated(self, seq_no: int, digest: bytes) -> bool:
+        """This replica validated (or built) block `digest` at `seq_no`, in any view."""
+        return any(slot.validated and slot.digest == digest
+                   for (_, n), slot in self.certs.items() if n == seq_no)
+
     def _store_block(self, view: int, seq_no: int, digest: bytes, block: bytes) -> None:
         self.block_store[seq_no] = (view, digest, block)
         self._put(StoreName.BLOCK_STORE, u64(seq_no),
@@ -965,16 +970,20 @@ class Replica:
         self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
         self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())
         self._adopt_checkpoint(plan)
+        # Blocks travel unsigned: the copy we executed or validated is genuine, a NEW-VIEW's
+        # may not be. An executed block is never validated again, so a bad copy would stick;
+        # a bad copy of a prepared block that fails validation here would cost every replica
+        # that took it its good copy, and the block would be re-proposed, unobtainable, in
+        # every later view.
         kept = {(n, d): self._block_for(n, d) for n, d in plan.entries}
+        genuine = {(n, d) for n, d in plan.entries if n <= self.last_exec or self._validated(n, d)}
         self.block_store = {}  # blockStore only ever holds the current view's blocks
         self._ops.append(DeleteRange(StoreName.BLOCK_STORE, None, None))
         self._forget_signed_view_messages()
         for pre_prepare, block in zip(new_view.body.pre_prepares, blocks, strict=True):
             entry = (pre_prepare.body.seq_no, pre_prepare.body.digest)
-            # Blocks travel unsigned: the copy we executed is genuine, a NEW-VIEW's may not be
-            # (and an executed block is never validated again, so a bad copy would stick).
-            executed = kept[entry] if entry[0] <= self.last_exec else None
-            self._adopt_pre_prepare(pre_prepare, executed or block or kept[entry])
+            own = kept[entry] if entry in genuine else None
+            self._adopt_pre_prepare(pre_prepare, own or block or kept[entry])
         self.seq_no = max([self.low_watermark, *(n for n, _ in plan.entries)])
         self._persist_meta()
         if self.requests:

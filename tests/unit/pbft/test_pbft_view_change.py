@@ -214,20 +214,21 @@ def test_the_request_timer_restarts_on_progress_so_a_long_queue_is_no_fault() ->
     assert replica.view == 0 and replica.active
 
 
+def corrupt_new_view(dst: int, data: bytes) -> list[tuple[int, bytes]]:
+    """What a lying new primary sends: its NEW-VIEW with a bit of every block flipped."""
+    wire = WireMessage.decode(data)
+    if wire.signed.body.TYPE is not MessageType.NEW_VIEW:
+        return [(dst, data)]
+    blocks = tuple(block[:-1] + bytes([block[-1] ^ 1]) if block else block
+                   for block in wire.blocks)
+    return [(dst, WireMessage(wire.signed, blocks).encode())]
+
+
 def test_a_corrupt_block_in_a_new_view_never_replaces_an_executed_one() -> None:
     """Blocks travel unsigned; an executed block is not validated again, so a bad copy taken
     from a NEW-VIEW would stick and be passed on by every later primary (simulator seed 3363)."""
     cluster = Cluster(4)
     commit(cluster, tx_hashes(1))
-
-    def corrupt_new_view(dst: int, data: bytes) -> list[tuple[int, bytes]]:
-        wire = WireMessage.decode(data)
-        if wire.signed.body.TYPE is not MessageType.NEW_VIEW:
-            return [(dst, data)]
-        blocks = tuple(block[:-1] + bytes([block[-1] ^ 1]) if block else block
-                       for block in wire.blocks)
-        return [(dst, WireMessage(wire.signed, blocks).encode())]
-
     cluster.outgoing[1] = corrupt_new_view
     cluster.filters.append(drop_from(0))  # a silent primary: view 1, whose primary is 1
     cluster.submit(keccak(b"waiting"))
@@ -236,3 +237,23 @@ def test_a_corrupt_block_in_a_new_view_never_replaces_an_executed_one() -> None:
     for node in cluster.nodes[1:]:
         _, digest, block = node.replica.block_store[1]
         assert keccak(block) == digest
+
+
+def test_a_corrupt_block_in_a_new_view_never_replaces_a_validated_one() -> None:
+    """A block prepared but not committed is re-proposed by the NEW-VIEW. A replica that took
+    the NEW-VIEW's bad copy over the one it validated would discard both when validation
+    failed; with every holder of a good copy doing so, the block is re-proposed, unobtainable,
+    in every later view (simulator seed 8928, N = 4)."""
+    cluster = Cluster(4)
+    cluster.outgoing[1] = corrupt_new_view
+    cluster.filters.append(drop_type(MessageType.COMMIT))  # prepared everywhere, never committed
+    cluster.submit(keccak(b"prepared"))
+    assert cluster.run_until(lambda: all(1 in n.replica.pset for n in cluster.nodes), 20_000)
+    assert cluster.run_until(
+        lambda: all(n.replica.view == 1 and n.replica.active for n in cluster.nodes), 20_000)
+    for node in cluster.nodes:
+        _, digest, block = node.replica.block_store[1]
+        assert keccak(block) == digest
+    cluster.filters.clear()
+    assert cluster.run_until(lambda: all(n.chain.blocks for n in cluster.nodes), 20_000)
+    cluster.check_safety()
