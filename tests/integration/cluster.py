@@ -127,7 +127,8 @@ class Cluster:
     ) -> AsyncIterator[Transport]:
         """A transport speaking as validator `index` (its node must be down) or, with `key`,
         as someone else, dialling `peers`; yields once connected to all of them (at once with
-        a `key`: a stranger is never connected)."""
+        a `key`: the peers refuse a stranger, though its own side may count one as connected
+        until that peer's refusal reaches it)."""
         transport = Transport(
             key or dev_private_key(index, DEV_VALIDATOR_SEED), self.description["chain_id"],
             {self.validators[i]: self.endpoint(i) for i in peers},
