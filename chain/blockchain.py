@@ -8,6 +8,7 @@ certificate), so a crash leaves either both or neither.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ CHAIN_PREFIX = b"chain/"  # py-evm's chain database: headers, bodies, receipts, 
 META_PREFIX = b"meta/"  # node metadata: the genesis file the data directory was made from
 GENESIS_KEY = b"genesis"
 MAX_BLOCK_DEPTH = 8  # block > uncles > header (RlpTooDeep is a ValueError)
+BUILD_CHUNK = 16  # transactions applied between looks at a block's time budget (~25 ms)
 
 
 SENDER_MEMO_SIZE = 1 << 15  # more than the pool holds, so a pooled transaction stays memoized
@@ -283,12 +285,16 @@ class Blockchain:
         timestamp: int,
         coinbase: bytes,
         extra_data: bytes = b"",
+        time_budget: float | None = None,
     ) -> tuple[ExecutedBlock, tuple[SignedTransactionAPI, ...]]:
-        """Execute `transactions` on the head in one `apply_all_transactions` call.
+        """Execute `transactions` on the head, in order, and seal the block.
 
-        Returns the executed block and the transactions that were left out because they
-        turned out invalid at execution (the pool checks them first, so this is rare).
+        With a `time_budget` (seconds), transactions are added in chunks only while the
+        execution time stays within it (at least one chunk): the rest wait for the next
+        block. Returns the executed block and the transactions that were left out because
+        they turned out invalid at execution (the pool checks them first, so this is rare).
         """
+        deadline = None if time_budget is None else time.perf_counter() + time_budget
         overlay = OverlayDB(self.chain_keyspace)
         chain = self.chain_class(overlay)
         parent = chain.get_canonical_head()
@@ -301,35 +307,55 @@ class Blockchain:
         )
         included = tuple(transactions)
         try:
-            block, receipts = self._execute_batch(chain, header, included)
+            block, receipts = self._execute_batch(chain, header, included, deadline)
             left_out: tuple[SignedTransactionAPI, ...] = ()
         except ValidationError:
-            included = self._executable_subset(chain, header, included)
-            left_out = tuple(tx for tx in transactions if tx not in included)
-            block, receipts = self._execute_batch(chain, header, included)
+            kept, tried = self._executable_subset(chain, header, included, deadline)
+            left_out = tuple(tx for tx in tried if tx not in kept)
+            block, receipts = self._execute_batch(chain, header, kept, None)
         chain.persist_block(block)
         _forget_block_tries()
         return ExecutedBlock(block, receipts, overlay), left_out
 
     @staticmethod
     def _execute_batch(
-        chain: Chain, header: BlockHeaderAPI, transactions: tuple[SignedTransactionAPI, ...]
+        chain: Chain,
+        header: BlockHeaderAPI,
+        transactions: tuple[SignedTransactionAPI, ...],
+        deadline: float | None,
     ) -> tuple[BlockAPI, tuple[ReceiptAPI, ...]]:
+        """Apply `transactions` in chunks until the deadline passes, then seal the block."""
         vm = chain.get_vm(header)
-        new_header, receipts, _ = vm.apply_all_transactions(transactions, header)
+        new_header, receipts, included = header, [], 0
+        chunk = len(transactions) if deadline is None else BUILD_CHUNK
+        while included < len(transactions):
+            if included and deadline is not None and time.perf_counter() >= deadline:
+                break
+            batch = transactions[included: included + chunk]
+            new_header, batch_receipts, _ = vm.apply_all_transactions(batch, new_header)
+            receipts += batch_receipts
+            included += len(batch)
         filled = vm.set_block_transactions_and_withdrawals(
-            vm.get_block(), new_header, transactions, receipts
+            vm.get_block(), new_header, transactions[:included], tuple(receipts)
         )
         return vm.mine_block(filled).block, tuple(receipts)
 
     @staticmethod
     def _executable_subset(
-        chain: Chain, header: BlockHeaderAPI, transactions: tuple[SignedTransactionAPI, ...]
-    ) -> tuple[SignedTransactionAPI, ...]:
-        """The transactions that execute one after another, skipping each one that fails."""
+        chain: Chain,
+        header: BlockHeaderAPI,
+        transactions: tuple[SignedTransactionAPI, ...],
+        deadline: float | None,
+    ) -> tuple[tuple[SignedTransactionAPI, ...], tuple[SignedTransactionAPI, ...]]:
+        """The transactions that execute one after another, skipping each one that fails,
+        until the deadline passes; and the ones tried (the rest wait for a later block)."""
         vm = chain.get_vm(header)
         kept: list[SignedTransactionAPI] = []
+        tried = 0
         for tx in transactions:
+            if kept and deadline is not None and time.perf_counter() >= deadline:
+                break
+            tried += 1
             snapshot = vm.state.snapshot()
             try:
                 vm.state.apply_transaction(tx)
@@ -337,7 +363,7 @@ class Blockchain:
                 vm.state.revert(snapshot)
                 continue
             kept.append(tx)
-        return tuple(kept)
+        return tuple(kept), transactions[:tried]
 
     def decode_block(self, data: bytes) -> BlockAPI:
         block_class = self.view().get_vm().get_block_class()

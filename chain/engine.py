@@ -42,8 +42,11 @@ class EngineContext(ABC):
         """How many transactions the pool could put into the next block."""
 
     @abstractmethod
-    async def build_block(self, *, coinbase: bytes, extra_data: bytes = b"") -> ExecutedBlock:
-        """Execute a candidate block on the head from the pool (it may be empty)."""
+    async def build_block(
+        self, *, coinbase: bytes, extra_data: bytes = b"", time_budget: float | None = None
+    ) -> ExecutedBlock:
+        """Execute a candidate block on the head from the pool (it may be empty), adding
+        transactions only while execution stays within `time_budget` seconds (if given)."""
 
     @abstractmethod
     async def validate_block(self, data: bytes) -> ExecutedBlock:
@@ -106,7 +109,13 @@ class ConsensusEngine(ABC):
 
     @abstractmethod
     def on_transactions(self, tx_hashes: list[bytes]) -> None:
-        """New transactions entered the pool."""
+        """Transactions in the pool became executable at the head (a block could include
+        them now): newly arrived, or a nonce gap closed."""
+
+    def on_transactions_dropped(self, tx_hashes: list[bytes]) -> None:  # noqa: B027
+        """Transactions reported by `on_transactions` left the pool other than by being
+        committed (replaced, evicted, made invalid by a block) or stopped being executable
+        (the base fee rose above their fee cap). Commits are reported by `commit_block`."""
 
     def on_message(self, sender: bytes, payload: bytes) -> None:  # noqa: B027
         """An engine message from a validator; engines without messages ignore them."""

@@ -136,6 +136,7 @@ class Node:
         self.chain_id = self.genesis.chain_id
         self.accounts = HeadAccounts(self.blockchain)
         self.pool = TxPool(self.chain_id, self.accounts, self.genesis.gas_limit, config.pool_limits)
+        self._next_base_fee: int | None = None  # for the block after the head; None: unknown
         self.tx_builder = self.blockchain.vm_at(self.blockchain.head()).get_transaction_builder()
         self.head_listeners: list[Callable[[CommittedBlock], None]] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="block-exec")
@@ -209,7 +210,7 @@ class Node:
         entry = self.pool.add(tx, len(raw))
         if self.transport is not None:
             self.transport.broadcast(Channel.TX_GOSSIP, raw)
-        self.engine.on_transactions([entry.tx.hash])
+        self.report_ready()
         return entry.tx.hash
 
     def _on_peer_message(self, sender: bytes, channel: int, payload: bytes) -> None:
@@ -225,15 +226,27 @@ class Node:
         so it is not forwarded again."""
         try:
             tx = decode_raw_transaction(self.tx_builder, raw)
-            entry = self.pool.add(tx, len(raw))
+            self.pool.add(tx, len(raw))
         except TxPoolError as exc:
             log.debug("gossiped transaction refused: %s", exc.message)
             return
-        self.engine.on_transactions([entry.tx.hash])
+        self.report_ready()
+
+    def report_ready(self, *, every_sender: bool = False) -> None:
+        """Tell the engine which pool transactions became executable at the head and which
+        stopped being executable, so it waits only for what a block could include."""
+        changes = self.pool.ready_changes(self.next_base_fee(), every_sender=every_sender)
+        if changes.unready:
+            self.engine.on_transactions_dropped(list(changes.unready))
+        if changes.ready:
+            self.engine.on_transactions(list(changes.ready))
 
     def next_base_fee(self) -> int:
-        view = self.blockchain.view()
-        return view.create_header_from_parent(view.get_canonical_head()).base_fee_per_gas
+        if self._next_base_fee is None:
+            view = self.blockchain.view()
+            head = view.get_canonical_head()
+            self._next_base_fee = view.create_header_from_parent(head).base_fee_per_gas
+        return self._next_base_fee
 
     def peer_count(self) -> int:
         return len(self.transport.connected_peers()) if self.transport else 0
@@ -261,9 +274,11 @@ class Node:
 
     def on_committed(self, executed: ExecutedBlock) -> None:
         transactions = executed.block.transactions
-        self.pool.remove(executed.tx_hashes)
+        self.pool.remove(executed.tx_hashes, committed=True)
         self.accounts.refresh()
+        self._next_base_fee = None
         self.pool.prune(tx.sender for tx in transactions)
+        self.report_ready(every_sender=True)
         self.metrics.head_block.set(executed.number)
         committed = CommittedBlock(executed.block, executed.receipts)
         for listener in list(self.head_listeners):
@@ -302,7 +317,9 @@ class NodeContext(EngineContext):
             )
         )
 
-    async def build_block(self, *, coinbase: bytes, extra_data: bytes = b"") -> ExecutedBlock:
+    async def build_block(
+        self, *, coinbase: bytes, extra_data: bytes = b"", time_budget: float | None = None
+    ) -> ExecutedBlock:
         node = self._node
         transactions = node.pool.executable(
             base_fee=node.next_base_fee(),
@@ -313,12 +330,13 @@ class NodeContext(EngineContext):
             with node.metrics.timing("build"):
                 return node.blockchain.build_block(
                     transactions, timestamp=int(time.time()), coinbase=coinbase,
-                    extra_data=extra_data)
+                    extra_data=extra_data, time_budget=time_budget)
 
         executed, left_out = await node.run_in_executor(build)
         if left_out:
             log.warning("dropped %d transactions that failed at execution", len(left_out))
             node.pool.remove(tx.hash for tx in left_out)
+            node.report_ready()
         return executed
 
     async def validate_block(self, data: bytes) -> ExecutedBlock:

@@ -3,6 +3,11 @@
 Executable transactions (contiguous nonces from the sender's account nonce) are handed out in
 arrival order, each sender's in nonce order; transactions with future nonces are held until
 the gap closes. Fairness over price, because this is a permissioned chain.
+
+The pool also keeps which transactions are ready (executable at the head: in the sender's
+run, fee cap at least the next base fee) and reports what became ready and what stopped
+being ready (`ready_changes`), so the consensus engine times only what a primary could
+include.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ class PoolLimits:
     max_bytes: int = 64 * 1024 * 1024
     max_transaction_size: int = 128 * 1024  # geth's txMaxSize
     max_per_sender: int = 1_024
-    max_nonce_gap: int = 64  # geth's account queue: future nonces held per sender
+    max_queued_per_sender: int = 64  # geth's AccountQueue: gapped transactions per sender
 
 
 class AccountReader(ABC):
@@ -42,6 +47,15 @@ class AccountReader(ABC):
 
     @abstractmethod
     def balance(self, address: bytes) -> int: ...
+
+
+@dataclass(frozen=True)
+class ReadyChanges:
+    """Transactions that became ready, and ready ones that stopped being ready other than by
+    being committed (replaced, evicted, pruned, priced out by the base fee)."""
+
+    ready: tuple[bytes, ...] = ()
+    unready: tuple[bytes, ...] = ()
 
 
 @dataclass
@@ -92,6 +106,9 @@ class TxPool:
         self._head_nonces: dict[bytes, int] = {}
         self._bytes = 0
         self._arrivals = itertools.count()
+        self._ready: dict[bytes, tuple[bytes, ...]] = {}  # sender -> its ready run's hashes
+        self._touched: set[bytes] = set()  # senders whose ready run may have changed
+        self._committed: set[bytes] = set()  # removed as committed: not reported unready
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -124,8 +141,8 @@ class TxPool:
         replaced = queue.get(tx.nonce) if queue else None
         if replaced is not None:
             self._check_replacement(replaced.tx, tx)
-        elif tx.nonce > self._next_nonce(account_nonce, queue) + self.limits.max_nonce_gap:
-            raise TxPoolError("nonce too high")
+        elif tx.nonce > self._next_nonce(account_nonce, queue):
+            self._check_queue(account_nonce, queue)
         entry = PoolEntry(tx, sender, size, next(self._arrivals))
         self._check_funds(entry, account_nonce, queue)
         self._check_capacity(entry, replaced, queue)
@@ -143,6 +160,16 @@ class TxPool:
         while queue and nonce in queue:
             nonce += 1
         return nonce
+
+    def _check_queue(self, account_nonce: int, queue: dict[int, PoolEntry] | None) -> None:
+        """Gapped transactions are held up to geth's per-account bound. The bound counts
+        transactions, not the size of the gap: consecutive nonces sent to several validators
+        at once arrive out of order, and gossip fills the gaps."""
+        gapped = len(queue or ()) - (self._next_nonce(account_nonce, queue) - account_nonce)
+        if gapped >= self.limits.max_queued_per_sender:
+            raise TxPoolError(
+                f"nonce too high: {gapped} transactions with a nonce gap are already queued "
+                "for this account; send the missing nonces first")
 
     def _check_static(self, tx: SignedTransactionAPI) -> None:
         if tx.chain_id is None:
@@ -196,11 +223,13 @@ class TxPool:
             raise TxPoolError("txpool is full")
 
     def _insert(self, entry: PoolEntry) -> None:
+        self._touched.add(entry.sender)
         self._by_hash[entry.tx.hash] = entry
         self._senders.setdefault(entry.sender, {})[entry.tx.nonce] = entry
         self._bytes += entry.size
 
     def _drop(self, entry: PoolEntry) -> None:
+        self._touched.add(entry.sender)
         del self._by_hash[entry.tx.hash]
         self._bytes -= entry.size
         queue = self._senders[entry.sender]
@@ -259,12 +288,16 @@ class TxPool:
             nonce = self._head_nonces[sender] = self.accounts.nonce(sender)
         return nonce
 
-    def remove(self, tx_hashes: Iterable[bytes]) -> None:
+    def remove(self, tx_hashes: Iterable[bytes], *, committed: bool = False) -> None:
+        """Drop these transactions; `committed` ones are not reported as unready (the
+        engine learns of them from the committed block)."""
         for tx_hash in tx_hashes:
             entry = self._by_hash.get(tx_hash)
             if entry is not None:
                 self._drop(entry)
                 self._head_nonces.pop(entry.sender, None)
+                if committed:
+                    self._committed.add(tx_hash)
 
     def prune(self, senders: Iterable[bytes]) -> None:
         """Drop what the new head made invalid for `senders` (nonces now used)."""
@@ -275,3 +308,35 @@ class TxPool:
             account_nonce = self._head_nonces[sender] = self.accounts.nonce(sender)
             for nonce in [n for n in queue if n < account_nonce]:
                 self._drop(queue[nonce])
+
+    def ready_changes(self, base_fee: int, *, every_sender: bool = False) -> ReadyChanges:
+        """What became ready, and what stopped being ready, since the last call: for the
+        senders touched since then, or for every sender (the head and base fee moved)."""
+        senders = set(self._ready) | set(self._senders) if every_sender else self._touched
+        ready: list[bytes] = []
+        unready: list[bytes] = []
+        for sender in senders:
+            run = self._ready_run(sender, base_fee)
+            before = self._ready.get(sender, ())
+            was, now = set(before), set(run)
+            ready += [h for h in run if h not in was]
+            unready += [h for h in before if h not in now and h not in self._committed]
+            if run:
+                self._ready[sender] = run
+            else:
+                self._ready.pop(sender, None)
+        self._touched.clear()
+        self._committed.clear()
+        return ReadyChanges(tuple(ready), tuple(unready))
+
+    def _ready_run(self, sender: bytes, base_fee: int) -> tuple[bytes, ...]:
+        """The sender's transactions a block on the head could include, in nonce order."""
+        queue = self._senders.get(sender)
+        if not queue:
+            return ()
+        run: list[bytes] = []
+        nonce = self._head_nonce(sender)
+        while nonce in queue and queue[nonce].tx.max_fee_per_gas >= base_fee:
+            run.append(queue[nonce].tx.hash)
+            nonce += 1
+        return tuple(run)

@@ -36,6 +36,7 @@ from pbft_engine.core import (
     MessageReceived,
     Persist,
     Replica,
+    RequestDropped,
     RequestReceived,
     SendTo,
     SetTimer,
@@ -142,6 +143,10 @@ class PbftEngine(ConsensusEngine):
         for tx_hash in tx_hashes:
             self._step(RequestReceived(tx_hash))
 
+    def on_transactions_dropped(self, tx_hashes: list[bytes]) -> None:
+        for tx_hash in tx_hashes:
+            self._step(RequestDropped(tx_hash))
+
     def on_message(self, sender: bytes, payload: bytes) -> None:
         self._step(MessageReceived(payload))
 
@@ -205,7 +210,8 @@ class PbftEngine(ConsensusEngine):
         self._timers[key] = self.context.call_later(action.duration_ms / 1000, fire)
 
     async def _build(self, action: BuildBlock) -> None:
-        executed = await self.context.build_block(coinbase=self._coinbase())
+        executed = await self.context.build_block(
+            coinbase=self._coinbase(), time_budget=action.time_budget_ms / 1000)
         if executed.number != action.seq_no:
             # The replica builds only on its last executed block, so this means the chain
             # head moved under it; leaving the request unanswered is safer than proposing.

@@ -15,10 +15,12 @@ from chain.metrics import CallbackCollector, labelled_counter
 from pbft_engine.core import Replica
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-MODES = ("normal", "view-change", "catching-up")
+MODES = ("normal", "view-change", "catching-up", "halted")
 
 
 def replica_mode(replica: Replica) -> str:
+    if replica.halted:
+        return "halted"
     if replica.fetching is not None:
         return "catching-up"
     return "normal" if replica.active else "view-change"
@@ -64,8 +66,10 @@ class PbftMetrics:
         messages = {("in", t): n for t, n in replica.received.items()}
         messages.update({("out", t): n for t, n in replica.sent.items()})
         families += [
-            labelled_counter("pbft_view_changes", "View changes since genesis (= the view)", [],
-                             {(): replica.view}),
+            labelled_counter("pbft_view_changes",
+                             "View changes this replica made since it started, by reason",
+                             ["reason"],
+                             {(r,): n for r, n in replica.view_change_reasons.items()}),
             labelled_counter("pbft_messages", "Consensus messages by direction and type",
                              ["direction", "type"], messages),
             labelled_counter("pbft_dropped_messages", "Consensus messages dropped, by reason",

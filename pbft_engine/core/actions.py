@@ -50,11 +50,13 @@ class CancelTimer:
 
 @dataclass(frozen=True)
 class BuildBlock:
-    """Build block seq_no on parent_hash from the pool (empty only if allow_empty)."""
+    """Build block seq_no on parent_hash from the pool (empty only if allow_empty), adding
+    transactions only while the block's execution time stays within time_budget_ms."""
 
     seq_no: int
     parent_hash: bytes
     allow_empty: bool
+    time_budget_ms: int
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,20 @@ class MessageReceived:
 
 @dataclass(frozen=True)
 class RequestReceived:
-    """A transaction entered the local pool (directly or by gossip)."""
+    """A transaction in the local pool became executable at the head: its nonce continues
+    its sender's run from the account nonce, its fee cap covers the next base fee and its gas
+    fits a block. Only such a transaction could be in the primary's next block, so only such
+    a transaction may run the request timer (a gapped one is reported once its gap closes)."""
 
     tx_hash: bytes
 
 
 @dataclass(frozen=True)
 class RequestDropped:
-    """A transaction left the pool without being committed (invalid, replaced, evicted)."""
+    """A transaction reported by `RequestReceived` left the pool other than by being committed
+    (replaced, evicted, expired, made invalid by a committed block) or stopped being
+    executable (the base fee rose above its fee cap). Commits are reported by
+    `BlockCommitted` and `FetchCompleted`."""
 
     tx_hash: bytes
 

@@ -10,6 +10,8 @@ from pbft_engine.errors import ConfigError
 from pbft_engine.quorum import max_faulty, quorum, view_change_quorum, weak_quorum
 
 ADDRESS_SIZE = 20
+BLOCK_BUDGET_SHARE = 5  # the block's execution budget is request_timeout / 5
+MAX_DOUBLINGS = 32  # beyond any cap: keeps the shift small
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,21 @@ class EngineParams:
     def log_size(self) -> int:
         """L: the width of the watermark window, H = h + L."""
         return self.checkpoint_interval * self.log_multiplier
+
+    @property
+    def block_time_budget_ms(self) -> int:
+        """How long the primary may spend executing one block's transactions.
+
+        The request timer restarts at every commit, so a whole round (build, validation on
+        every replica, which may share cores with the primary, the three message phases and
+        the commit) must fit inside one request timeout; the build gets a fifth of it.
+        """
+        return max(1, self.request_timeout_ms // BLOCK_BUDGET_SHARE)
+
+    def escalated(self, duration_ms: int, doublings: int) -> int:
+        """`duration_ms` doubled `doublings` times, capped (Castro & Liskov, section 4.5.2)."""
+        cap = max(duration_ms, self.new_view_timeout_cap_ms)
+        return min(duration_ms << min(doublings, MAX_DOUBLINGS), cap)
 
     def primary(self, view: int) -> int:
         return view % self.n

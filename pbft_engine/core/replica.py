@@ -99,6 +99,13 @@ class ChainHead:
     block_hash: bytes
 
 
+# Commits that may pass over the oldest waiting request before they stop restarting the
+# request timer. Pools see gossip in slightly different orders, so the primary may
+# legitimately put a few blocks' worth of other transactions first; a primary that keeps
+# leaving one out while it commits others is censoring it, and the timer then runs out.
+MAX_PASSED_OVER = 3
+
+
 @dataclass(frozen=True)
 class ReplicaStatus:
     view: int
@@ -155,7 +162,9 @@ class Replica:
         self.seq_no = head.seq_no
         self.low_watermark = head.seq_no - head.seq_no % params.checkpoint_interval
         self.stable_checkpoint = 0
-        self.new_view_timeout_ms = params.new_view_timeout_ms
+        # View changes since the last commit: from the second on, each doubles the request
+        # and new-view timeouts (Castro & Liskov, section 4.5.2); a commit resets it.
+        self.views_without_commit = 0
         self.last_exec = head.seq_no
         self.last_exec_hash = head.block_hash
         self.executing: int | None = None
@@ -178,7 +187,9 @@ class Replica:
         self.last_new_view: Signed[NewView] | None = None
         self.future: dict[tuple[int, int, int], WireMessage] = {}  # (replica, type, seqNo)
         self.evidence: set[bytes] = set()
-        self.requests: set[bytes] = set()
+        self.requests: dict[bytes, None] = {}  # executable transactions waiting, oldest first
+        self.passed_over = 0  # commits since the oldest waiting request became the oldest
+        self.view_change_reasons: Counter[str] = Counter()  # view changes here, by reason
         self.dropped: Counter[str] = Counter()
         self.received: Counter[str] = Counter()  # verified messages in, by type (metrics)
         self.sent: Counter[str] = Counter()  # messages out, by type; a broadcast counts once
@@ -209,10 +220,10 @@ class Replica:
         state = records.get(StoreName.META, META_STATE)
         if state is not None:
             fields = [int.from_bytes(x, "big") for x in rlp.decode(state)]
-            view, active, seq_no, h, stable, timeout = fields
+            view, active, seq_no, h, stable, views_without_commit = fields
             self.view, self.active, self.stable_checkpoint = view, bool(active), stable
             self.seq_no = max(self.seq_no, seq_no)
-            self.low_watermark, self.new_view_timeout_ms = h, timeout
+            self.low_watermark, self.views_without_commit = h, views_without_commit
         new_view = records.get(StoreName.META, META_NEW_VIEW)
         if new_view is not None:
             self.last_new_view = decode_signed_bytes(new_view, NewView)
@@ -336,7 +347,7 @@ class Replica:
 
     def _persist_meta(self) -> None:
         fields = [self.view, int(self.active), self.seq_no, self.low_watermark,
-                  self.stable_checkpoint, self.new_view_timeout_ms]
+                  self.stable_checkpoint, self.views_without_commit]
         self._put(StoreName.META, META_STATE, rlp.encode([encode_uint(x) for x in fields]))
 
     def _sign(self, body: Any) -> Signed[Any]:
@@ -398,28 +409,47 @@ class Replica:
     def _on_request(self, event: RequestReceived) -> None:
         if event.tx_hash in self.requests:
             return
-        self.requests.add(event.tx_hash)
+        if not self.requests:
+            self.passed_over = 0
+        self.requests[event.tx_hash] = None
         if self.active and not self.request_timer_armed:
             self._arm_request_timer()
         self._maybe_propose()
 
     def _on_request_dropped(self, event: RequestDropped) -> None:
-        self._forget_requests((event.tx_hash,), progress=False)
-
-    def _forget_requests(self, tx_hashes: Iterable[bytes], progress: bool = True) -> None:
-        """Requests left the pool; those committed are progress, which restarts the timer
-        while others wait (Fabric v0.6's rule: one timer, reset on every execution, so a
-        long queue that the primary works through is not mistaken for a faulty primary)."""
-        before = len(self.requests)
-        self.requests.difference_update(tx_hashes)
+        oldest = self._oldest_request()
+        self.requests.pop(event.tx_hash, None)
+        if oldest == event.tx_hash:
+            self.passed_over = 0
         if not self.requests:
             self._cancel_request_timer()
-        elif progress and len(self.requests) < before and self.active:
+
+    def _oldest_request(self) -> bytes | None:
+        return next(iter(self.requests), None)
+
+    def _forget_requests(self, committed: Iterable[bytes]) -> None:
+        """Requests were committed: progress, which restarts the timer while others wait
+        (Fabric v0.6's rule, so a long queue the primary works through is not mistaken for a
+        faulty primary), unless the commits keep passing over the oldest waiting request."""
+        self.views_without_commit = 0
+        oldest, before = self._oldest_request(), len(self.requests)
+        for tx_hash in committed:
+            self.requests.pop(tx_hash, None)
+        if not self.requests:
+            self._cancel_request_timer()
+            return
+        self.passed_over = self.passed_over + 1 if oldest in self.requests else 0
+        if len(self.requests) < before and self.active and self.passed_over <= MAX_PASSED_OVER:
             self._arm_request_timer()
 
     def _arm_request_timer(self) -> None:
         self.request_timer_armed = True
-        self._set_timer(TimerKind.REQUEST, b"", self.params.request_timeout_ms)
+        self._set_timer(TimerKind.REQUEST, b"", self.params.escalated(
+            self.params.request_timeout_ms, self._doublings))
+
+    @property
+    def _doublings(self) -> int:
+        return max(0, self.views_without_commit - 1)
 
     def _cancel_request_timer(self) -> None:
         if self.request_timer_armed:
@@ -435,17 +465,14 @@ class Replica:
                 # replica waiting in view v+1 until the others change view.
                 self._arm_request_timer()
             elif self.requests and self.active:
-                self._start_view_change(self.view + 1)
+                self._start_view_change(self.view + 1, "request_timeout")
         elif event.kind is TimerKind.BLOCK_PERIOD:
             self.block_due = True
             self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
             self._maybe_propose()
         elif read_u64(event.key) == self.view and not self.active:
             if event.kind is TimerKind.NEW_VIEW:
-                self.new_view_timeout_ms = min(
-                    2 * self.new_view_timeout_ms, self.params.new_view_timeout_cap_ms
-                )
-                self._start_view_change(self.view + 1)
+                self._start_view_change(self.view + 1, "new_view_timeout")
             else:
                 self._resend_view_change()
 
@@ -481,7 +508,8 @@ class Replica:
             self._drop("primary at the high watermark")
             return
         self.building = self.seq_no + 1
-        self._out.append(BuildBlock(self.building, self.last_exec_hash, self.block_due))
+        self._out.append(BuildBlock(self.building, self.last_exec_hash, self.block_due,
+                                    self.params.block_time_budget_ms))
 
     def _on_block_built(self, event: BlockBuilt) -> None:
         if self.building != event.seq_no:
@@ -552,7 +580,7 @@ class Replica:
             self._on_pre_prepare(wire)
         elif body.replica == self.primary and isinstance(body, Prepare):
             self._record_evidence(wire.signed, None)  # a primary never prepares
-            self._start_view_change(self.view + 1)
+            self._start_view_change(self.view + 1, "evidence")
         else:
             self._on_vote(wire.signed)
 
@@ -574,7 +602,7 @@ class Replica:
         if slot.pre_prepare is not None:
             if slot.pre_prepare.body != body:
                 self._record_evidence(slot.pre_prepare, pre_prepare)
-                self._start_view_change(self.view + 1)
+                self._start_view_change(self.view + 1, "evidence")
             else:
                 self._drop("duplicate")
             return
@@ -834,11 +862,12 @@ class Replica:
 
     # --- view change ------------------------------------------------------------------
 
-    def _start_view_change(self, view: int) -> None:
+    def _start_view_change(self, view: int, reason: str) -> None:
         """Leave the current view and send VIEW-CHANGE(view)."""
         if view <= self.view:
             return
         self._cancel_request_timer()
+        self._count_view_change(reason)
         self.view, self.active = view, False
         self.new_view_timer_armed = False
         self.building = None
@@ -851,6 +880,10 @@ class Replica:
         self._sign(ViewChange(view, stable, self._stable_proof(), pset, qset, self.me))
         self._resend_view_change()
         self._check_view_change_quorum()
+
+    def _count_view_change(self, reason: str) -> None:
+        self.view_change_reasons[reason] += 1
+        self.views_without_commit += 1
 
     def _stable_proof(self) -> tuple[Signed[Checkpoint], ...]:
         """C: the Q matching CHECKPOINTs that made our stable checkpoint stable."""
@@ -896,7 +929,7 @@ class Replica:
         higher = [w.signed.body.view for r, w in self.view_changes.items()
                   if r != self.me and w.signed.body.view > self.view]
         if len(higher) >= self.params.weak_quorum:
-            self._start_view_change(min(higher))
+            self._start_view_change(min(higher), "join")
         else:
             self._check_view_change_quorum()
 
@@ -913,7 +946,8 @@ class Replica:
         at_least = sum(w.signed.body.view >= self.view for w in self.view_changes.values())
         if at_least >= quorum and not self.new_view_timer_armed:
             self.new_view_timer_armed = True
-            self._set_timer(TimerKind.NEW_VIEW, u64(self.view), self.new_view_timeout_ms)
+            self._set_timer(TimerKind.NEW_VIEW, u64(self.view), self.params.escalated(
+                self.params.new_view_timeout_ms, self._doublings))
 
     def _send_new_view(self, votes: list[Signed[ViewChange]]) -> None:
         chosen = select_view_changes(self.params, votes)
@@ -956,6 +990,8 @@ class Replica:
             self._drop(f"new-view: {type(exc).__name__}")
             return
         blocks = wire.blocks + (b"",) * (len(plan.entries) - len(wire.blocks))
+        if body.view > self.view:  # we never asked for this view: the others moved on
+            self._count_view_change("new_view")
         self.view = body.view
         self._install_new_view(signed, plan, blocks[: len(plan.entries)])
 
@@ -965,7 +1001,6 @@ class Replica:
         self._out.append(CancelTimer(TimerKind.NEW_VIEW, u64(self.view)))
         self._out.append(CancelTimer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view)))
         self.active, self.new_view_timer_armed = True, False
-        self.new_view_timeout_ms = self.params.new_view_timeout_ms
         self.last_new_view = new_view
         self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
         self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())
@@ -986,6 +1021,7 @@ class Replica:
             self._adopt_pre_prepare(pre_prepare, own or block or kept[entry])
         self.seq_no = max([self.low_watermark, *(n for n, _ in plan.entries)])
         self._persist_meta()
+        self.passed_over = 0  # the new primary gets the whole bound again
         if self.requests:
             self._arm_request_timer()
         replay = sorted((w for w in self.future.values() if w.signed.body.view == self.view),

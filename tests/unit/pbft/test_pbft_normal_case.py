@@ -38,7 +38,7 @@ def test_many_sequential_blocks_reset_state_after_each_commit(n: int) -> None:
         replica = node.replica
         assert replica.seq_no == replica.last_exec == height
         assert replica.executing is None and replica.building is None
-        assert replica.requests == set()
+        assert not replica.requests
         assert replica.outstanding_blocks == {}  # committed blocks are no longer outstanding
 
 
