@@ -1,0 +1,170 @@
+"""The request timer under real load (issue 12), on one replica driven event by event: it
+runs only for executable transactions, escalates with consecutive view changes, resets on a
+commit, and still runs out on a primary that keeps leaving one transaction out."""
+
+from __future__ import annotations
+
+from eth_hash.auto import keccak
+
+from pbft_engine.core import (
+    Action,
+    BlockCommitted,
+    BlockValidated,
+    CancelTimer,
+    ChainHead,
+    CommitBlock,
+    EngineParams,
+    FetchCommitted,
+    FetchCompleted,
+    MessageReceived,
+    PeerCommitted,
+    Replica,
+    RequestDropped,
+    RequestReceived,
+    SetTimer,
+    TimerFired,
+    TimerKind,
+    ValidateBlock,
+)
+from pbft_engine.core.records import u64
+from pbft_engine.core.replica import MAX_PASSED_OVER
+from pbft_engine.messages import (
+    Authenticator,
+    Commit,
+    KeySigner,
+    KeyVerifier,
+    Prepare,
+    PrePrepare,
+    ViewChange,
+    WireMessage,
+)
+from pbft_engine.metrics import replica_mode
+
+SIGNERS = [KeySigner(keccak(b"validator %d" % i)) for i in range(4)]
+PARAMS = EngineParams(chain_id=1337, validators=tuple(s.address for s in SIGNERS))
+AUTH = Authenticator(PARAMS.chain_id, PARAMS.validators, KeyVerifier())
+GENESIS = keccak(b"genesis")
+ME = 2  # never the primary of views 0 and 1
+WAITING = keccak(b"the transaction a censoring primary leaves out")
+
+
+def start_replica(me: int = ME) -> Replica:
+    replica = Replica(PARAMS, me, SIGNERS[me], KeyVerifier(), ChainHead(0, GENESIS))
+    replica.start()
+    return replica
+
+
+def from_peer(body: object, blocks: tuple[bytes, ...] = ()) -> MessageReceived:
+    signer = SIGNERS[body.replica]  # type: ignore[attr-defined]
+    return MessageReceived(WireMessage(AUTH.sign(body, signer), blocks).encode())  # type: ignore[arg-type]
+
+
+def request_timer(actions: list[Action]) -> int | None:
+    """The duration the request timer was (re)armed with in these actions, if it was."""
+    armed = [a.duration_ms for a in actions
+             if isinstance(a, SetTimer) and a.kind is TimerKind.REQUEST]
+    return armed[-1] if armed else None
+
+
+def commit_block(
+    replica: Replica, seq_no: int, txs: tuple[bytes, ...], imported: bytes | None = None
+) -> list[Action]:
+    """Primary 0 proposes a block of `txs`; the others prepare and commit it; returns the
+    actions of the step that reports the block committed (as `imported`, if given)."""
+    block = b"block %d with %d transactions" % (seq_no, len(txs))
+    digest = keccak(block)
+    actions = replica.step(from_peer(PrePrepare(0, seq_no, digest, 0), (block,)))
+    assert any(isinstance(a, ValidateBlock) for a in actions)
+    replica.step(BlockValidated(seq_no, digest, True))
+    for peer in (1, 3):
+        replica.step(from_peer(Prepare(0, seq_no, digest, peer)))
+    for peer in (0, 1):
+        actions = replica.step(from_peer(Commit(0, seq_no, digest, peer)))
+    assert any(isinstance(a, CommitBlock) for a in actions)
+    return replica.step(BlockCommitted(seq_no, imported or digest, keccak(digest), txs))
+
+
+def test_a_dropped_request_stops_the_timer() -> None:
+    """A replaced, evicted or priced-out transaction no longer holds the primary to account."""
+    replica = start_replica()
+    assert request_timer(replica.step(RequestReceived(WAITING))) == PARAMS.request_timeout_ms
+    actions = replica.step(RequestDropped(WAITING))
+    assert CancelTimer(TimerKind.REQUEST, b"") in actions
+    replica.step(TimerFired(TimerKind.REQUEST, b""))  # a firing already on its way
+    assert replica.view == 0 and replica.active and not replica.view_change_reasons
+
+
+def test_commits_restart_the_timer_while_the_oldest_request_is_served() -> None:
+    replica = start_replica()
+    queue = [keccak(b"queued %d" % i) for i in range(3 * (MAX_PASSED_OVER + 2))]
+    for tx in queue:
+        replica.step(RequestReceived(tx))
+    for seq_no, start in enumerate(range(0, len(queue), 3), start=1):
+        actions = commit_block(replica, seq_no, tuple(queue[start:start + 3]))
+        if start + 3 < len(queue):
+            assert request_timer(actions) == PARAMS.request_timeout_ms
+    assert not replica.requests and replica.view == 0
+
+
+def test_a_primary_that_keeps_passing_over_a_request_is_replaced() -> None:
+    """Censorship: blocks full of other transactions stop restarting the timer once they
+    have passed over the oldest waiting request MAX_PASSED_OVER times."""
+    replica = start_replica()
+    replica.step(RequestReceived(WAITING))
+    others = [keccak(b"other %d" % i) for i in range(MAX_PASSED_OVER + 1)]
+    for tx in others:
+        replica.step(RequestReceived(tx))
+    restarts = [request_timer(commit_block(replica, n, (tx,)))
+                for n, tx in enumerate(others, start=1)]
+    assert restarts == [PARAMS.request_timeout_ms] * MAX_PASSED_OVER + [None]
+    replica.step(RequestReceived(keccak(b"late")))  # keeps the timer, does not restart it
+    replica.step(TimerFired(TimerKind.REQUEST, b""))
+    assert replica.view == 1 and not replica.active
+    assert replica.view_change_reasons == {"request_timeout": 1}
+
+
+def view_change_quorum(replica: Replica, view: int) -> list[Action]:
+    actions: list[Action] = []
+    for peer in [p for p in (1, 2, 3) if p != PARAMS.primary(view)][:2]:
+        actions += replica.step(from_peer(ViewChange(view, 0, (), (), (), peer)))
+    return actions
+
+
+def new_view_timer(actions: list[Action], view: int) -> int:
+    (armed,) = [a.duration_ms for a in actions if isinstance(a, SetTimer)
+                and a.kind is TimerKind.NEW_VIEW and a.key == u64(view)]
+    return armed
+
+
+def test_timeouts_double_per_view_change_without_a_commit_and_reset_on_commit() -> None:
+    """Castro & Liskov 4.5.2: T for the first view change, then 2T, 4T, ... capped."""
+    replica = start_replica(0)  # not the primary of views 1 to 3
+    replica.step(RequestReceived(WAITING))
+    replica.step(TimerFired(TimerKind.REQUEST, b""))
+    base = PARAMS.new_view_timeout_ms
+    assert new_view_timer(view_change_quorum(replica, 1), 1) == base
+    for view, expected in ((2, 2 * base), (3, 4 * base)):
+        replica.step(TimerFired(TimerKind.NEW_VIEW, u64(view - 1)))
+        assert replica.view == view
+        assert new_view_timer(view_change_quorum(replica, view), view) == expected
+    assert replica.view_change_reasons == {"request_timeout": 1, "new_view_timeout": 2}
+    assert PARAMS.escalated(base, 40) == PARAMS.new_view_timeout_cap_ms
+    # A block committed meanwhile (fetched from peers) is progress: back to T.
+    actions = replica.step(PeerCommitted(1, keccak(b"block 1")))
+    assert any(isinstance(a, FetchCommitted) for a in actions)
+    replica.step(FetchCompleted(1, keccak(b"block 1"), keccak(b"root"), (WAITING,)))
+    assert replica.views_without_commit == 0
+    replica.step(TimerFired(TimerKind.NEW_VIEW, u64(3)))
+    assert replica.view == 4 and replica.views_without_commit == 1  # T again, not 8T
+
+
+def test_the_block_time_budget_leaves_the_round_room_in_the_timer() -> None:
+    assert 0 < PARAMS.block_time_budget_ms <= PARAMS.request_timeout_ms // 4
+
+
+def test_a_halted_replica_reports_halted() -> None:
+    """The chain imported another block than the certified one: the replica halts, and its
+    status says so (it used to report normal)."""
+    replica = start_replica()
+    commit_block(replica, 1, (), imported=keccak(b"another block"))
+    assert replica.halted and replica_mode(replica) == "halted"
