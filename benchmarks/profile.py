@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.load import BenchError, run_load
-from benchmarks.stages import THROUGHPUT_TIMEOUT, window
+from benchmarks.stages import window
 from benchmarks.testnet import BenchNet
 
 ACCOUNTS = 2_000
@@ -64,8 +64,7 @@ def _spy(py_spy: str, pid: int, out: Path) -> subprocess.Popen[bytes]:
 
 def profile(validators: int, workload: str, rounds: int, out: Path, py_spy: str) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="pbft-profile-"))
-    net = BenchNet.create(workdir / "net", validators, ACCOUNTS,
-                          {"request_timeout": THROUGHPUT_TIMEOUT} if validators > 1 else None)
+    net = BenchNet.create(workdir / "net", validators, ACCOUNTS)  # the testnet's defaults
     spies: list[subprocess.Popen[bytes]] = []
     try:
         net.cluster.start()
