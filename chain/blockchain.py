@@ -48,6 +48,10 @@ META_PREFIX = b"meta/"  # node metadata: the genesis file the data directory was
 GENESIS_KEY = b"genesis"
 MAX_BLOCK_DEPTH = 8  # block > uncles > header (RlpTooDeep is a ValueError)
 BUILD_CHUNK = 16  # transactions applied between looks at a block's time budget (~25 ms)
+# Of a build's time budget, the share for applying transactions: sealing (the transaction
+# and receipt tries, the state root, writing the block) took 1.3 x the applying here
+# (336 transfers: applied in 0.10 s, sealed in 0.13 s).
+APPLY_SHARE = 0.4
 
 
 SENDER_MEMO_SIZE = 1 << 15  # more than the pool holds, so a pooled transaction stays memoized
@@ -289,12 +293,14 @@ class Blockchain:
     ) -> tuple[ExecutedBlock, tuple[SignedTransactionAPI, ...]]:
         """Execute `transactions` on the head, in order, and seal the block.
 
-        With a `time_budget` (seconds), transactions are added in chunks only while the
-        execution time stays within it (at least one chunk): the rest wait for the next
-        block. Returns the executed block and the transactions that were left out because
-        they turned out invalid at execution (the pool checks them first, so this is rare).
+        With a `time_budget` (seconds) for the whole build, transactions are added in chunks
+        only while applying them stays within its APPLY_SHARE (at least one chunk), because
+        sealing the block costs about as much again; the rest wait for the next block.
+        Returns the executed block and the transactions that were left out because they
+        turned out invalid at execution (the pool checks them first, so this is rare).
         """
-        deadline = None if time_budget is None else time.perf_counter() + time_budget
+        deadline = (None if time_budget is None
+                    else time.perf_counter() + time_budget * APPLY_SHARE)
         overlay = OverlayDB(self.chain_keyspace)
         chain = self.chain_class(overlay)
         parent = chain.get_canonical_head()

@@ -99,7 +99,7 @@ class EngineParams:
     def escalated(self, duration_ms: int, doublings: int) -> int:
         """`duration_ms` doubled `doublings` times, capped (Castro & Liskov, section 4.5.2)."""
         cap = max(duration_ms, self.new_view_timeout_cap_ms)
-        return min(duration_ms << min(doublings, MAX_DOUBLINGS), cap)
+        return min(duration_ms << max(0, min(doublings, MAX_DOUBLINGS)), cap)
 
     def primary(self, view: int) -> int:
         return view % self.n

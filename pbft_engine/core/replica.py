@@ -162,8 +162,9 @@ class Replica:
         self.seq_no = head.seq_no
         self.low_watermark = head.seq_no - head.seq_no % params.checkpoint_interval
         self.stable_checkpoint = 0
-        # View changes since the last commit: from the second on, each doubles the request
-        # and new-view timeouts (Castro & Liskov, section 4.5.2); a commit resets it.
+        # View changes since the last commit: each doubles the request timeout, and each
+        # after the first the new-view timeout (Castro & Liskov, section 4.5.2); a commit
+        # resets it.
         self.views_without_commit = 0
         self.last_exec = head.seq_no
         self.last_exec_hash = head.block_hash
@@ -439,17 +440,24 @@ class Replica:
             self._cancel_request_timer()
             return
         self.passed_over = self.passed_over + 1 if oldest in self.requests else 0
-        if len(self.requests) < before and self.active and self.passed_over <= MAX_PASSED_OVER:
+        if len(self.requests) < before:
+            self._restart_request_timer()
+
+    def _restart_request_timer(self) -> None:
+        """The primary made progress: it proposed the next block, or this replica finished
+        validating it, or a block committed. The timer then only bounds what the primary is
+        responsible for (the build, the messages, the others' votes), never this replica's
+        own execution, and it stops restarting once commits keep passing over the oldest
+        waiting request."""
+        if self.requests and self.active and self.passed_over <= MAX_PASSED_OVER:
             self._arm_request_timer()
 
     def _arm_request_timer(self) -> None:
+        if self.me == self.primary:
+            return  # as in the paper, backups time the primary; it does not time itself
         self.request_timer_armed = True
         self._set_timer(TimerKind.REQUEST, b"", self.params.escalated(
-            self.params.request_timeout_ms, self._doublings))
-
-    @property
-    def _doublings(self) -> int:
-        return max(0, self.views_without_commit - 1)
+            self.params.request_timeout_ms, self.views_without_commit))
 
     def _cancel_request_timer(self) -> None:
         if self.request_timer_armed:
@@ -607,6 +615,7 @@ class Replica:
                 self._drop("duplicate")
             return
         self._accept_pre_prepare(pre_prepare, wire.blocks[0])
+        self._restart_request_timer()
         self._advance()
 
     def _on_vote(self, vote: Signed[Any]) -> None:
@@ -647,6 +656,7 @@ class Replica:
             self._drop("invalid block")
             self._discard_block(event.seq_no, event.digest)
             return
+        self._restart_request_timer()  # our own execution time is not the primary's delay
         self._mark_validated(self.view, event.seq_no)
 
     def _mark_validated(self, view: int, seq_no: int) -> None:
@@ -947,7 +957,7 @@ class Replica:
         if at_least >= quorum and not self.new_view_timer_armed:
             self.new_view_timer_armed = True
             self._set_timer(TimerKind.NEW_VIEW, u64(self.view), self.params.escalated(
-                self.params.new_view_timeout_ms, self._doublings))
+                self.params.new_view_timeout_ms, self.views_without_commit - 1))
 
     def _send_new_view(self, votes: list[Signed[ViewChange]]) -> None:
         chosen = select_view_changes(self.params, votes)

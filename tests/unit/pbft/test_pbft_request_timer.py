@@ -33,6 +33,7 @@ from pbft_engine.messages import (
     Commit,
     KeySigner,
     KeyVerifier,
+    NewView,
     Prepare,
     PrePrepare,
     ViewChange,
@@ -137,7 +138,8 @@ def new_view_timer(actions: list[Action], view: int) -> int:
 
 
 def test_timeouts_double_per_view_change_without_a_commit_and_reset_on_commit() -> None:
-    """Castro & Liskov 4.5.2: T for the first view change, then 2T, 4T, ... capped."""
+    """Castro & Liskov 4.5.2: each view change without a commit doubles the request timeout
+    (the new primary of a slow cluster gets longer), the new-view timeout from the second."""
     replica = start_replica(0)  # not the primary of views 1 to 3
     replica.step(RequestReceived(WAITING))
     replica.step(TimerFired(TimerKind.REQUEST, b""))
@@ -155,7 +157,39 @@ def test_timeouts_double_per_view_change_without_a_commit_and_reset_on_commit() 
     replica.step(FetchCompleted(1, keccak(b"block 1"), keccak(b"root"), (WAITING,)))
     assert replica.views_without_commit == 0
     replica.step(TimerFired(TimerKind.NEW_VIEW, u64(3)))
-    assert replica.view == 4 and replica.views_without_commit == 1  # T again, not 8T
+    assert replica.view == 4 and replica.views_without_commit == 1
+
+
+def test_the_request_timeout_doubles_for_the_next_primary() -> None:
+    """A primary replaced for slowness hands a cluster whose rounds may be slow: its
+    successor gets twice the time for its first block."""
+    replica = start_replica()
+    replica.step(RequestReceived(WAITING))
+    replica.step(TimerFired(TimerKind.REQUEST, b""))
+    votes = tuple(AUTH.sign(ViewChange(1, 0, (), (), (), r), SIGNERS[r]) for r in (0, 2, 3))
+    actions = replica.step(from_peer(NewView(1, votes, (), 1)))
+    assert replica.view == 1 and replica.active
+    assert request_timer(actions) == 2 * PARAMS.request_timeout_ms
+
+
+def test_the_replicas_own_validation_time_is_not_held_against_the_primary() -> None:
+    """The timer restarts when the primary's PRE-PREPARE arrives and again when this
+    replica has validated the block: a slow validation here is not a slow primary."""
+    replica = start_replica()
+    replica.step(RequestReceived(WAITING))
+    block = b"block 1"
+    actions = replica.step(from_peer(PrePrepare(0, 1, keccak(block), 0), (block,)))
+    assert request_timer(actions) == PARAMS.request_timeout_ms
+    actions = replica.step(BlockValidated(1, keccak(block), True))
+    assert request_timer(actions) == PARAMS.request_timeout_ms
+
+
+def test_the_primary_runs_no_request_timer() -> None:
+    """Only backups time the primary (Castro & Liskov 4.4); a primary that timed itself
+    would abandon its own view while its block was still being validated."""
+    primary = start_replica(0)
+    assert request_timer(primary.step(RequestReceived(WAITING))) is None
+    assert not primary.request_timer_armed
 
 
 def test_the_block_time_budget_leaves_the_round_room_in_the_timer() -> None:
