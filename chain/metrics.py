@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
@@ -49,6 +55,12 @@ class NodeMetrics:
         self.pool_size = Gauge("txpool_transactions", "Transactions in the pool",
                                registry=self.registry)
         self.peers = Gauge("p2p_peers", "Validators connected now", registry=self.registry)
+        self.gossip_backlog = Gauge("txpool_gossip_backlog",
+                                    "Gossiped transactions waiting for admission",
+                                    registry=self.registry)
+        self.gossip_dropped = Counter("txpool_gossip_dropped",
+                                      "Gossiped transactions dropped: the backlog was full",
+                                      registry=self.registry)
         self.block_execution = Histogram(
             "chain_block_execution_seconds", "Time to execute a block, by what it was for",
             ["kind"], buckets=EXECUTION_BUCKETS, registry=self.registry)

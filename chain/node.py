@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHAINDATA = "chaindata"
+# Gossiped transactions are admitted this many at a time, the event loop serving consensus
+# messages and block results in between: a burst gossiped by the other validators would
+# otherwise hold the loop for seconds and delay this node's votes past the request timer.
+GOSSIP_SLICE = 32
 
 
 @dataclass
@@ -137,12 +142,17 @@ class Node:
         self.accounts = HeadAccounts(self.blockchain)
         self.pool = TxPool(self.chain_id, self.accounts, self.genesis.gas_limit, config.pool_limits)
         self._next_base_fee: int | None = None  # for the block after the head; None: unknown
+        # Gossiped raw transactions waiting for admission, bounded like the pool itself.
+        self._gossip: deque[bytes] = deque()
+        self._gossip_waiting = asyncio.Event()
+        self._gossip_task: asyncio.Task[None] | None = None
         self.tx_builder = self.blockchain.vm_at(self.blockchain.head()).get_transaction_builder()
         self.head_listeners: list[Callable[[CommittedBlock], None]] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="block-exec")
         self.metrics = NodeMetrics()
         self.metrics.head_block.set(self.blockchain.head().block_number)
         self.metrics.pool_size.set_function(lambda: len(self.pool))
+        self.metrics.gossip_backlog.set_function(lambda: len(self._gossip))
         self.metrics.peers.set_function(self.peer_count)
         self.metrics.registry.register(CallbackCollector(self._transport_metrics))
         self.context = NodeContext(self)
@@ -176,6 +186,7 @@ class Node:
             self.metrics_server = MetricsServer(self.metrics, config.metrics_addr,
                                                 config.metrics_port)
             await self.metrics_server.start()
+        self._gossip_task = loop.create_task(self._admit_gossip(), name="gossip admission")
         await self.engine.start()
         head = self.blockchain.head()
         log.info("node started: chain id %d, head #%d", self.chain_id, head.block_number)
@@ -187,6 +198,9 @@ class Node:
             self.failed.set_result(error)
 
     async def stop(self) -> None:
+        if self._gossip_task is not None:
+            self._gossip_task.cancel()
+            await asyncio.gather(self._gossip_task, return_exceptions=True)
         await self.engine.stop()
         if self.transport is not None:
             await self.transport.stop()
@@ -217,20 +231,35 @@ class Node:
         if channel == Channel.ENGINE:
             self.engine.on_message(sender, payload)
         elif channel == Channel.TX_GOSSIP:
-            self._on_gossiped_transaction(payload)
+            self._queue_gossip(payload)
         elif channel == Channel.BLOCK_SYNC:
             self.engine.on_sync_message(sender, payload)
 
-    def _on_gossiped_transaction(self, raw: bytes) -> None:
+    def _queue_gossip(self, raw: bytes) -> None:
         """A transaction another validator accepted; every validator gets it from its origin,
-        so it is not forwarded again."""
+        so it is not forwarded again. Admitted later, a slice at a time (GOSSIP_SLICE)."""
+        if len(self._gossip) >= self.config.pool_limits.max_transactions:
+            self.metrics.gossip_dropped.inc()
+            return
+        self._gossip.append(raw)
+        self._gossip_waiting.set()
+
+    async def _admit_gossip(self) -> None:
+        while True:
+            await self._gossip_waiting.wait()
+            for _ in range(min(GOSSIP_SLICE, len(self._gossip))):
+                self._admit_gossiped(self._gossip.popleft())
+            self.report_ready()
+            if self._gossip:
+                await asyncio.sleep(0)  # let consensus messages and block results through
+            else:
+                self._gossip_waiting.clear()
+
+    def _admit_gossiped(self, raw: bytes) -> None:
         try:
-            tx = decode_raw_transaction(self.tx_builder, raw)
-            self.pool.add(tx, len(raw))
+            self.pool.add(decode_raw_transaction(self.tx_builder, raw), len(raw))
         except TxPoolError as exc:
             log.debug("gossiped transaction refused: %s", exc.message)
-            return
-        self.report_ready()
 
     def report_ready(self, *, every_sender: bool = False) -> None:
         """Tell the engine which pool transactions became executable at the head and which

@@ -8,6 +8,7 @@ over-limit batch get -32600; unknown methods -32601; wrong argument counts and t
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -204,6 +205,7 @@ class Dispatcher:
                     encoded.append(_encode(_response(_answer_id(item), error=too_large)))
                 continue
             response = await self.call(item, session)
+            await asyncio.sleep(0)  # a long batch never holds the loop from consensus
             if response is None:
                 continue
             text = _encode(response)
