@@ -101,9 +101,11 @@ class ChainHead:
 
 # Commits that may pass over the oldest waiting request before they stop restarting the
 # request timer. Pools see gossip in slightly different orders, so the primary may
-# legitimately put a few blocks' worth of other transactions first; a primary that keeps
-# leaving one out while it commits others is censoring it, and the timer then runs out.
-MAX_PASSED_OVER = 3
+# legitimately put a few blocks' worth of other transactions first (more blocks when blocks
+# are small: the simulator's honest seed 6, N = 4, passed one request over four times); a
+# primary that keeps leaving one out while it commits others is censoring it, and the timer
+# then runs out.
+MAX_PASSED_OVER = 8
 
 
 @dataclass(frozen=True)
