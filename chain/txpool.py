@@ -109,6 +109,7 @@ class TxPool:
         self._ready: dict[bytes, tuple[bytes, ...]] = {}  # sender -> its ready run's hashes
         self._touched: set[bytes] = set()  # senders whose ready run may have changed
         self._committed: set[bytes] = set()  # removed as committed: not reported unready
+        self._out_of_order = False  # a replacement was inserted out of arrival order
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -148,6 +149,10 @@ class TxPool:
         self._check_capacity(entry, replaced, queue)
         if replaced is not None:
             self._drop(replaced)
+            # A fee bump keeps its place in line, so the sender's later nonces, waiting behind
+            # it, are not sent to the back of the pool (the engine counts their age).
+            entry.arrival = replaced.arrival
+            self._out_of_order = True
         self._insert(entry)
         self._head_nonces[sender] = account_nonce
         return entry
@@ -249,7 +254,8 @@ class TxPool:
     def executable(
         self, *, base_fee: int, gas_limit: int, max_count: int
     ) -> list[SignedTransactionAPI]:
-        """A batch for the next block: arrival order, nonce order per sender, bounded by the
+        """A batch for the next block: arrival order (a replacement takes the place of the
+        transaction it replaced), nonce order per sender, bounded by the
         block gas limit (sum of tx gas limits) and `max_count`; a sender whose next
         transaction cannot pay the base fee is skipped.
 
@@ -260,6 +266,9 @@ class TxPool:
         own (an EIP-7702 authorization) makes that sender's transaction fail at block
         building, which removes it and so re-reads the nonce.
         """
+        if self._out_of_order:
+            self._by_hash = dict(sorted(self._by_hash.items(), key=lambda i: i[1].arrival))
+            self._out_of_order = False
         next_nonce: dict[bytes, int] = {}
         batch: list[SignedTransactionAPI] = []
         gas = 0

@@ -172,6 +172,7 @@ class Replica:
         self.last_exec_hash = head.block_hash
         self.executing: int | None = None
         self.building: int | None = None
+        self.arrived_while_building = False  # a request came in during the build
         self.fetching: int | None = None
         self.block_due = False
         self.halted = False
@@ -414,6 +415,7 @@ class Replica:
             return
         if not self.requests:
             self.passed_over = 0
+        self.arrived_while_building |= self.building is not None
         self.requests[event.tx_hash] = None
         if self.active and not self.request_timer_armed:
             self._arm_request_timer()
@@ -518,6 +520,7 @@ class Replica:
             self._drop("primary at the high watermark")
             return
         self.building = self.seq_no + 1
+        self.arrived_while_building = False
         self._out.append(BuildBlock(self.building, self.last_exec_hash, self.block_due,
                                     self.params.block_time_budget_ms))
 
@@ -526,6 +529,8 @@ class Replica:
             return
         self.building = None
         if not event.tx_hashes and not self.block_due:
+            if self.arrived_while_building:  # the build missed it: build again, once per arrival
+                self._maybe_propose()
             return
         if not (self.active and self.me == self.primary and self.seq_no + 1 == event.seq_no):
             return

@@ -1,21 +1,26 @@
-"""A deterministic cluster of real PBFT cores over a simulated network, clock and chain.
+"""A deterministic cluster of real PBFT cores over a simulated network, clock, chain and pool.
 
 Everything random comes from one `random.Random(seed)`; time is a simulated millisecond
-counter; events run in (time, sequence) order. Each node has a toy chain (the adapter's side:
-build, validate, import, fetch), an in-memory consensus store that survives crashes, and the
-real `Replica`. The cluster records what honest replicas sign and commit so the safety
-properties can be checked after (and during) a run.
+counter; events run in (time, sequence) order. Each node has a chain and a pool (the adapter's
+side, `ledger.py`), ONE executor that builds, validates, imports and fetches blocks one job at
+a time, each taking time in proportion to the block's transactions, an in-memory consensus
+store that survives crashes, and the real `Replica`. Like the real node, the adapter reports
+to the core only transactions that are executable at its head, and reports every way one
+stops being so. The cluster records what honest replicas sign and commit, and when each
+transaction became executable and committed on each node, so safety and liveness can be
+checked after (and during) a run.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import rlp
 from eth_hash.auto import keccak
 
 from pbft_engine.core import (
@@ -26,7 +31,6 @@ from pbft_engine.core import (
     Broadcast,
     BuildBlock,
     CancelTimer,
-    ChainHead,
     CommitBlock,
     EngineParams,
     Event,
@@ -34,8 +38,10 @@ from pbft_engine.core import (
     FetchCompleted,
     FetchFailed,
     MessageReceived,
+    PeerCommitted,
     Persist,
     Replica,
+    RequestDropped,
     RequestReceived,
     SendTo,
     SetTimer,
@@ -43,19 +49,39 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
+from pbft_engine.core.records import META_NEW_VIEW, StoreName
 from pbft_engine.messages import (
     KeySigner,
     KeyVerifier,
+    NewView,
     Verifier,
     WireMessage,
+    decode_signed_bytes,
     verify_commit_certificate,
 )
 from pbft_engine.store import MemoryConsensusStore
+from tests.simulation.ledger import (
+    GENESIS_HASH,
+    GENESIS_ROOT,
+    ChainBlock,
+    FeeMarket,
+    Pool,
+    SimChain,
+    Tx,
+    block_txs,
+    decode_block,
+    make_block,
+)
+
+__all__ = [
+    "CHAIN_ID", "GENESIS_HASH", "GENESIS_ROOT", "MAX_TXS_PER_BLOCK", "ChainBlock", "Cluster",
+    "Execution", "FeeMarket", "NetworkFaults", "Node", "SafetyViolation", "SimChain", "Tx",
+    "block_txs", "make_block",
+]
 
 CHAIN_ID = 1337
-GENESIS_HASH = keccak(b"genesis")
-GENESIS_ROOT = keccak(b"genesis state")
-MAX_TXS_PER_BLOCK = 8
+MAX_TXS_PER_BLOCK = 8  # the default cap for the unit tests' cluster (scenarios lift it)
+FETCH_OVERHEAD_MS = 5
 
 
 class CachingVerifier(Verifier):
@@ -72,73 +98,48 @@ class CachingVerifier(Verifier):
         return self._cache[key]
 
 
-def make_block(seq_no: int, parent_hash: bytes, tx_hashes: tuple[bytes, ...], salt: bytes) -> bytes:
-    return rlp.encode([seq_no, parent_hash, list(tx_hashes), salt])
+@dataclass(frozen=True)
+class Execution:
+    """How long block work takes. A node's executor runs one job at a time; executing a block
+    costs cost_us_per_tx x its transactions x the node's slowness (1.0 = the fastest); an import
+    after validation costs commit_share of that (the state is already computed)."""
 
+    cost_us_per_tx: int = 0
+    slowness: tuple[float, ...] = ()  # per node; missing entries are 1.0
+    commit_share: float = 0.1
 
-def block_txs(block: bytes) -> tuple[bytes, ...]:
-    return tuple(rlp.decode(block)[2])
+    def of(self, index: int) -> float:
+        return self.slowness[index] if index < len(self.slowness) else 1.0
 
+    def block_ms(self, index: int, tx_count: int, share: float = 1.0) -> int:
+        """One job: 1 ms of overhead plus the transactions' execution time."""
+        return 1 + math.ceil(tx_count * self.cost_us_per_tx * self.of(index) * share / 1000)
 
-@dataclass
-class ChainBlock:
-    block_hash: bytes
-    block: bytes
-    state_root: bytes
-    certificate: bytes
-
-
-@dataclass
-class SimChain:
-    """The chain a node imports blocks into (survives crashes, like the node's chain DB)."""
-
-    blocks: list[ChainBlock] = field(default_factory=list)
-    tx_hashes: set[bytes] = field(default_factory=set)
-
-    @property
-    def head(self) -> ChainHead:
-        return ChainHead(len(self.blocks), self.blocks[-1].block_hash if self.blocks
-                         else GENESIS_HASH)
-
-    @property
-    def state_root(self) -> bytes:
-        return self.blocks[-1].state_root if self.blocks else GENESIS_ROOT
-
-    def valid(self, seq_no: int, digest: bytes, block: bytes) -> bool:
-        if keccak(block) != digest:  # a block travels unsigned: it must hash to the digest
-            return False
-        try:
-            number, parent, txs, _ = rlp.decode(block)
-            number = int.from_bytes(number, "big")
-        except (rlp.exceptions.RLPException, ValueError, TypeError):
-            return False
-        head = self.head
-        return (
-            number == seq_no == head.seq_no + 1
-            and parent == head.block_hash
-            and not any(tx in self.tx_hashes for tx in txs)
-            and len(set(txs)) == len(txs)
-        )
-
-    def append(self, block: bytes, certificate: bytes) -> ChainBlock:
-        block_hash = keccak(block)
-        entry = ChainBlock(block_hash, block, keccak(self.state_root + block_hash), certificate)
-        self.blocks.append(entry)
-        self.tx_hashes.update(block_txs(block))
-        return entry
+    def count_within(self, index: int, budget_ms: int) -> int | None:
+        """How many transactions this node executes within budget_ms (None: no limit). At
+        least one: a transaction dearer than the budget must still go into some block."""
+        if self.cost_us_per_tx == 0:
+            return None
+        return max(1, math.floor(budget_ms * 1000 / (self.cost_us_per_tx * self.of(index))))
 
 
 @dataclass
 class Node:
     index: int
     signer: KeySigner
+    chain: SimChain
     store: MemoryConsensusStore = field(default_factory=MemoryConsensusStore)
-    chain: SimChain = field(default_factory=SimChain)
-    pool: dict[bytes, None] = field(default_factory=dict)  # ordered set of known tx hashes
+    pool: Pool = field(default_factory=Pool)
     replica: Replica | None = None
     epoch: int = 0  # bumped on crash: events scheduled for an older epoch are void
     timers: dict[tuple[TimerKind, bytes], int] = field(default_factory=dict)
     alarms: list[Alarm] = field(default_factory=list)
+    jobs: deque[Callable[[], tuple[int, Callable[[], None]]]] = field(default_factory=deque)
+    busy: bool = False  # the executor runs a job
+    ready: dict[bytes, dict[bytes, None]] = field(default_factory=dict)  # reported, by sender
+    last_view: int = 0
+    last_progress: int = -1  # last_executed at the previous status poll
+    view_changes: int = 0  # times this node's view went up (across restarts)
 
     @property
     def up(self) -> bool:
@@ -153,7 +154,33 @@ class NetworkFaults:
     duplicate: float = 0.0
 
 
+@dataclass(frozen=True)
+class _Arrival:
+    tx: Tx
+
+
+@dataclass(frozen=True)
+class _Evict:
+    tx_hash: bytes
+
+
+@dataclass(frozen=True)
+class _JobDone:
+    finish: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class _Poll:
+    pass
+
+
+@dataclass(frozen=True)
+class _Status:
+    peer: int
+
+
 MessageFilter = Callable[[int, int, WireMessage], bool]  # (src, dst, message) -> deliver?
+Job = Callable[[], tuple[int, Callable[[], None]]]  # start: (duration, what happens at the end)
 
 
 class SafetyViolation(AssertionError):
@@ -173,6 +200,10 @@ class Cluster:
         new_view_timeout_ms: int = 500,
         new_view_timeout_cap_ms: int = 4_000,
         empty_blocks: bool = False,
+        market: FeeMarket | None = None,
+        execution: Execution | None = None,
+        max_txs_per_block: int | None = MAX_TXS_PER_BLOCK,
+        gossip_delays: bool = False,
     ) -> None:
         self.rng = random.Random(seed)
         self.faults = faults or NetworkFaults()
@@ -188,8 +219,14 @@ class Cluster:
             block_period_ms=200,
             empty_blocks=empty_blocks,
         )
+        self.market = market or FeeMarket()
+        self.execution = execution or Execution()
+        self.max_txs_per_block = max_txs_per_block
+        self.gossip_delays = gossip_delays  # False: a submitted transaction is everywhere at once
+        self.registry: dict[bytes, Tx] = {}  # every transaction ever submitted, by hash
         self.verifier = CachingVerifier()
-        self.nodes = [Node(i, s) for i, s in enumerate(signers)]
+        self.nodes = [Node(i, s, SimChain(self.market, self.registry))
+                      for i, s in enumerate(signers)]
         self.now = 0
         self._queue: list[tuple[int, int, int, int, Any]] = []
         self._sequence = 0
@@ -197,8 +234,14 @@ class Cluster:
         self.filters: list[MessageFilter] = []
         self.outgoing: dict[int, Callable[[int, bytes], list[tuple[int, bytes]]]] = {}
         self.byzantine: set[int] = set()
+        self.censors: dict[int, bytes] = {}  # node -> the sender its builds leave out
         self.signed_by: dict[tuple[int, int, int, int], bytes] = {}
         self.delivered: list[bytes] = []  # every message delivered (replay material)
+        # Liveness material: when each transaction last became executable (was reported) and
+        # when it committed, per node; every transaction ever reported anywhere.
+        self.ready_at: dict[bytes, dict[int, int]] = {}
+        self.commit_at: dict[bytes, dict[int, int]] = {}
+        self.reported: set[bytes] = set()
         for node in self.nodes:
             self.restart(node.index)
 
@@ -232,8 +275,20 @@ class Cluster:
             if node.timers.get((kind, key)) != when:
                 return
             del node.timers[(kind, key)]
-            item = TimerFired(kind, key)
-        self.feed(index, item)
+            self.feed(index, TimerFired(kind, key))
+        elif isinstance(item, _JobDone):
+            item.finish()
+            self._start_next_job(node)
+        elif isinstance(item, _Arrival):
+            self._gossip(index, item.tx)
+        elif isinstance(item, _Evict):
+            self._evict(node, item.tx_hash)
+        elif isinstance(item, _Poll):
+            self._poll(node)
+        elif isinstance(item, _Status):
+            self._on_status(node, self.nodes[item.peer])
+        else:
+            self.feed(index, item)
 
     def feed(self, index: int, event: Event) -> None:
         node = self.nodes[index]
@@ -241,6 +296,9 @@ class Cluster:
         if isinstance(event, MessageReceived):
             self.delivered.append(event.data)
         self.perform(node, node.replica.step(event))
+        if node.replica is not None and node.replica.view > node.last_view:
+            node.last_view = node.replica.view
+            node.view_changes += 1
 
     # --- the adapter side ---------------------------------------------------------------
 
@@ -266,57 +324,186 @@ class Cluster:
                 self._block_action(node, action)
 
     def _block_action(self, node: Node, action: Any) -> None:
-        chain = node.chain
+        job: Job
         if isinstance(action, BuildBlock):
-            self._schedule(1, node, self._build(node, action))
+            job = lambda: self._build(node, action)  # noqa: E731
         elif isinstance(action, ValidateBlock):
-            ok = chain.valid(action.seq_no, action.digest, action.block)
-            self._schedule(1, node, BlockValidated(action.seq_no, action.digest, ok))
+            job = lambda: self._validate(node, action)  # noqa: E731
         elif isinstance(action, CommitBlock):
-            self._commit(node, action)
+            job = lambda: self._commit(node, action)  # noqa: E731
         elif isinstance(action, FetchCommitted):
-            self._schedule(5, node, self._fetch(node, action.target_seq_no))
+            job = lambda: self._fetch(node, action.target_seq_no)  # noqa: E731
         else:
             raise AssertionError(f"unknown action {action!r}")
+        node.jobs.append(job)
+        if not node.busy:
+            self._start_next_job(node)
 
-    def _build(self, node: Node, action: BuildBlock) -> BlockBuilt:
-        txs = tuple(tx for tx in node.pool if tx not in node.chain.tx_hashes)
-        txs = txs[:MAX_TXS_PER_BLOCK]
-        block = make_block(action.seq_no, action.parent_hash, txs, b"")
-        return BlockBuilt(action.seq_no, keccak(block), block, txs)
+    def _start_next_job(self, node: Node) -> None:
+        """The executor takes the next job: it starts now and its outcome lands when it ends
+        (a job sees the chain as the jobs before it left it: they ran one at a time)."""
+        if not node.jobs:
+            node.busy = False
+            return
+        node.busy = True
+        duration, finish = node.jobs.popleft()()
+        self._schedule(duration, node, _JobDone(finish))
 
-    def _commit(self, node: Node, action: CommitBlock) -> None:
-        chain = node.chain
-        if not chain.valid(action.seq_no, action.digest, action.block):
-            raise SafetyViolation(f"replica {node.index} committed an invalid block "
-                                  f"{action.seq_no}")
-        verify_commit_certificate(
-            action.certificate, validators=self.params.validators, chain_id=CHAIN_ID,
-            block_number=action.seq_no, block_hash=action.digest, verifier=self.verifier)
-        entry = chain.append(action.block, action.certificate)
-        self._check_agreement(node, action.seq_no)
-        self._schedule(1, node, BlockCommitted(action.seq_no, entry.block_hash,
-                                               entry.state_root, block_txs(action.block)))
+    def _build(self, node: Node, action: BuildBlock) -> tuple[int, Callable[[], None]]:
+        limits = [self.max_txs_per_block,
+                  self.execution.count_within(node.index, action.time_budget_ms)]
+        max_count = min((x for x in limits if x is not None), default=None)
+        txs = node.pool.select(node.chain, max_count, skip=self.censors.get(node.index))
+        hashes = tuple(tx.hash for tx in txs)
+        block = make_block(action.seq_no, action.parent_hash, hashes, b"")
+        built = BlockBuilt(action.seq_no, keccak(block), block, hashes)
+        return (self.execution.block_ms(node.index, len(txs)),
+                lambda: self.feed(node.index, built))
 
-    def _fetch(self, node: Node, target: int) -> FetchCompleted | FetchFailed:
-        """Catch-up from any peer that has the target: every certificate is verified."""
+    def _validate(self, node: Node, action: ValidateBlock) -> tuple[int, Callable[[], None]]:
+        decoded = decode_block(action.block)
+        size = len(decoded[2]) if decoded is not None else 0
+
+        def finish() -> None:
+            ok = node.chain.valid(action.seq_no, action.digest, action.block)
+            self.feed(node.index, BlockValidated(action.seq_no, action.digest, ok))
+
+        return self.execution.block_ms(node.index, size), finish
+
+    def _commit(self, node: Node, action: CommitBlock) -> tuple[int, Callable[[], None]]:
+        def finish() -> None:
+            if not node.chain.valid(action.seq_no, action.digest, action.block):
+                raise SafetyViolation(f"replica {node.index} committed an invalid block "
+                                      f"{action.seq_no}")
+            verify_commit_certificate(
+                action.certificate, validators=self.params.validators, chain_id=CHAIN_ID,
+                block_number=action.seq_no, block_hash=action.digest, verifier=self.verifier)
+            entry = self._import(node, action.block, action.certificate)
+            self.feed(node.index, BlockCommitted(action.seq_no, entry.block_hash,
+                                                 entry.state_root, block_txs(action.block)))
+            self._refresh(node)  # after the commit: first BlockCommitted, then the deltas
+
+        size = len(block_txs(action.block))
+        return self.execution.block_ms(node.index, size, self.execution.commit_share), finish
+
+    def _fetch(self, node: Node, target: int) -> tuple[int, Callable[[], None]]:
+        """Catch-up from any peer that has the target: every certificate is verified, every
+        block executed (so it takes as long as executing them)."""
         sources = [p for p in self.nodes if p is not node and p.index not in self.byzantine
                    and len(p.chain.blocks) >= target]
         if not sources or target <= len(node.chain.blocks):
-            return FetchFailed(target)
+            return FETCH_OVERHEAD_MS, lambda: self.feed(node.index, FetchFailed(target))
         source = sources[self.rng.randrange(len(sources))]
-        txs: list[bytes] = []
-        for seq_no in range(len(node.chain.blocks) + 1, target + 1):
-            entry = source.chain.blocks[seq_no - 1]
-            verify_commit_certificate(
-                entry.certificate, validators=self.params.validators, chain_id=CHAIN_ID,
-                block_number=seq_no, block_hash=entry.block_hash, verifier=self.verifier)
-            assert node.chain.valid(seq_no, entry.block_hash, entry.block)
-            node.chain.append(entry.block, entry.certificate)
-            self._check_agreement(node, seq_no)
-            txs.extend(block_txs(entry.block))
-        head = node.chain.blocks[-1]
-        return FetchCompleted(target, head.block_hash, head.state_root, tuple(txs))
+        entries = source.chain.blocks[len(node.chain.blocks):target]
+        first = len(node.chain.blocks) + 1
+        duration = FETCH_OVERHEAD_MS + sum(
+            self.execution.block_ms(node.index, len(block_txs(e.block))) for e in entries)
+
+        def finish() -> None:
+            txs: list[bytes] = []
+            for seq_no, entry in enumerate(entries, start=first):
+                verify_commit_certificate(
+                    entry.certificate, validators=self.params.validators, chain_id=CHAIN_ID,
+                    block_number=seq_no, block_hash=entry.block_hash, verifier=self.verifier)
+                assert node.chain.valid(seq_no, entry.block_hash, entry.block)
+                self._import(node, entry.block, entry.certificate)
+                txs.extend(block_txs(entry.block))
+            head = node.chain.blocks[-1]
+            self.feed(node.index, FetchCompleted(target, head.block_hash, head.state_root,
+                                                 tuple(txs)))
+            self._refresh(node)
+
+        return duration, finish
+
+    def _import(self, node: Node, block: bytes, certificate: bytes) -> ChainBlock:
+        entry = node.chain.append(block, certificate)
+        self._check_agreement(node, len(node.chain.blocks))
+        for tx_hash in block_txs(block):
+            self.commit_at.setdefault(tx_hash, {})[node.index] = self.now
+        node.pool.prune(node.chain)
+        return entry
+
+    # --- readiness: what the core is told about the pool --------------------------------
+
+    def _refresh(self, node: Node, senders: Iterable[bytes] | None = None) -> None:
+        """Report the change in this node's executable set: RequestDropped for each reported
+        transaction that is no longer executable and was not committed (replaced, evicted,
+        made invalid, priced out), then RequestReceived for each newly executable one, in the
+        order the pool hands them out."""
+        if not node.up:
+            return
+        chain = node.chain
+        todo = set(node.pool.senders) | set(node.ready) if senders is None else set(senders)
+        dropped: list[bytes] = []
+        added: list[tuple[int, int, bytes]] = []
+        for sender in sorted(todo):  # sorted: set order is not deterministic across runs
+            old = node.ready.pop(sender, {})
+            run = {tx.hash: (key, tx.nonce) for key, tx in node.pool.ready_run(sender, chain)}
+            dropped += [h for h in old if h not in run and h not in chain.tx_hashes]
+            added += [(key, nonce, h) for h, (key, nonce) in run.items() if h not in old]
+            if run:
+                node.ready[sender] = dict.fromkeys(run)
+        for tx_hash in dropped:
+            self.feed(node.index, RequestDropped(tx_hash))
+        for _, _, tx_hash in sorted(added):
+            self.ready_at.setdefault(tx_hash, {})[node.index] = self.now
+            self.reported.add(tx_hash)
+            self.feed(node.index, RequestReceived(tx_hash))
+
+    def executable(self, node: Node) -> list[bytes]:
+        """What this node reported as executable and has not committed."""
+        return [h for run in node.ready.values() for h in run]
+
+    # --- block sync's status poll (pbft_engine/sync.py) ---------------------------------
+
+    @property
+    def poll_interval_ms(self) -> int:
+        return min(2_000, max(250, self.params.request_timeout_ms // 4))  # as the engine's
+
+    def _poll(self, node: Node) -> None:
+        """No progress since the last poll: ask the peers where they are. Only peers whose
+        answer could matter are asked (ahead, or in a later view): the others' answers would
+        be ignored, and skipping them keeps the simulation cheap. Byzantine peers do not
+        answer, as they serve no blocks (`_fetch`): one that claimed a head and then refused
+        the blocks is another attack (it makes the asking replica drop its uncommitted
+        blocks, `Replica._fall_behind`), not modelled here."""
+        assert node.replica is not None
+        status = node.replica.status()
+        if status.fetching is None and status.last_executed == node.last_progress:
+            for peer in self.nodes:
+                if (peer is not node and peer.up and peer.index not in self.byzantine
+                        and self._useful_peer(peer, status.view, status.last_executed)):
+                    self._ask_status(node, peer)
+        node.last_progress = status.last_executed
+        self._schedule(self.poll_interval_ms, node, _Poll())
+
+    @staticmethod
+    def _useful_peer(peer: Node, view: int, last_executed: int) -> bool:
+        assert peer.replica is not None
+        new_view = peer.replica.last_new_view
+        return (len(peer.chain.blocks) > last_executed
+                or (new_view is not None and new_view.body.view > view))
+
+    def _ask_status(self, node: Node, peer: Node) -> None:
+        if not self._connected(node.index, peer.index):
+            return
+        if self.rng.random() < self.faults.drop or self.rng.random() < self.faults.drop:
+            return  # the request or the answer was lost
+        self._schedule(self._delay() + self._delay(), node, _Status(peer.index))
+
+    def _on_status(self, node: Node, peer: Node) -> None:
+        """STATUS from a peer: the NEW-VIEW it is in, if later than ours, and its head, if
+        ahead of ours (a peer's head always comes with a valid certificate here)."""
+        assert node.replica is not None
+        new_view = peer.store.get(StoreName.META, META_NEW_VIEW)
+        if new_view is not None:
+            signed = decode_signed_bytes(new_view, NewView)
+            if signed.body.view > node.replica.view:
+                self.feed(node.index, MessageReceived(WireMessage(signed).encode()))
+        if node.replica is not None and peer.chain.blocks:
+            head = peer.chain.head
+            if head.seq_no > node.replica.status().last_executed:
+                self.feed(node.index, PeerCommitted(head.seq_no, head.block_hash))
 
     # --- network ------------------------------------------------------------------------
 
@@ -332,6 +519,9 @@ class Cluster:
     def _connected(self, src: int, dst: int) -> bool:
         return not self.partition or any(src in g and dst in g for g in self.partition)
 
+    def _delay(self) -> int:
+        return self.rng.randint(self.faults.min_delay_ms, self.faults.max_delay_ms)
+
     def transmit(self, src: int, dst: int, data: bytes) -> None:
         if not self._connected(src, dst):
             return
@@ -343,8 +533,7 @@ class Cluster:
         if copies and self.rng.random() < self.faults.duplicate:
             copies = 2
         for _ in range(copies):
-            delay = self.rng.randint(self.faults.min_delay_ms, self.faults.max_delay_ms)
-            self._schedule(delay, self.nodes[dst], MessageReceived(data))
+            self._schedule(self._delay(), self.nodes[dst], MessageReceived(data))
 
     def _record_signed(self, index: int, data: bytes) -> None:
         """No honest replica signs two different messages for one (type, view, seqNo)."""
@@ -368,38 +557,67 @@ class Cluster:
 
     # --- faults and clients -------------------------------------------------------------
 
-    def submit(self, tx_hash: bytes, to: int | None = None) -> None:
-        """A client sends a transaction to one node, which gossips it to all validators."""
+    def submit(self, tx: Tx | bytes, to: int | None = None) -> bytes:
+        """A client sends a transaction to one node, which gossips it to all validators (at
+        once, or after a network delay each with `gossip_delays`). A bare hash stands for an
+        always-executable transaction of its own sender. Returns the transaction's hash."""
+        if isinstance(tx, bytes):
+            tx = Tx.opaque(tx)
+        self.registry[tx.hash] = tx
         entry = self.rng.randrange(len(self.nodes)) if to is None else to
-        self._gossip(entry, tx_hash)
+        self._gossip(entry, tx)
         for dst in range(len(self.nodes)):
             reached = dst != entry and self._connected(entry, dst)
-            if reached and self.rng.random() >= self.faults.drop:
-                self._gossip(dst, tx_hash)
+            if not reached or self.rng.random() < self.faults.drop:
+                continue
+            if self.gossip_delays:
+                self._schedule(self._delay(), self.nodes[dst], _Arrival(tx))
+            else:
+                self._gossip(dst, tx)
+        return tx.hash
 
-    def _gossip(self, index: int, tx_hash: bytes) -> None:
+    def _gossip(self, index: int, tx: Tx) -> None:
         node = self.nodes[index]
-        node.pool[tx_hash] = None
-        if node.up:
-            self.feed(index, RequestReceived(tx_hash))
+        if node.pool.add(tx, node.chain):
+            self._refresh(node, (tx.sender,))
+
+    def evict(self, tx_hash: bytes, nodes: Iterable[int] | None = None) -> None:
+        """The transaction leaves these pools (default: all; a lifetime expiring), each after
+        a network delay with `gossip_delays` (pools do not agree on the instant)."""
+        for index in range(len(self.nodes)) if nodes is None else nodes:
+            if self.gossip_delays:
+                self._schedule(self._delay(), self.nodes[index], _Evict(tx_hash))
+            else:
+                self._evict(self.nodes[index], tx_hash)
+
+    def _evict(self, node: Node, tx_hash: bytes) -> None:
+        tx = node.pool.remove(tx_hash)
+        if tx is not None:
+            self._refresh(node, (tx.sender,))
 
     def crash(self, index: int) -> None:
         node = self.nodes[index]
         node.replica = None
         node.epoch += 1
         node.timers.clear()
+        node.jobs.clear()
+        node.busy = False
 
     def restart(self, index: int) -> None:
-        """Start (or restart) a node from its persisted store and chain."""
+        """Start (or restart) a node from its persisted store, chain and pool journal."""
         node = self.nodes[index]
         node.epoch += 1
         node.timers.clear()
+        node.jobs.clear()
+        node.busy = False
         node.replica = Replica.restore(self.params, index, node.signer, self.verifier,
                                        node.chain.head, node.store)
+        node.last_view = max(node.last_view, node.replica.view)
         self.perform(node, node.replica.start())
-        for tx_hash in list(node.pool):
-            if tx_hash not in node.chain.tx_hashes:
-                self.feed(index, RequestReceived(tx_hash))
+        node.ready = {}  # a new replica knows nothing: report the whole executable set
+        self._refresh(node)
+        node.last_progress = -1
+        self._schedule(self.poll_interval_ms, node, _Poll())
 
     # --- observations -------------------------------------------------------------------
 
@@ -412,6 +630,9 @@ class Cluster:
 
     def heights(self) -> list[int]:
         return [len(node.chain.blocks) for node in self.nodes]
+
+    def views(self) -> list[int | None]:
+        return [node.replica.view if node.replica else None for node in self.nodes]
 
     def all_committed(self, tx_hashes: list[bytes], nodes: list[Node] | None = None) -> bool:
         return all(tx in node.chain.tx_hashes for node in nodes or self.honest()

@@ -2,14 +2,20 @@
 
     .venv/bin/python -m tests.simulation.run --seeds 10000          # seeds 0..9999, N = 1, 4, 7
     .venv/bin/python -m tests.simulation.run --seed 42 --n 4        # replay one failing seed
+    .venv/bin/python -m tests.simulation.run --seeds 200 --kind censor   # one class only
+    .venv/bin/python -m tests.simulation.run --seeds 200 --pool-order ready   # see ledger.py
+
+Each seed belongs to one class (`scenario.kind_of`): chaos, honest, gapped, slow or censor.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
-from tests.simulation.scenario import replay_command, run_seed
+from tests.simulation import ledger
+from tests.simulation.scenario import KINDS, kind_of, replay_command, run_seed
 
 SIZES = (1, 4, 7)
 
@@ -22,17 +28,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, help="run only this seed")
     parser.add_argument("--n", type=int, choices=SIZES, action="append",
                         help="cluster size (repeatable; default 1, 4 and 7)")
+    parser.add_argument("--kind", choices=KINDS, action="append",
+                        help="run only the seeds of this class (repeatable)")
+    parser.add_argument("--pool-order", choices=("arrival", "ready"), default=ledger.POOL_ORDER,
+                        help="the order in which pools hand out transactions (ledger.POOL_ORDER)")
     args = parser.parse_args(argv)
+    ledger.POOL_ORDER = args.pool_order
+    suffix = "" if args.pool_order == "arrival" else f" --pool-order {args.pool_order}"
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     failures = 0
     for n in args.n or SIZES:
+        started, ran = time.monotonic(), 0
         for seed in seeds:
+            kind = kind_of(seed, n)
+            if args.kind and kind not in args.kind:
+                continue
+            ran += 1
             try:
                 run_seed(seed, n)
             except AssertionError as exc:
                 failures += 1
-                print(f"FAIL seed={seed} n={n}: {exc}\n  replay: {replay_command(seed, n)}")
-        print(f"n={n}: {len(seeds)} seeds run")
+                print(f"FAIL seed={seed} n={n} ({kind}): {exc}\n"
+                      f"  replay: {replay_command(seed, n)}{suffix}", flush=True)
+        print(f"n={n}: {ran} seeds run in {time.monotonic() - started:.1f} s", flush=True)
     return 1 if failures else 0
 
 

@@ -1,14 +1,43 @@
-"""One random simulation run per seed: faults, then healing, then the safety/liveness checks."""
+"""One random simulation run per seed, in one of five classes (`kind_of`):
+
+chaos   faults (crashes, restarts, partitions, drops, byzantine replicas), then healing: safety
+        throughout, and transactions sent after healing commit.
+honest  no fault; bursts far larger than a block, nonce gaps, fee bumps, evictions, fee caps
+        too low, a base fee that follows the load, replicas validating 1-3x slower than the
+        primary builds (within the design's envelope: a round fits the request timeout):
+        ZERO view changes on every replica, and every transaction commits within a bound.
+gapped  mostly transactions no primary can include (nonce gaps, fee caps below the base fee),
+        some of them made executable later: ZERO view changes; those commit within a bound.
+slow    rounds longer than the request timeout even within the block budget (validators far
+        slower than the primary, a transaction dearer than the timeout, a slow network):
+        view changes allowed; the timeouts' escalation must still let every transaction
+        commit everywhere.
+censor  the first primary builds blocks without one account's transactions while others keep
+        coming: it must be replaced, and the censored transactions commit within a bound.
+
+The latency bound (`invariants.check_latency`): a transaction that became executable at time
+t, with `ahead` others executable by then (give or take the gossip spread) and not yet
+committed, commits on every honest node by
+
+    t + (ceil(ahead / capacity) + R) x request_timeout (+ extra)
+
+where capacity is the fewest transactions a primary's block holds (its time budget at its
+speed, or the gas limit): R = 3 in the honest and gapped classes (a round fits the timeout,
+plus the gossip skew); for the censored account R = 3 + MAX_PASSED_OVER + 1 + 2 plus two
+new-view timeouts (the blocks that pass it over, the timer's last period, the view change).
+"""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import rlp
 from eth_hash.auto import keccak
 
+from pbft_engine.core.replica import MAX_PASSED_OVER
 from pbft_engine.messages import (
     Authenticator,
     Checkpoint,
@@ -18,19 +47,134 @@ from pbft_engine.messages import (
     PrePrepare,
     WireMessage,
 )
-from tests.simulation.cluster import Cluster, NetworkFaults, make_block
+from tests.simulation.cluster import Cluster, Execution, NetworkFaults, make_block
+from tests.simulation.invariants import (
+    LivenessFailure,
+    check_accounts,
+    check_latency,
+    check_no_view_change,
+    check_settles,
+)
+from tests.simulation.ledger import FeeMarket
+from tests.simulation.workload import Fees, Workload
+
+__all__ = ["KINDS", "LivenessFailure", "kind_of", "replay_command", "run_seed"]
 
 CHAOS_MS = 3_000
 LIVENESS_LIMIT_MS = 60_000
+SETTLE_LIMIT_MS = 120_000  # after the last client action, for the classes without faults
+SLOW_SETTLE_LIMIT_MS = 400_000
+CENSOR_STREAM_MS = 12_000
+BUDGET_MS = 800 // 5  # EngineParams.block_time_budget_ms at the default request timeout
+SLOW_TIMEOUT_CAP_MS = 16_000  # new_view_timeout_cap in the slow class (4 s elsewhere)
+QUIET_MS = 5_000  # idle time at the end, with gapped transactions still in the pools
 BEHAVIOURS = ("crash", "silent", "equivocate", "garbage", "replay", "out_of_window")
+# seed % 10 -> class; half the seeds stay chaos seeds
+KINDS = ("chaos", "honest", "gapped", "slow", "censor")
+_KIND_BY_RESIDUE = ("chaos",) * 5 + ("honest", "honest", "gapped", "slow", "censor")
+# Transactions per burst account, by cluster size: the CI time goes mostly to N = 7 rounds.
+_BURST_SIZE = {1: 40, 4: 24, 7: 12}
 
 
-class LivenessFailure(AssertionError):
-    pass
+def kind_of(seed: int, n: int) -> str:
+    kind = _KIND_BY_RESIDUE[seed % len(_KIND_BY_RESIDUE)]
+    return "chaos" if kind == "censor" and n < 4 else kind  # a censor needs f >= 1
 
 
 def replay_command(seed: int, n: int) -> str:
     return f".venv/bin/python -m tests.simulation.run --seed {seed} --n {n}"
+
+
+def run_seed(seed: int, n: int) -> Cluster:
+    """Run one seeded scenario; raises SafetyViolation / LivenessFailure / InvariantFailure."""
+    rng = random.Random(seed * 7919 + n)
+    return _RUNNERS[kind_of(seed, n)](seed, n, rng)
+
+
+# --- the economy: fees, gas, execution costs ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Economy:
+    market: FeeMarket
+    fees: Fees
+    execution: Execution
+    max_gas: int
+
+    def capacity(self, cluster: Cluster, primaries: list[int]) -> int:
+        """The fewest transactions a block of these primaries holds while more wait."""
+        budget = cluster.params.block_time_budget_ms
+        counts = [self.execution.count_within(p, budget) for p in primaries]
+        by_gas = max(1, (self.market.gas_limit - self.max_gas + 1) // self.max_gas)
+        return min([by_gas, *(c for c in counts if c is not None)])
+
+    def largest(self, cluster: Cluster, primary: int) -> int:
+        """The most transactions a block of this primary holds (1 gas each, the budget)."""
+        count = self.execution.count_within(primary, cluster.params.block_time_budget_ms)
+        return min(self.market.gas_limit, count or self.market.gas_limit)
+
+
+def economy(rng: random.Random, slowness: tuple[float, ...], cost_us: int) -> Economy:
+    """A base fee that is constant in some seeds and follows the load in others (EIP-1559,
+    within [floor, ceiling]); gas per transaction 1..max_gas; a block gas limit that binds
+    before the time budget in some seeds (full blocks: the base fee rises and prices out the
+    marginal fee caps) and long after it in others (an unbounded block, built without the
+    budget, would take several request timeouts)."""
+    floor = rng.randint(5, 20)
+    ceiling = floor if rng.random() < 0.3 else floor + rng.randint(1, 3 * floor)
+    max_gas = rng.choice((1, 2, 4))
+    speed = slowness[0] if slowness else 1.0  # the first primary's
+    in_budget = int(BUDGET_MS * 1000 / (cost_us * speed)) if cost_us else 40  # transactions
+    per_block = max(1, round(in_budget * rng.choice((0.5, 1.0, 4.0, 10.0))))
+    market = FeeMarket(floor, floor, ceiling, per_block * (max_gas + 1) // 2 + max_gas)
+    execution = Execution(cost_us, slowness, commit_share=rng.uniform(0.02, 0.1))
+    return Economy(market, Fees(floor, ceiling), execution, max_gas)
+
+
+def worst_round_ms(cluster: Cluster, economy: Economy, primary: int, max_delay: int) -> int:
+    """An upper bound on one round as a replica's request timer sees it: the primary's import
+    of the last block (it may finish after ours) and its build of the largest block, the
+    slowest validation and import, and five network delays (the commits' skew and the three
+    phases, and one of margin)."""
+    n = len(cluster.nodes)
+    full = economy.largest(cluster, primary)
+    execution = economy.execution
+    build = execution.block_ms(primary, full)
+    if n == 1:
+        return build + execution.block_ms(0, full, execution.commit_share)
+    validate = max(execution.block_ms(i, full) for i in range(n))
+    commit = max(execution.block_ms(i, full, execution.commit_share) for i in range(n))
+    return build + validate + 2 * commit + 5 * max_delay
+
+
+def within_envelope(seed: int, n: int, rng: random.Random, most_slowness: float
+                    ) -> tuple[Cluster, Economy, int]:
+    """A cluster whose rounds fit the request timeout (the design's envelope): replicas up
+    to `most_slowness` times slower than the fastest, and a network delay shrunk to fit
+    (the slowness too, if even 1 ms delays do not fit). Returns it, its economy, the delay."""
+    slowness = tuple(rng.uniform(1.0, most_slowness) for _ in range(n))
+    econ = economy(rng, slowness, rng.choice((1_000, 2_500, 5_000, 10_000, 20_000)))
+    cluster = _cluster(n, seed, econ, NetworkFaults())
+    max_delay = rng.randint(2, 25)
+    timeout = cluster.params.request_timeout_ms
+    while worst_round_ms(cluster, econ, 0, max_delay) > timeout:
+        if max_delay > 1:
+            max_delay -= 1
+            continue
+        slowness = tuple(1.0 + (s - 1.0) * 0.9 for s in slowness)
+        econ = replace(econ, execution=replace(econ.execution, slowness=slowness))
+        cluster.execution = econ.execution
+    cluster.faults = NetworkFaults(1, max_delay)
+    return cluster, econ, max_delay
+
+
+def _cluster(n: int, seed: int, econ: Economy, faults: NetworkFaults, **options: int
+             ) -> Cluster:
+    return Cluster(n, seed, faults=faults, market=econ.market, execution=econ.execution,
+                   max_txs_per_block=None, gossip_delays=True, **options)
+
+
+# --- chaos ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -87,12 +231,13 @@ class Byzantine:
         return [(dst, self._sign(twin, (block,)))]
 
 
-def run_seed(seed: int, n: int) -> Cluster:
-    """Run one seeded scenario; raises SafetyViolation / LivenessFailure with a replay hint."""
-    rng = random.Random(seed * 7919 + n)
+def run_chaos(seed: int, n: int, rng: random.Random) -> Cluster:
+    """Faults for CHAOS_MS, then healing; safety throughout, liveness after."""
     faults = NetworkFaults(min_delay_ms=1, max_delay_ms=rng.randint(5, 60),
                            drop=rng.choice((0.0, 0.02, 0.1)), duplicate=rng.choice((0.0, 0.05)))
-    cluster = Cluster(n, seed, faults=faults)
+    econ = economy(rng, tuple(rng.uniform(1.0, 2.0) for _ in range(n)),
+                   rng.choice((0, 500, 2_000)))
+    cluster = _cluster(n, seed, econ, faults)
     f = cluster.params.f
     timeline: list[tuple[int, Callable[[], None]]] = []
     faulty = rng.sample(range(n), rng.randint(0, f))
@@ -118,9 +263,8 @@ def run_seed(seed: int, n: int) -> Cluster:
             cluster.partition = [side, set(range(n)) - side]
 
         timeline.append((start, split))
-    for k in range(rng.randint(3, 15)):
-        tx = keccak(b"chaos %d %d" % (seed, k))
-        timeline.append((rng.randrange(CHAOS_MS), lambda tx=tx: cluster.submit(tx)))
+    clients = Workload(cluster, rng, econ.fees, econ.max_gas)
+    timeline += _chaos_clients(clients, rng)
 
     def heal() -> None:
         cluster.partition = None
@@ -134,15 +278,162 @@ def run_seed(seed: int, n: int) -> Cluster:
         cluster.run_for(max(0, when - cluster.now))
         action()
     cluster.check_safety()
-    fresh = [keccak(b"after heal %d %d" % (seed, k)) for k in range(3)]
-    for tx in fresh:
-        cluster.submit(tx)
+    fresh = [cluster.submit(clients.tx(clients.account(), econ.fees.rich(rng)))
+             for _ in range(3)]
     need = f + 1
     live = cluster.run_until(lambda: all(cluster.committed(tx) >= need for tx in fresh),
                              LIVENESS_LIMIT_MS)
     cluster.check_safety()
     if not live:
-        views = [node.replica.view if node.replica else None for node in cluster.nodes]
         raise LivenessFailure(f"no commit within {LIVENESS_LIMIT_MS} ms after healing: "
-                              f"heights {cluster.heights()}, views {views}")
+                              f"heights {cluster.heights()}, views {cluster.views()}")
     return cluster
+
+
+def _chaos_clients(clients: Workload, rng: random.Random) -> list[tuple[int, Callable[[], None]]]:
+    """Transactions of a few accounts sent at random times (so nonces arrive out of order),
+    some bumped, some evicted from a random subset of the pools."""
+    cluster, fees = clients.cluster, clients.fees
+    accounts = [clients.account() for _ in range(rng.randint(1, 4))]
+    timeline: list[tuple[int, Callable[[], None]]] = []
+    for _ in range(rng.randint(3, 15)):
+        tx = clients.tx(rng.choice(accounts), fees.rich(rng))
+        when = rng.randrange(CHAOS_MS)
+        timeline.append((when, partial(cluster.submit, tx)))
+        if rng.random() < 0.1:
+            timeline.append((when + rng.randrange(500), partial(cluster.submit,
+                                                                 clients.bump(tx))))
+        if rng.random() < 0.1:
+            pools = rng.sample(range(len(cluster.nodes)), rng.randint(1, len(cluster.nodes)))
+            timeline.append((when + rng.randrange(1_000), partial(cluster.evict, tx.hash, pools)))
+    return timeline
+
+
+# --- honest: no view change at any load -----------------------------------------------------
+
+
+def run_honest(seed: int, n: int, rng: random.Random) -> Cluster:
+    """One to three bursts of several accounts (nonce gaps, bumps, evictions, marginal fee
+    caps), an account that never pays the base fee, one with a gap filled late or never."""
+    cluster, econ, max_delay = within_envelope(seed, n, rng, 3.0)
+    cluster.faults = replace(cluster.faults, duplicate=rng.choice((0.0, 0.05)))
+    clients = Workload(cluster, rng, econ.fees, econ.max_gas)
+    size = _BURST_SIZE[n]
+    marginal = 0.1 if econ.fees.ceiling > econ.fees.floor else 0.0
+    for start in sorted(rng.sample(range(0, 8_000, 100), rng.randint(1, 3))):
+        accounts = [clients.account() for _ in range(rng.randint(2, 6))]
+        clients.burst(start, accounts, rng.randint(size // 2, size), gap=0.1, replace=0.1,
+                      evict=0.05, marginal=marginal)
+    clients.poor(rng.randrange(5_000), clients.account(), rng.randint(1, 3))
+    fill = rng.choice((None, rng.randint(500, 4_000)))
+    clients.gapped(rng.randrange(5_000), clients.account(), rng.randint(1, 4), fill_after=fill)
+    clients.play()
+    _settle_and_check(cluster, clients, econ, max_delay, [0])
+    return cluster
+
+
+def run_gapped(seed: int, n: int, rng: random.Random) -> Cluster:
+    """Few executable transactions, many that are not (gaps, fee caps below the base fee);
+    some gaps are filled and some low fee caps bumped later, the others stay for good."""
+    cluster, econ, max_delay = within_envelope(seed, n, rng, 2.0)
+    clients = Workload(cluster, rng, econ.fees, econ.max_gas)
+    for _ in range(rng.randint(1, 3)):
+        clients.burst(rng.randrange(3_000), [clients.account()], rng.randint(1, 4))
+    for _ in range(rng.randint(2, 6)):
+        fill = None if rng.random() < 0.3 else rng.randint(500, 6_000)
+        clients.gapped(rng.randrange(3_000), clients.account(), rng.randint(1, 5),
+                       fill_after=fill, poor_first=rng.random() < 0.4)
+    for _ in range(rng.randint(1, 2)):
+        clients.poor(rng.randrange(3_000), clients.account(), rng.randint(1, 3))
+    clients.play()
+    _settle_and_check(cluster, clients, econ, max_delay, [0])
+    return cluster
+
+
+def _settle_and_check(cluster: Cluster, clients: Workload, econ: Economy, max_delay: int,
+                      primaries: list[int]) -> None:
+    """Settle, stay idle a while with the never-executable transactions still pooled, then:
+    safety, zero view changes, every account where it should be, the latency bound."""
+    check_settles(cluster, SETTLE_LIMIT_MS)
+    cluster.run_for(QUIET_MS)
+    cluster.check_safety()
+    check_no_view_change(cluster)
+    check_accounts(cluster, clients)
+    check_latency(cluster, capacity=econ.capacity(cluster, primaries), rounds=3, extra_ms=0,
+                  slack_ms=2 * max_delay)
+
+
+# --- slow: rounds longer than the timeout; escalation keeps it live -------------------------
+
+
+def run_slow(seed: int, n: int, rng: random.Random) -> Cluster:
+    variant = rng.choice(("slow validators", "dear transactions", "slow network"))
+    if n == 1:
+        variant = "dear transactions"  # one replica: no validators, no network
+    slowness = [rng.uniform(1.0, 2.0) for _ in range(n)]
+    cost_us, min_delay, max_delay = rng.choice((5_000, 10_000, 20_000)), 1, rng.randint(5, 30)
+    if variant == "slow validators":
+        # The first primary builds at full speed, every other replica validates 5-10x slower
+        # (once another primary takes over, it fills its budget at its own speed).
+        slowness = [1.0] + [rng.uniform(5.0, 10.0) for _ in range(n - 1)]
+        cost_us = 20_000  # 8 transactions fill the budget: bursts fill blocks
+    elif variant == "dear transactions":
+        cost_us = rng.randint(600_000, 1_500_000)  # one transaction outlasts the timeout
+    else:
+        max_delay = rng.randint(350, 500)  # the phases after the PRE-PREPARE outlast it
+        min_delay = max_delay * 4 // 5
+    econ = economy(rng, tuple(slowness), cost_us)
+    cluster = _cluster(n, seed, econ, NetworkFaults(min_delay, max_delay),
+                       new_view_timeout_cap_ms=SLOW_TIMEOUT_CAP_MS)
+    # Escalation reaches its cap: a round longer than that could never commit (a
+    # configuration no engine can live with), so the class stays below it.
+    worst = max(worst_round_ms(cluster, econ, p, max_delay) for p in range(n))
+    assert worst * 2 <= SLOW_TIMEOUT_CAP_MS, f"slow seed beyond the timeout cap: {worst} ms"
+    clients = Workload(cluster, rng, econ.fees, econ.max_gas)
+    # Few transactions: every round here costs a few view changes, and CI time.
+    accounts = [clients.account() for _ in range(1 if variant == "dear transactions" else 2)]
+    count = 3 if variant == "dear transactions" else _BURST_SIZE[n] // 2
+    for start in sorted(rng.sample(range(0, 4_000, 100), rng.randint(1, 2))):
+        clients.burst(start, accounts, rng.randint(count // 2, count), gap=0.1, replace=0.05)
+    clients.play()
+    try:
+        check_settles(cluster, SLOW_SETTLE_LIMIT_MS)
+    except LivenessFailure as exc:
+        raise LivenessFailure(f"{variant}: {exc}") from None
+    cluster.check_safety()
+    check_accounts(cluster, clients)
+    return cluster
+
+
+# --- censor: a primary leaving one account out is replaced ----------------------------------
+
+
+def run_censor(seed: int, n: int, rng: random.Random) -> Cluster:
+    cluster, econ, max_delay = within_envelope(seed, n, rng, 2.0)
+    clients = Workload(cluster, rng, econ.fees, econ.max_gas)
+    victim = clients.account()
+    cluster.byzantine.add(0)
+    cluster.censors[0] = victim.sender  # the first primary never builds the victim's in
+    others = [clients.account() for _ in range(rng.randint(2, 4))]
+    clients.burst(rng.randrange(1_000), [victim], rng.randint(1, 3))
+    # Commits keep coming meanwhile, for longer than the bound below (the old rule, restart
+    # the timer on every commit, would wait for the stream to end).
+    clients.stream(0, CENSOR_STREAM_MS, others, rng.randint(250, 450))
+    clients.play()
+    check_settles(cluster, SETTLE_LIMIT_MS)
+    cluster.check_safety()
+    check_accounts(cluster, clients)
+    # The censored transactions wait: blocks ahead of them, MAX_PASSED_OVER + 1 blocks that
+    # pass them over, the timer's last period, the view change, the new primary's round.
+    censored = [h for h, tx in cluster.registry.items() if tx.sender == victim.sender]
+    check_latency(cluster, capacity=econ.capacity(cluster, list(range(n))),
+                  rounds=3 + MAX_PASSED_OVER + 1 + 2,
+                  extra_ms=2 * cluster.params.new_view_timeout_ms, slack_ms=2 * max_delay,
+                  only=censored)
+    return cluster
+
+
+_RUNNERS: dict[str, Callable[[int, int, random.Random], Cluster]] = {
+    "chaos": run_chaos, "honest": run_honest, "gapped": run_gapped, "slow": run_slow,
+    "censor": run_censor,
+}

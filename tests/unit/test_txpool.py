@@ -339,3 +339,16 @@ def test_ready_changes_after_replacement_commit_and_prune(
     accounts.nonces[address(ALICE)] = 2  # and another validator's copy of nonce 1 committed
     pool.prune([address(ALICE)])
     assert pool.ready_changes(GWEI, every_sender=True) == ReadyChanges(unready=(bumped.hash,))
+
+
+def test_a_fee_bump_keeps_its_place_in_line(pool: TxPool) -> None:
+    """Bumping nonce 0 must not send the sender's waiting nonces behind later arrivals: the
+    engine times them from when they became executable (a primary seemed to censor them)."""
+    first, second = tx(nonce=0), tx(nonce=1)
+    later = tx(key=BOB, nonce=0)
+    for t in (first, second, later):
+        add(pool, t)
+    bumped = tx(nonce=0, max_fee=20 * GWEI, tip=2 * GWEI)
+    add(pool, bumped)
+    batch = pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=10)
+    assert [t.hash for t in batch] == [bumped.hash, second.hash, later.hash]

@@ -1,0 +1,107 @@
+"""Checks run after a simulation: view changes, settled pools, commit latency bounds."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+from collections.abc import Iterable
+
+from tests.simulation.cluster import Cluster
+from tests.simulation.workload import Workload
+
+
+class LivenessFailure(AssertionError):
+    pass
+
+
+class InvariantFailure(AssertionError):
+    pass
+
+
+def view_change_report(cluster: Cluster) -> str:
+    """Per honest node: how often its view went up, and the core's reasons."""
+    parts = []
+    for node in cluster.honest():
+        reasons: Counter[str] = Counter()
+        if node.replica is not None:
+            reasons = node.replica.view_change_reasons
+        parts.append(f"{node.index}: {node.view_changes} {dict(reasons)}")
+    return "; ".join(parts)
+
+
+def check_no_view_change(cluster: Cluster) -> None:
+    """A correct primary on a healthy network is never replaced, at any load."""
+    if any(node.view_changes for node in cluster.honest()):
+        raise InvariantFailure(f"view changes in an honest cluster: {view_change_report(cluster)}"
+                               f" (heights {cluster.heights()})")
+
+
+def settled(cluster: Cluster) -> bool:
+    """Every honest node is up, idle, at the same height, and holds nothing executable."""
+    nodes = cluster.honest()
+    return (all(node.up and not node.busy and not node.ready for node in nodes)
+            and len({len(node.chain.blocks) for node in nodes}) == 1)
+
+
+def check_settles(cluster: Cluster, limit_ms: int) -> None:
+    if not cluster.run_until(lambda: settled(cluster), limit_ms):
+        waiting = {node.index: len(cluster.executable(node)) for node in cluster.honest()}
+        raise LivenessFailure(f"not settled {limit_ms} ms after the last client action: "
+                              f"heights {cluster.heights()}, views {cluster.views()}, "
+                              f"executable left {waiting}; view changes "
+                              f"{view_change_report(cluster)}")
+
+
+def check_accounts(cluster: Cluster, workload: Workload) -> None:
+    """Each account's committed run reached what its client sent: up to the first nonce that
+    never became executable, at least up to the first marginal fee cap."""
+    for account in workload.accounts:
+        upper = account.next_nonce if account.blocked_at is None else account.blocked_at
+        lower = upper if account.marginal_at is None else min(upper, account.marginal_at)
+        for node in cluster.honest():
+            nonce = node.chain.nonce(account.sender)
+            if not lower <= nonce <= upper:
+                raise InvariantFailure(f"account {account.sender.hex()[:8]} at nonce {nonce} "
+                                       f"on node {node.index}, expected {lower}..{upper}")
+    reported = workload.never & cluster.reported
+    if reported:
+        raise InvariantFailure(f"{len(reported)} never-executable transactions were reported")
+
+
+def check_latency(cluster: Cluster, *, capacity: int, rounds: int, extra_ms: int,
+                  slack_ms: int, only: Iterable[bytes] | None = None) -> None:
+    """Every transaction commits on every honest node by
+
+        ready + (ceil(ahead / capacity) + rounds) x request_timeout + extra_ms
+
+    where ready is the latest time it became executable on an honest node (before it
+    committed there), ahead counts the transactions that were executable within slack_ms of
+    that (gossip reaches the pools in different orders) and not committed before it, and
+    capacity is the fewest transactions a primary's block holds while more wait (the time
+    budget or the gas limit): the primary takes them in arrival order, so at most
+    ceil(ahead / capacity) blocks go first, each within a request timeout."""
+    honest = [node.index for node in cluster.honest()]
+    ready: dict[bytes, int] = {}
+    done: dict[bytes, int] = {}
+    for tx_hash, commits in cluster.commit_at.items():
+        if any(i not in commits for i in honest):
+            continue
+        times = [t for i, t in cluster.ready_at.get(tx_hash, {}).items()
+                 if i in commits and t <= commits[i] and i in honest]
+        if times:
+            ready[tx_hash], done[tx_hash] = max(times), max(commits[i] for i in honest)
+    ready_times, done_times = sorted(ready.values()), sorted(done.values())
+    timeout = cluster.params.request_timeout_ms
+    for tx_hash in ready if only is None else only:
+        if tx_hash not in ready:
+            continue
+        start = ready[tx_hash]
+        ahead = (bisect.bisect_right(ready_times, start + slack_ms)
+                 - bisect.bisect_left(done_times, start))
+        bound = start + (math.ceil(ahead / capacity) + rounds) * timeout + extra_ms
+        if done[tx_hash] > bound:
+            raise LivenessFailure(
+                f"transaction {tx_hash.hex()[:8]} executable at {start} ms with {ahead} ahead "
+                f"(capacity {capacity}) committed everywhere at {done[tx_hash]} ms, after the "
+                f"bound {bound} ms; view changes {view_change_report(cluster)}")
