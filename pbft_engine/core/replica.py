@@ -41,7 +41,7 @@ from pbft_engine.core.events import (
     TimerFired,
     TimerKind,
 )
-from pbft_engine.core.params import EngineParams
+from pbft_engine.core.params import MAX_DOUBLINGS, EngineParams
 from pbft_engine.core.records import (
     META_NEW_VIEW,
     META_STATE,
@@ -227,7 +227,10 @@ class Replica:
             view, active, seq_no, h, stable, views_without_commit = fields
             self.view, self.active, self.stable_checkpoint = view, bool(active), stable
             self.seq_no = max(self.seq_no, seq_no)
-            self.low_watermark, self.views_without_commit = h, views_without_commit
+            self.low_watermark = h
+            # Stores written before the escalation rule held the new-view timeout (ms) here.
+            self.views_without_commit = 0 if views_without_commit > MAX_DOUBLINGS else (
+                views_without_commit)
         new_view = records.get(StoreName.META, META_NEW_VIEW)
         if new_view is not None:
             self.last_new_view = decode_signed_bytes(new_view, NewView)
@@ -476,7 +479,7 @@ class Replica:
                 # committed these requests already. A lone VIEW-CHANGE here would leave this
                 # replica waiting in view v+1 until the others change view.
                 self._arm_request_timer()
-            elif self.requests and self.active:
+            elif self.requests and self.active and self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")
         elif event.kind is TimerKind.BLOCK_PERIOD:
             self.block_due = True
@@ -1039,6 +1042,7 @@ class Replica:
         self.seq_no = max([self.low_watermark, *(n for n, _ in plan.entries)])
         self._persist_meta()
         self.passed_over = 0  # the new primary gets the whole bound again
+        self._cancel_request_timer()  # armed in the old view; a new primary times no one
         if self.requests:
             self._arm_request_timer()
         replay = sorted((w for w in self.future.values() if w.signed.body.view == self.view),

@@ -140,16 +140,15 @@ def new_view_timer(actions: list[Action], view: int) -> int:
 def test_timeouts_double_per_view_change_without_a_commit_and_reset_on_commit() -> None:
     """Castro & Liskov 4.5.2: each view change without a commit doubles the request timeout
     (the new primary of a slow cluster gets longer), the new-view timeout from the second."""
-    replica = start_replica(0)  # not the primary of views 1 to 3
+    replica = start_replica(0)  # not the primary of views 1 to 3; it joins f+1 others
     replica.step(RequestReceived(WAITING))
-    replica.step(TimerFired(TimerKind.REQUEST, b""))
     base = PARAMS.new_view_timeout_ms
     assert new_view_timer(view_change_quorum(replica, 1), 1) == base
     for view, expected in ((2, 2 * base), (3, 4 * base)):
         replica.step(TimerFired(TimerKind.NEW_VIEW, u64(view - 1)))
         assert replica.view == view
         assert new_view_timer(view_change_quorum(replica, view), view) == expected
-    assert replica.view_change_reasons == {"request_timeout": 1, "new_view_timeout": 2}
+    assert replica.view_change_reasons == {"join": 1, "new_view_timeout": 2}
     assert PARAMS.escalated(base, 40) == PARAMS.new_view_timeout_cap_ms
     # A block committed meanwhile (fetched from peers) is progress: back to T.
     actions = replica.step(PeerCommitted(1, keccak(b"block 1")))
