@@ -107,7 +107,8 @@ class TxPool:
         self._bytes = 0
         self._arrivals = itertools.count()
         self._ready: dict[bytes, tuple[bytes, ...]] = {}  # sender -> its ready run's hashes
-        self._touched: set[bytes] = set()  # senders whose ready run may have changed
+        # senders whose ready run may have changed, in the order they were touched
+        self._touched: dict[bytes, None] = {}
         self._committed: set[bytes] = set()  # removed as committed: not reported unready
         self._out_of_order = False  # a replacement was inserted out of arrival order
 
@@ -228,13 +229,13 @@ class TxPool:
             raise TxPoolError("txpool is full")
 
     def _insert(self, entry: PoolEntry) -> None:
-        self._touched.add(entry.sender)
+        self._touched[entry.sender] = None
         self._by_hash[entry.tx.hash] = entry
         self._senders.setdefault(entry.sender, {})[entry.tx.nonce] = entry
         self._bytes += entry.size
 
     def _drop(self, entry: PoolEntry) -> None:
-        self._touched.add(entry.sender)
+        self._touched[entry.sender] = None
         del self._by_hash[entry.tx.hash]
         self._bytes -= entry.size
         queue = self._senders[entry.sender]
@@ -321,7 +322,9 @@ class TxPool:
     def ready_changes(self, base_fee: int, *, every_sender: bool = False) -> ReadyChanges:
         """What became ready, and what stopped being ready, since the last call: for the
         senders touched since then, or for every sender (the head and base fee moved)."""
-        senders = set(self._ready) | set(self._senders) if every_sender else self._touched
+        # In a stable order: the engine counts the age of requests in the order reported.
+        senders = ({**dict.fromkeys(self._ready), **dict.fromkeys(self._senders)}
+                   if every_sender else dict(self._touched))
         ready: list[bytes] = []
         unready: list[bytes] = []
         for sender in senders:
