@@ -260,6 +260,8 @@ class Node:
             self.pool.add(decode_raw_transaction(self.tx_builder, raw), len(raw))
         except TxPoolError as exc:
             log.debug("gossiped transaction refused: %s", exc.message)
+        except Exception:  # a bug here must not stop admitting the gossip that follows
+            log.exception("gossiped transaction could not be admitted")
 
     def report_ready(self, *, every_sender: bool = False) -> None:
         """Tell the engine which pool transactions became executable at the head and which
