@@ -8,6 +8,7 @@ certificate), so a crash leaves either both or neither.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -40,8 +41,11 @@ from rlp.sedes import CountableList
 
 from chain.errors import BlockValidationError, ChainError
 from chain.genesis import Genesis
+from chain.read_store import ReadStore, TxRecord, block_records
 from chain.rlp_depth import check_rlp_depth
 from storage import Database, Keyspace, OverlayDB, WriteBatch
+
+log = logging.getLogger(__name__)
 
 CHAIN_PREFIX = b"chain/"  # py-evm's chain database: headers, bodies, receipts, state trie
 META_PREFIX = b"meta/"  # node metadata: the genesis file the data directory was made from
@@ -196,6 +200,11 @@ class ExecutedBlock:
         """Computed once: py-evm rehashes a legacy transaction on every `.hash`."""
         return tuple(tx.hash for tx in self.block.transactions)
 
+    @cached_property
+    def records(self) -> tuple[TxRecord, ...]:
+        """Its transactions in the read store's form (computed once, at commit)."""
+        return block_records(self.block, self.receipts)
+
     def encode(self) -> bytes:
         return rlp.encode(self.block)
 
@@ -209,7 +218,9 @@ class Blockchain:
         self.chain_keyspace: Keyspace = db.keyspace(CHAIN_PREFIX)
         self.meta_keyspace: Keyspace = db.keyspace(META_PREFIX)
         self.chain_class = chain_class(genesis.chain_id)
+        self.read_store = ReadStore(db)
         self._initialize()
+        self._index_unread_blocks()
 
     def _initialize(self) -> None:
         stored = self.meta_keyspace.get(GENESIS_KEY)
@@ -226,6 +237,23 @@ class Blockchain:
                 f"data directory {self.db.path} was initialised with another genesis; "
                 "use an empty --datadir for this genesis"
             )
+
+    def _index_unread_blocks(self) -> None:
+        """Write the read store's records of blocks committed before it existed (a data
+        directory from an older version), one batch per block, as any block is written."""
+        first = self.read_store.indexed_height() + 1
+        head = self.head().block_number
+        if first > head:
+            return
+        if first > 0:
+            log.info("indexing blocks %d..%d for JSON-RPC reads", first, head)
+        for number in range(first, head + 1):
+            header = self.header_by_number(number)
+            assert header is not None  # canonical up to the head
+            block = self.block_by_header(header)
+            with self.db.batch(sync=False) as batch:
+                self.read_store.write_block(
+                    batch, header, block_records(block, self.receipts(header)))
 
     @staticmethod
     def stored_genesis(db: Database) -> bytes | None:
@@ -409,7 +437,11 @@ class Blockchain:
                 f"block {executed.number} no longer extends the head (block {head.block_number})"
             )
         if batch is not None:
-            executed.overlay.write_into(batch)
+            self._write_committed(executed, batch)
             return
         with self.db.batch(sync=True) as own:
-            executed.overlay.write_into(own)
+            self._write_committed(executed, own)
+
+    def _write_committed(self, executed: ExecutedBlock, batch: WriteBatch) -> None:
+        executed.overlay.write_into(batch)
+        self.read_store.write_block(batch, executed.block.header, executed.records)

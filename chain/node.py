@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import rlp
-from eth.abc import BlockAPI, BlockHeaderAPI, ReceiptAPI, StateAPI
+from eth.abc import BlockHeaderAPI, StateAPI
 from eth_keys.datatypes import PrivateKey
 from prometheus_client.core import Metric
 
@@ -22,6 +21,7 @@ from chain.engine import ConsensusEngine, EngineContext, TimerHandle
 from chain.errors import NodeError, TxPoolError
 from chain.genesis import Genesis, load_genesis_bytes
 from chain.metrics import CallbackCollector, MetricsServer, NodeMetrics, labelled_counter
+from chain.read_store import TxRecord, encode_block
 from chain.registry import available_engines, load_engine_class
 from chain.rpc.limits import RpcLimits
 from chain.transport import Channel, Transport
@@ -83,8 +83,8 @@ def load_datadir_genesis(db: Database) -> Genesis:
 class CommittedBlock:
     """What listeners (filters, subscriptions) hear about each new head."""
 
-    block: BlockAPI
-    receipts: tuple[ReceiptAPI, ...]
+    header: BlockHeaderAPI
+    records: tuple[TxRecord, ...]
 
 
 class HeadAccounts(AccountReader):
@@ -311,7 +311,7 @@ class Node:
         self.pool.prune(tx.sender for tx in transactions)
         self.report_ready(every_sender=True)
         self.metrics.head_block.set(executed.number)
-        committed = CommittedBlock(executed.block, executed.receipts)
+        committed = CommittedBlock(executed.block.header, executed.records)
         for listener in list(self.head_listeners):
             try:
                 listener(committed)
@@ -405,7 +405,7 @@ class NodeContext(EngineContext):
                 header = blockchain.header_by_number(number)
                 if header is None:
                     break
-                blocks.append(rlp.encode(blockchain.block_by_header(header)))
+                blocks.append(encode_block(header, blockchain.read_store.records(number)))
             return blocks
 
         return await asyncio.to_thread(read)  # LevelDB reads; not behind block execution

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import rlp
 from eth.abc import BlockHeaderAPI, ComputationAPI
 from eth.exceptions import Revert
 from eth.vm.spoof import SpoofTransaction
@@ -15,12 +14,8 @@ from eth_utils import ValidationError
 
 from chain.errors import TxPoolError
 from chain.rpc.errors import EXECUTION_REVERTED, InvalidParams, RpcError, ServerError
-from chain.rpc.filters import FilterManager, LogCriteria, matching_logs
-from chain.rpc.formatters import (
-    block_json,
-    block_receipts_json,
-    transaction_json,
-)
+from chain.rpc.filters import FilterManager, LogCriteria
+from chain.rpc.formatters import transaction_json
 from chain.rpc.hexcodec import (
     data,
     parse_address,
@@ -30,6 +25,7 @@ from chain.rpc.hexcodec import (
     parse_storage_slot,
     quantity,
 )
+from chain.rpc.served import ReadWorkers, ServedBlocks
 
 if TYPE_CHECKING:
     from chain.node import Node
@@ -71,7 +67,9 @@ class EthApi:
         self.node = node
         self.blockchain = node.blockchain
         self.filters = FilterManager()
-        node.head_listeners.append(lambda c: self.filters.on_block(c.block, c.receipts))
+        self.served = ServedBlocks(node.blockchain)
+        self.reads = ReadWorkers()
+        node.head_listeners.append(lambda c: self.filters.on_block(c.header, c.records))
 
     def methods(self) -> dict[str, Method]:
         return {
@@ -254,13 +252,15 @@ class EthApi:
     async def eth_call(self, call: Any, block: Any = "latest", overrides: Any = None) -> str:
         if overrides is not None:
             raise InvalidParams("state overrides are not supported")
-        computation = self._run_call(call, block)
+        computation = await self.reads.run(self._run_call, call, block)
         _raise_if_failed(computation)
         return data(computation.output)
 
     async def eth_estimateGas(self, call: Any, block: Any = "latest") -> str:  # noqa: N802
-        computation = self._run_call(call, block)
-        _raise_if_failed(computation)
+        return await self.reads.run(self._estimate_gas, call, block)
+
+    def _estimate_gas(self, call: Any, block: Any) -> str:
+        _raise_if_failed(self._run_call(call, block))
         header = self._header_for(block)
         view = self.blockchain.view()
         with view.get_vm(header).in_costless_state() as state:
@@ -275,84 +275,80 @@ class EthApi:
 
     # Transactions and receipts.
 
-    def _located(self, tx_hash: Any) -> tuple[Any, int] | None:
-        location = self.blockchain.transaction_location(parse_hash(tx_hash, "transaction hash"))
-        if location is None:
-            return None
-        number, index = location
-        header = self.blockchain.header_by_number(number)
-        if header is None:
-            return None
-        return self.blockchain.block_by_header(header), index
-
     async def eth_getTransactionByHash(self, tx_hash: Any) -> Any:  # noqa: N802
-        located = self._located(tx_hash)
-        if located is None:
-            pending = self.node.pool.get(parse_hash(tx_hash))
-            return transaction_json(pending.tx) if pending else None
-        block, index = located
-        return transaction_json(block.transactions[index], block.header, index)
+        return await self.reads.run(self._transaction_by_hash, parse_hash(tx_hash))
 
-    async def _transaction_by_index(self, header: BlockHeaderAPI | None, index: Any) -> Any:
-        position = parse_quantity(index, "index", bits=64)
-        if header is None:
+    def _transaction_by_hash(self, tx_hash: bytes) -> Any:
+        located = self.served.locate(tx_hash)
+        if located is not None:
+            return self.served.transaction(located)
+        pending = self.node.pool.get(tx_hash)
+        if pending is None:
             return None
-        block = self.blockchain.block_by_header(header)
-        if position >= len(block.transactions):
-            return None
-        return transaction_json(block.transactions[position], header, position)
+        return transaction_json(pending.tx.encode(), tx_hash, pending.sender)
+
+    def _transaction_by_index(self, header: BlockHeaderAPI | None, index: Any) -> Any:
+        position = parse_quantity(index, "index", bits=32)
+        return None if header is None else self.served.transaction_at(header, position)
 
     async def eth_getTransactionByBlockNumberAndIndex(self, block: Any, index: Any) -> Any:  # noqa: N802
-        return await self._transaction_by_index(self._header_for(block, allow_missing=True), index)
+        return await self.reads.run(
+            lambda: self._transaction_by_index(self._header_for(block, allow_missing=True), index)
+        )
 
     async def eth_getTransactionByBlockHashAndIndex(self, block_hash: Any, index: Any) -> Any:  # noqa: N802
-        header = self.blockchain.header_by_hash(parse_hash(block_hash, "block hash"))
-        return await self._transaction_by_index(header, index)
+        return await self.reads.run(
+            lambda: self._transaction_by_index(self._header_by_hash(block_hash), index)
+        )
 
     async def eth_getTransactionReceipt(self, tx_hash: Any) -> Any:  # noqa: N802
-        located = self._located(tx_hash)
-        if located is None:
-            return None
-        block, index = located
-        receipts = self.blockchain.receipts(block.header)
-        return block_receipts_json(block, receipts)[index]
+        return await self.reads.run(self._receipt, parse_hash(tx_hash, "transaction hash"))
+
+    def _receipt(self, tx_hash: bytes) -> Any:
+        located = self.served.locate(tx_hash)
+        return None if located is None else self.served.receipt(located)
 
     async def eth_getBlockReceipts(self, block: Any) -> Any:  # noqa: N802
-        header = self._header_for(block, allow_missing=True)
-        if header is None:
-            return None
-        full = self.blockchain.block_by_header(header)
-        return block_receipts_json(full, self.blockchain.receipts(header))
+        def receipts() -> Any:
+            header = self._header_for(block, allow_missing=True)
+            return None if header is None else self.served.block(header).receipts
+
+        return await self.reads.run(receipts)
 
     # Blocks.
 
-    def _block(self, header: BlockHeaderAPI | None, full: Any) -> Any:
+    def _header_by_hash(self, block_hash: Any) -> BlockHeaderAPI | None:
+        return self.blockchain.header_by_hash(parse_hash(block_hash, "block hash"))
+
+    async def _block(self, find_header: Callable[[], BlockHeaderAPI | None], full: Any) -> Any:
         if not isinstance(full, bool):
             raise InvalidParams("invalid argument 1: want a boolean for full transactions")
-        if header is None:
-            return None
-        return block_json(self.blockchain.block_by_header(header), full)
+
+        def block() -> Any:
+            header = find_header()
+            return None if header is None else self.served.block(header).json(full)
+
+        return await self.reads.run(block)
 
     async def eth_getBlockByNumber(self, block: Any, full: Any = False) -> Any:  # noqa: N802
-        return self._block(self._header_for(block, allow_missing=True), full)
+        return await self._block(lambda: self._header_for(block, allow_missing=True), full)
 
     async def eth_getBlockByHash(self, block_hash: Any, full: Any = False) -> Any:  # noqa: N802
-        return self._block(self.blockchain.header_by_hash(parse_hash(block_hash)), full)
+        return await self._block(lambda: self._header_by_hash(block_hash), full)
 
     def _transaction_count(self, header: BlockHeaderAPI | None) -> Any:
-        if header is None:
-            return None
-        return quantity(len(self.blockchain.block_by_header(header).transactions))
+        return None if header is None else quantity(self.served.transaction_count(header))
 
     async def eth_getBlockTransactionCountByNumber(self, block: Any) -> Any:  # noqa: N802
         return self._transaction_count(self._header_for(block, allow_missing=True))
 
     async def eth_getBlockTransactionCountByHash(self, block_hash: Any) -> Any:  # noqa: N802
-        return self._transaction_count(self.blockchain.header_by_hash(parse_hash(block_hash)))
+        return self._transaction_count(self._header_by_hash(block_hash))
 
     # Logs and filters.
 
-    def _log_range(self, query: dict[str, Any]) -> list[BlockHeaderAPI]:
+    def _log_range(self, query: dict[str, Any]) -> tuple[int, int]:
+        """The first and last block numbers a log query covers (first > last: none)."""
         if query.get("blockHash") is not None:
             if query.get("fromBlock") is not None or query.get("toBlock") is not None:
                 raise InvalidParams(
@@ -361,34 +357,30 @@ class EthApi:
             header = self.blockchain.header_by_hash(parse_hash(query["blockHash"], "blockHash"))
             if header is None:
                 raise ServerError("unknown block")
-            return [header]
+            return header.block_number, header.block_number
         head = self.blockchain.head().block_number
         first = self._header_for(query.get("fromBlock") or "latest", allow_missing=True)
         last = self._header_for(query.get("toBlock") or "latest", allow_missing=True)
         start = first.block_number if first else head + 1
         end = last.block_number if last else head
-        if start > end:
-            return []
         if end - start + 1 > MAX_LOG_BLOCK_RANGE:
             raise RpcError(-32005, f"query exceeds max block range {MAX_LOG_BLOCK_RANGE}")
-        return [self.blockchain.header_by_number(n) for n in range(start, end + 1)]
+        return start, end
 
     def _logs(self, query: Any) -> list[dict[str, Any]]:
         if not isinstance(query, dict):
             raise InvalidParams("invalid argument 0: filter object expected")
         criteria = LogCriteria.parse(query)
+        first, last = self._log_range(query)
         logs: list[dict[str, Any]] = []
-        for header in self._log_range(query):
-            if not criteria.may_match_bloom(header.bloom):
-                continue
-            block = self.blockchain.block_by_header(header)
-            logs.extend(matching_logs(criteria, block, self.blockchain.receipts(header)))
-            if len(logs) > MAX_LOG_RESULTS:
+        for log in self.served.logs(criteria, first, last):
+            if len(logs) == MAX_LOG_RESULTS:
                 raise RpcError(-32005, f"query returned more than {MAX_LOG_RESULTS} results")
+            logs.append(log)
         return logs
 
     async def eth_getLogs(self, query: Any) -> list[dict[str, Any]]:  # noqa: N802
-        return self._logs(query)
+        return await self.reads.run(self._logs, query)
 
     async def eth_newFilter(self, query: Any) -> str:  # noqa: N802
         if not isinstance(query, dict):
@@ -405,7 +397,7 @@ class EthApi:
         installed = self.filters.get(filter_id)
         if installed.kind != "logs":
             raise ServerError("filter not found")
-        return self._logs(installed.query)
+        return await self.reads.run(self._logs, installed.query)
 
     async def eth_uninstallFilter(self, filter_id: Any) -> bool:  # noqa: N802
         return self.filters.uninstall(filter_id)
@@ -415,4 +407,4 @@ class EthApi:
     async def debug_getRawBlock(self, block: Any) -> str:  # noqa: N802
         """The RLP block [header, transactions, ommers, withdrawals], as it hashes and as
         the audit ETL recomputes the transactions root from it."""
-        return data(rlp.encode(self.blockchain.block_by_header(self._header_for(block))))
+        return await self.reads.run(lambda: data(self.served.raw_block(self._header_for(block))))

@@ -15,10 +15,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from eth.abc import BlockHeaderAPI
 from eth_bloom import BloomFilter
 
+from chain.read_store import TxRecord
 from chain.rpc.errors import InvalidParams, RpcError, ServerError
-from chain.rpc.formatters import LogPosition, log_json
+from chain.rpc.formatters import log_json
 from chain.rpc.hexcodec import parse_address, parse_hash
 
 MAX_FILTERS = 1_000
@@ -65,6 +67,11 @@ class LogCriteria:
             for position in self.topics
         )
 
+    def bloom_groups(self) -> list[tuple[bytes, ...]]:
+        """What a block's bloom must hold: one value of every group."""
+        groups = [self.addresses] if self.addresses else []
+        return groups + [position for position in self.topics if position is not None]
+
     def matches(self, address: bytes, topics: Sequence[bytes]) -> bool:
         if self.addresses and address not in self.addresses:
             return False
@@ -77,20 +84,15 @@ class LogCriteria:
 
 
 def matching_logs(
-    criteria: LogCriteria, block: Any, receipts: Sequence[Any]
+    criteria: LogCriteria, header: BlockHeaderAPI, records: Sequence[TxRecord]
 ) -> Iterator[dict[str, Any]]:
     """The JSON logs of one block that match `criteria`."""
-    header = block.header
     if not criteria.may_match_bloom(header.bloom):
         return
-    log_index = 0
-    for tx_index, (tx, receipt) in enumerate(zip(block.transactions, receipts, strict=True)):
-        position = LogPosition(header, tx.hash, tx_index, log_index)
-        for offset, log in enumerate(receipt.logs):
-            topics = [t.to_bytes(32, "big") for t in log.topics]
-            if criteria.matches(log.address, topics):
-                yield log_json(log, position, offset)
-        log_index += len(receipt.logs)
+    for tx_index, record in enumerate(records):
+        for offset, log in enumerate(record.logs):
+            if criteria.matches(log.address, log.topics):
+                yield log_json(log, header, record, tx_index, offset)
 
 
 @dataclass
@@ -143,9 +145,9 @@ class FilterManager:
         for filter_id in [k for k, f in self._filters.items() if f.last_poll < deadline]:
             del self._filters[filter_id]
 
-    def on_block(self, block: Any, receipts: Sequence[Any]) -> None:
+    def on_block(self, header: BlockHeaderAPI, records: Sequence[TxRecord]) -> None:
         for installed in self._filters.values():
             if installed.kind == "blocks":
-                installed.changes.append("0x" + block.hash.hex())
+                installed.changes.append("0x" + header.hash.hex())
             elif installed.criteria is not None:
-                installed.changes.extend(matching_logs(installed.criteria, block, receipts))
+                installed.changes.extend(matching_logs(installed.criteria, header, records))

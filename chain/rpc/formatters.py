@@ -1,16 +1,16 @@
-"""py-evm objects as JSON-RPC results, in geth's shapes (validated against the execution-apis
-schemas in tests)."""
+"""Committed blocks (py-evm headers and the read store's records) as JSON-RPC results, in
+geth's shapes (validated against the execution-apis schemas in tests)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import rlp
-from eth._utils.address import generate_contract_address
-from eth.abc import BlockAPI, BlockHeaderAPI, LogAPI, ReceiptAPI, SignedTransactionAPI
+from eth.abc import BlockHeaderAPI
+from eth_bloom import BloomFilter
 
+from chain.read_store import StoredLog, TxRecord
 from chain.rpc.hexcodec import data, quantity
 
 
@@ -18,8 +18,7 @@ def _bloom(value: int) -> str:
     return data(value.to_bytes(256, "big"))
 
 
-def _word(value: int) -> str:
-    return data(value.to_bytes(32, "big"))
+EMPTY_BLOOM = _bloom(0)
 
 
 def header_json(header: BlockHeaderAPI) -> dict[str, Any]:
@@ -51,134 +50,154 @@ def header_json(header: BlockHeaderAPI) -> dict[str, Any]:
     return result
 
 
-def effective_gas_price(tx: SignedTransactionAPI, base_fee: int) -> int:
-    return min(tx.max_fee_per_gas, base_fee + tx.max_priority_fee_per_gas)
+# The fields of each transaction type's RLP payload, in order (EIP-155, 2930, 1559, 4844, 7702).
+_LEGACY_FIELDS = ("nonce", "gasPrice", "gas", "to", "value", "input", "v", "r", "s")
+_FEE_MARKET = ("chainId", "nonce", "maxPriorityFeePerGas", "maxFeePerGas", "gas", "to", "value",
+               "input", "accessList")
+_TYPED_FIELDS: dict[int, tuple[str, ...]] = {
+    1: ("chainId", "nonce", "gasPrice", "gas", "to", "value", "input", "accessList",
+        "yParity", "r", "s"),
+    2: (*_FEE_MARKET, "yParity", "r", "s"),
+    3: (*_FEE_MARKET, "maxFeePerBlobGas", "blobVersionedHashes", "yParity", "r", "s"),
+    4: (*_FEE_MARKET, "authorizationList", "yParity", "r", "s"),
+}
+_AUTHORIZATION_FIELDS = ("chainId", "address", "nonce", "yParity", "r", "s")
+
+
+def _int(value: bytes) -> int:
+    return int.from_bytes(value, "big")
+
+
+def _field_json(name: str, value: Any) -> Any:
+    if name == "input":
+        return data(value)
+    if name == "to":
+        return data(value) if value else None
+    if name == "accessList":
+        return [
+            {"address": data(address), "storageKeys": [data(k.rjust(32, b"\0")) for k in keys]}
+            for address, keys in value
+        ]
+    if name == "blobVersionedHashes":
+        return [data(h) for h in value]
+    if name == "authorizationList":
+        return [
+            {field: data(item) if field == "address" else quantity(_int(item))
+             for field, item in zip(_AUTHORIZATION_FIELDS, entry, strict=True)}
+            for entry in value
+        ]
+    return quantity(_int(value))
+
+
+def transaction_fields(raw: bytes) -> tuple[int, dict[str, Any]]:
+    """A signed transaction's type and its fields as JSON, decoded from its canonical
+    encoding (plain RLP: no py-evm objects, no sender recovery)."""
+    if raw[0] >= 0xC0:
+        type_id, names, values = 0, _LEGACY_FIELDS, rlp.decode(raw)
+    else:
+        type_id, values = raw[0], rlp.decode(raw[1:])
+        names = _TYPED_FIELDS[type_id]
+    return type_id, {
+        name: _field_json(name, value) for name, value in zip(names, values, strict=True)
+    }
 
 
 def transaction_json(
-    tx: SignedTransactionAPI,
+    raw: bytes,
+    tx_hash: bytes,
+    sender: bytes,
     header: BlockHeaderAPI | None = None,
     index: int | None = None,
 ) -> dict[str, Any]:
     """A transaction object; `header` and `index` place it in a block (None: pending)."""
-    type_id = getattr(tx, "type_id", None) or 0
+    type_id, fields = transaction_fields(raw)
     result: dict[str, Any] = {
         "blockHash": data(header.hash) if header else None,
         "blockNumber": quantity(header.block_number) if header else None,
-        "from": data(tx.sender),
-        "gas": quantity(tx.gas),
-        "hash": data(tx.hash),
-        "input": data(tx.data),
-        "nonce": quantity(tx.nonce),
-        "to": data(tx.to) if tx.to else None,
+        "from": data(sender),
+        "hash": data(tx_hash),
         "transactionIndex": quantity(index) if index is not None else None,
-        "value": quantity(tx.value),
         "type": quantity(type_id),
-        "r": quantity(tx.r),
-        "s": quantity(tx.s),
+        **fields,
     }
     if header is not None:
         result["blockTimestamp"] = quantity(header.timestamp)
     if type_id == 0:
-        result["gasPrice"] = quantity(tx.gas_price)
-        result["v"] = quantity(tx.v)
-        if tx.chain_id is not None:
-            result["chainId"] = quantity(tx.chain_id)
+        v = int(fields["v"], 16)
+        if v >= 35:  # EIP-155: v = chain id * 2 + 35 + parity
+            result["chainId"] = quantity((v - 35) // 2)
         return result
-    base_fee = header.base_fee_per_gas if header else tx.max_fee_per_gas
-    result.update(
-        {
-            "chainId": quantity(tx.chain_id),
-            "gasPrice": quantity(
-                effective_gas_price(tx, base_fee) if header else tx.max_fee_per_gas
-            ),
-            "v": quantity(tx.y_parity),
-            "yParity": quantity(tx.y_parity),
-            "accessList": [
-                {"address": data(address), "storageKeys": [_word(k) for k in keys]}
-                for address, keys in tx.access_list
-            ],
-        }
-    )
-    if type_id >= 2:
-        result["maxFeePerGas"] = quantity(tx.max_fee_per_gas)
-        result["maxPriorityFeePerGas"] = quantity(tx.max_priority_fee_per_gas)
+    result["v"] = fields["yParity"]
+    if "maxFeePerGas" in fields:
+        max_fee = int(fields["maxFeePerGas"], 16)
+        result["gasPrice"] = quantity(
+            min(max_fee, header.base_fee_per_gas + int(fields["maxPriorityFeePerGas"], 16))
+            if header else max_fee
+        )
     return result
 
 
-def block_json(block: BlockAPI, full_transactions: bool) -> dict[str, Any]:
-    header = block.header
-    result = header_json(header)
-    result["size"] = quantity(len(rlp.encode(block)))
-    result["uncles"] = []
-    result["withdrawals"] = []
-    result["transactions"] = [
-        transaction_json(tx, header, i) if full_transactions else data(tx.hash)
-        for i, tx in enumerate(block.transactions)
-    ]
-    return result
+def block_json(
+    header: dict[str, Any], size: int, transactions: list[Any]
+) -> dict[str, Any]:
+    """A block object from its header's JSON, encoded size and transactions (hashes or
+    transaction objects)."""
+    return {**header, "size": quantity(size), "uncles": [], "withdrawals": [],
+            "transactions": transactions}
 
 
-@dataclass(frozen=True)
-class LogPosition:
-    """Where a receipt's logs sit: block, transaction and the block-wide index of its first."""
-
-    header: BlockHeaderAPI
-    tx_hash: bytes
-    tx_index: int
-    first_log_index: int
-
-
-def log_json(log: LogAPI, position: LogPosition, offset: int) -> dict[str, Any]:
-    header = position.header
+def log_json(
+    log: StoredLog, header: BlockHeaderAPI, record: TxRecord, tx_index: int, offset: int
+) -> dict[str, Any]:
     return {
         "address": data(log.address),
-        "topics": [_word(topic) for topic in log.topics],
+        "topics": [data(topic) for topic in log.topics],
         "data": data(log.data),
         "blockNumber": quantity(header.block_number),
         "blockHash": data(header.hash),
         "blockTimestamp": quantity(header.timestamp),
-        "transactionHash": data(position.tx_hash),
-        "transactionIndex": quantity(position.tx_index),
-        "logIndex": quantity(position.first_log_index + offset),
+        "transactionHash": data(record.hash),
+        "transactionIndex": quantity(tx_index),
+        "logIndex": quantity(record.first_log_index + offset),
         "removed": False,
     }
 
 
-def receipt_json(
-    tx: SignedTransactionAPI,
-    receipt: ReceiptAPI,
-    position: LogPosition,
-    previous_cumulative_gas: int,
-) -> dict[str, Any]:
-    header = position.header
-    type_id = getattr(tx, "type_id", None) or 0
-    contract = generate_contract_address(tx.sender, tx.nonce) if not tx.to else None
+def _receipt_bloom(logs: Sequence[StoredLog]) -> str:
+    if not logs:
+        return EMPTY_BLOOM
+    bloom = BloomFilter()
+    for log in logs:
+        bloom.add(log.address)
+        for topic in log.topics:
+            bloom.add(topic)
+    return _bloom(int(bloom))
+
+
+def receipt_json(record: TxRecord, header: BlockHeaderAPI, index: int) -> dict[str, Any]:
+    type_id = 0 if record.raw[0] >= 0xC0 else record.raw[0]
+    to = None if record.contract_address else transaction_to(record.raw)
     return {
-        "transactionHash": data(tx.hash),
-        "transactionIndex": quantity(position.tx_index),
+        "transactionHash": data(record.hash),
+        "transactionIndex": quantity(index),
         "blockHash": data(header.hash),
         "blockNumber": quantity(header.block_number),
-        "from": data(tx.sender),
-        "to": data(tx.to) if tx.to else None,
-        "cumulativeGasUsed": quantity(receipt.gas_used),
-        "gasUsed": quantity(receipt.gas_used - previous_cumulative_gas),
-        "contractAddress": data(contract) if contract else None,
-        "logs": [log_json(log, position, i) for i, log in enumerate(receipt.logs)],
-        "logsBloom": _bloom(receipt.bloom),
+        "from": data(record.sender),
+        "to": data(to) if to else None,
+        "cumulativeGasUsed": quantity(record.cumulative_gas_used),
+        "gasUsed": quantity(record.gas_used),
+        "contractAddress": data(record.contract_address) if record.contract_address else None,
+        "logs": [log_json(log, header, record, index, i) for i, log in enumerate(record.logs)],
+        "logsBloom": _receipt_bloom(record.logs),
         "type": quantity(type_id),
-        "status": quantity(1 if receipt.state_root == b"\x01" else 0),
-        "effectiveGasPrice": quantity(effective_gas_price(tx, header.base_fee_per_gas)),
+        "status": quantity(record.status),
+        "effectiveGasPrice": quantity(record.effective_gas_price),
     }
 
 
-def block_receipts_json(block: BlockAPI, receipts: Sequence[ReceiptAPI]) -> list[dict[str, Any]]:
-    results = []
-    previous_gas = 0
-    log_index = 0
-    for index, (tx, receipt) in enumerate(zip(block.transactions, receipts, strict=True)):
-        position = LogPosition(block.header, tx.hash, index, log_index)
-        results.append(receipt_json(tx, receipt, position, previous_gas))
-        previous_gas = receipt.gas_used
-        log_index += len(receipt.logs)
-    return results
+def transaction_to(raw: bytes) -> bytes:
+    """The recipient of an encoded transaction (empty for a contract creation)."""
+    if raw[0] >= 0xC0:
+        return rlp.decode(raw)[3]
+    position = _TYPED_FIELDS[raw[0]].index("to")
+    return rlp.decode(raw[1:])[position]

@@ -81,7 +81,8 @@ class RpcServer:
         self.limits = config.rpc_limits
         self.host_allowlist = {h.lower() for h in config.host_allowlist}
         self.cors_origins = set(config.cors_origins)
-        methods = EthApi(node).methods()
+        self.eth = EthApi(node)
+        methods = self.eth.methods()
         methods.update(node.engine.rpc_methods())
         self.dispatcher = Dispatcher(methods, self.limits.batch)
         self.subscriptions = Subscriptions(node)
@@ -217,3 +218,4 @@ class RpcServer:
             await self._runner.cleanup()
         if self._listener is not None:
             await self._listener.wait_closed()
+        self.eth.reads.close()

@@ -74,9 +74,9 @@ class Session:
     def on_block(self, committed: CommittedBlock) -> None:
         for subscription_id, criteria in list(self._subscriptions.items()):
             if criteria is None:
-                self._notify(subscription_id, header_json(committed.block.header))
+                self._notify(subscription_id, header_json(committed.header))
                 continue
-            for log in matching_logs(criteria, committed.block, committed.receipts):
+            for log in matching_logs(criteria, committed.header, committed.records):
                 self._notify(subscription_id, log)
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from eth_keys import keys
 
 from chain.blockchain import Blockchain
 from chain.genesis import Genesis, GenesisAccount
-from chain.rpc.formatters import block_json, block_receipts_json
+from chain.rpc.served import ServedBlocks
 from pbft_engine.messages import (
     Authenticator,
     Checkpoint,
@@ -226,9 +226,10 @@ def build_chain(directory: Path) -> ServedChain:
             chain.commit(executed)
         blocks = [chain.block_by_header(chain.header_by_number(n))
                   for n in range(chain.head().block_number + 1)]
-        receipts = [chain.receipts(b.header) for b in blocks]
+        served = ServedBlocks(chain)
+        served_blocks = [served.block(b.header) for b in blocks]
     payloads, view_changes = [], []
-    for block, block_receipts in zip(blocks, receipts, strict=True):
+    for block, served_block in zip(blocks, served_blocks, strict=True):
         number, header = block.number, block.header
         certificate = (
             certificate_json(validators, commits_for(validators, number, block.hash))
@@ -242,8 +243,8 @@ def build_chain(directory: Path) -> ServedChain:
                 view_changes.append(view_change_json(validators, proof))
         payloads.append(
             BlockPayload(
-                block=block_json(block, True),
-                receipts=block_receipts_json(block, block_receipts),
+                block=served_block.json(True),
+                receipts=served_block.receipts,
                 raw_block=hexed(rlp.encode(block)),
                 certificate=certificate,
                 checkpoints=checkpoints,

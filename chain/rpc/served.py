@@ -1,0 +1,199 @@
+"""Committed blocks as the read methods serve them.
+
+Every lookup reads the read store (chain/read_store.py): a receipt or transaction by hash is
+an index read plus one record. Blocks that are read whole (a full `eth_getBlockBy*`,
+`eth_getBlockReceipts`) are kept decoded and formatted in a cache bounded by blocks and by
+transactions, most recently read last: clients mostly ask for the head and the blocks just
+behind it (every `tx.wait()` polls a receipt of a recent block), so those are served from
+memory, and a single lookup in a cached block is a dictionary read.
+
+Reads run on worker threads (chain/rpc/eth.py), so the cache takes a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, TypeVar
+
+from eth.abc import BlockHeaderAPI
+
+from chain.blockchain import Blockchain
+from chain.read_store import TxRecord, encode_block
+from chain.rpc.filters import LogCriteria, matching_logs
+from chain.rpc.formatters import block_json, header_json, receipt_json, transaction_json
+
+READ_WORKERS = 2  # threads for reads: one long read (a wide eth_getLogs) does not stall the rest
+MAX_QUEUED_READS = 64  # reads running or queued; later ones wait, holding only their request
+MAX_CACHED_BLOCKS = 256
+MAX_CACHED_TRANSACTIONS = 10_000  # ~40 MB of formatted transactions and receipts
+
+
+T = TypeVar("T")
+
+
+class ReadWorkers:
+    """The threads the read methods run on, so that a long read or a large batch never holds
+    the event loop, which also carries consensus messages and commits, for its whole length
+    (the interpreter switches threads every few milliseconds). Bounded: at most
+    MAX_QUEUED_READS run or wait for a thread at once."""
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="rpc-read")
+        self._slots = asyncio.Semaphore(MAX_QUEUED_READS)
+
+    async def run(self, function: Callable[..., T], *args: Any) -> T:
+        async with self._slots:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, function, *args)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass
+class ServedBlock:
+    """One committed block, its JSON parts formatted on first use."""
+
+    header: BlockHeaderAPI
+    size: int
+    records: tuple[TxRecord, ...]
+
+    @cached_property
+    def header_json(self) -> dict[str, Any]:
+        return header_json(self.header)
+
+    @cached_property
+    def transactions(self) -> list[dict[str, Any]]:
+        header = self.header
+        return [transaction_json(r.raw, r.hash, r.sender, header, i)
+                for i, r in enumerate(self.records)]
+
+    @cached_property
+    def receipts(self) -> list[dict[str, Any]]:
+        return [receipt_json(r, self.header, i) for i, r in enumerate(self.records)]
+
+    def json(self, full_transactions: bool) -> dict[str, Any]:
+        transactions = (
+            self.transactions if full_transactions else ["0x" + r.hash.hex() for r in self.records]
+        )
+        return block_json(self.header_json, self.size, transactions)
+
+
+@dataclass(frozen=True)
+class Located:
+    """A committed transaction: its block's header, its index and its record."""
+
+    header: BlockHeaderAPI
+    index: int
+    record: TxRecord
+
+
+class ServedBlocks:
+    def __init__(self, blockchain: Blockchain) -> None:
+        self.blockchain = blockchain
+        self.store = blockchain.read_store
+        self._cache: OrderedDict[int, ServedBlock] = OrderedDict()
+        self._cached_transactions = 0
+        self._lock = threading.Lock()
+
+    # Blocks.
+
+    def block(self, header: BlockHeaderAPI) -> ServedBlock:
+        number = header.block_number
+        with self._lock:
+            served = self._cache.get(number)
+            if served is not None and served.header.hash == header.hash:
+                self._cache.move_to_end(number)
+                return served
+        info = self.store.block_info(number)
+        if info is None:
+            raise LookupError(f"block {number} is not in the read store")
+        served = ServedBlock(header, info.size, self.store.records(number))
+        self._remember(served)
+        return served
+
+    def _remember(self, served: ServedBlock) -> None:
+        with self._lock:
+            previous = self._cache.pop(served.header.block_number, None)
+            if previous is not None:
+                self._cached_transactions -= len(previous.records)
+            self._cache[served.header.block_number] = served
+            self._cached_transactions += len(served.records)
+            while len(self._cache) > 1 and (
+                len(self._cache) > MAX_CACHED_BLOCKS
+                or self._cached_transactions > MAX_CACHED_TRANSACTIONS
+            ):
+                _, evicted = self._cache.popitem(last=False)
+                self._cached_transactions -= len(evicted.records)
+
+    def _cached(self, header: BlockHeaderAPI) -> ServedBlock | None:
+        with self._lock:
+            served = self._cache.get(header.block_number)
+        return served if served is not None and served.header.hash == header.hash else None
+
+    def transaction_count(self, header: BlockHeaderAPI) -> int:
+        info = self.store.block_info(header.block_number)
+        return 0 if info is None else info.transaction_count
+
+    def raw_block(self, header: BlockHeaderAPI) -> bytes:
+        served = self._cached(header)
+        records = served.records if served else self.store.records(header.block_number)
+        return encode_block(header, records)
+
+    # Transactions.
+
+    def locate(self, tx_hash: bytes) -> Located | None:
+        location = self.blockchain.transaction_location(tx_hash)
+        if location is None:
+            return None
+        number, index = location
+        header = self.blockchain.header_by_number(number)
+        if header is None:
+            return None
+        served = self._cached(header)
+        if served is not None:
+            return Located(header, index, served.records[index])
+        record = self.store.record(number, index)
+        return None if record is None else Located(header, index, record)
+
+    def transaction_at(self, header: BlockHeaderAPI, index: int) -> dict[str, Any] | None:
+        served = self._cached(header)
+        if served is not None:
+            return served.transactions[index] if index < len(served.records) else None
+        record = self.store.record(header.block_number, index)
+        if record is None:
+            return None
+        return transaction_json(record.raw, record.hash, record.sender, header, index)
+
+    def transaction(self, located: Located) -> dict[str, Any]:
+        served = self._cached(located.header)
+        if served is not None:
+            return served.transactions[located.index]
+        record = located.record
+        return transaction_json(record.raw, record.hash, record.sender, located.header,
+                                located.index)
+
+    def receipt(self, located: Located) -> dict[str, Any]:
+        served = self._cached(located.header)
+        if served is not None:
+            return served.receipts[located.index]
+        return receipt_json(located.record, located.header, located.index)
+
+    # Logs.
+
+    def logs(
+        self, criteria: LogCriteria, first: int, last: int
+    ) -> Iterator[dict[str, Any]]:
+        """The matching logs of blocks first..last: only the blocks the bloom-bits index
+        names are read."""
+        for number in self.store.bloom_index.candidates(first, last, criteria.bloom_groups()):
+            header = self.blockchain.header_by_number(number)
+            if header is None:
+                return
+            yield from matching_logs(criteria, header, self.store.records(number))
