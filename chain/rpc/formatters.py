@@ -3,14 +3,13 @@ geth's shapes (validated against the execution-apis schemas in tests)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import rlp
 from eth.abc import BlockHeaderAPI
 from eth_bloom import BloomFilter
 
-from chain.read_store import StoredLog, TxRecord
+from chain.read_store import StoredLog, TxRecord, decode_stored
 from chain.rpc.hexcodec import data, quantity
 
 
@@ -68,37 +67,46 @@ def _int(value: bytes) -> int:
     return int.from_bytes(value, "big")
 
 
-def _field_json(name: str, value: Any) -> Any:
-    if name == "input":
-        return data(value)
-    if name == "to":
-        return data(value) if value else None
-    if name == "accessList":
-        return [
-            {"address": data(address), "storageKeys": [data(k.rjust(32, b"\0")) for k in keys]}
-            for address, keys in value
-        ]
-    if name == "blobVersionedHashes":
-        return [data(h) for h in value]
-    if name == "authorizationList":
-        return [
-            {field: data(item) if field == "address" else quantity(_int(item))
-             for field, item in zip(_AUTHORIZATION_FIELDS, entry, strict=True)}
-            for entry in value
-        ]
-    return quantity(_int(value))
+def _quantity(value: bytes) -> str:
+    return hex(int.from_bytes(value, "big"))
+
+
+def _access_list(value: list[Any]) -> list[dict[str, Any]]:
+    return [
+        {"address": data(address), "storageKeys": [data(k.rjust(32, b"\0")) for k in keys]}
+        for address, keys in value
+    ]
+
+
+def _authorization_list(value: list[Any]) -> list[dict[str, Any]]:
+    return [
+        {field: data(item) if field == "address" else quantity(_int(item))
+         for field, item in zip(_AUTHORIZATION_FIELDS, entry, strict=True)}
+        for entry in value
+    ]
+
+
+# How each field is written; every other field is a quantity.
+_FIELD_JSON: dict[str, Callable[[Any], Any]] = {
+    "input": data,
+    "to": lambda value: data(value) if value else None,
+    "accessList": _access_list,
+    "blobVersionedHashes": lambda value: [data(h) for h in value],
+    "authorizationList": _authorization_list,
+}
 
 
 def transaction_fields(raw: bytes) -> tuple[int, dict[str, Any]]:
     """A signed transaction's type and its fields as JSON, decoded from its canonical
     encoding (plain RLP: no py-evm objects, no sender recovery)."""
     if raw[0] >= 0xC0:
-        type_id, names, values = 0, _LEGACY_FIELDS, rlp.decode(raw)
+        type_id, names, values = 0, _LEGACY_FIELDS, decode_stored(raw)
     else:
-        type_id, values = raw[0], rlp.decode(raw[1:])
+        type_id, values = raw[0], decode_stored(raw[1:])
         names = _TYPED_FIELDS[type_id]
     return type_id, {
-        name: _field_json(name, value) for name, value in zip(names, values, strict=True)
+        name: _FIELD_JSON.get(name, _quantity)(value)
+        for name, value in zip(names, values, strict=True)
     }
 
 
@@ -198,6 +206,6 @@ def receipt_json(record: TxRecord, header: BlockHeaderAPI, index: int) -> dict[s
 def transaction_to(raw: bytes) -> bytes:
     """The recipient of an encoded transaction (empty for a contract creation)."""
     if raw[0] >= 0xC0:
-        return rlp.decode(raw)[3]
+        return decode_stored(raw)[3]
     position = _TYPED_FIELDS[raw[0]].index("to")
-    return rlp.decode(raw[1:])[position]
+    return decode_stored(raw[1:])[position]

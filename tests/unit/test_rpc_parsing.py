@@ -129,7 +129,7 @@ class Methods:
         raise RuntimeError("a bug, with details that must not reach the client")
 
     async def unencodable(self) -> Any:
-        return float("nan")
+        return object()
 
     async def big(self, size: int) -> str:
         self.calls += 1
