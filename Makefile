@@ -40,6 +40,8 @@ ETL_VENV ?= .venv-ethereum-etl
 $(ETL_VENV)/.installed:
 	$(PYTHON) -m venv $(ETL_VENV)
 	$(ETL_VENV)/bin/pip install --quiet "ethereum-etl==2.4.2"
+	# its parsimonious 0.8 imports inspect.getargspec, gone in Python 3.11; 0.10 works
+	$(ETL_VENV)/bin/pip install --quiet --no-deps "parsimonious==0.10.0" "regex>=2023"
 	touch $@
 
 bench: setup $(ETL_VENV)/.installed

@@ -31,6 +31,7 @@ BLOCK_PREFIX = b"read/block/"  # block number (8 bytes) -> [encoded size, transa
 BLOOM_PREFIX = b"read/bloom/"  # the bloom-bits index (chain/bloom_index.py)
 META_PREFIX = b"read/meta/"  # INDEXED_KEY -> the highest block number written here
 INDEXED_KEY = b"indexed"
+MAX_TRANSACTIONS = 1 << 32  # a block's, as its 4-byte index keys count them
 EMPTY_LIST = b"\xc0"
 
 
@@ -218,6 +219,8 @@ class ReadStore:
         batch.put(self._meta, INDEXED_KEY, number)
 
     def record(self, number: int, index: int) -> TxRecord | None:
+        if index >= MAX_TRANSACTIONS:
+            return None
         encoded = self._transactions.get(_number_key(number) + index.to_bytes(4, "big"))
         return None if encoded is None else TxRecord.decode(encoded)
 

@@ -288,7 +288,7 @@ class EthApi:
         return transaction_json(pending.tx.encode(), tx_hash, pending.sender)
 
     def _transaction_by_index(self, header: BlockHeaderAPI | None, index: Any) -> Any:
-        position = parse_quantity(index, "index", bits=32)
+        position = parse_quantity(index, "index", bits=64)
         return None if header is None else self.served.transaction_at(header, position)
 
     async def eth_getTransactionByBlockNumberAndIndex(self, block: Any, index: Any) -> Any:  # noqa: N802

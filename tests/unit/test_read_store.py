@@ -101,6 +101,7 @@ def test_receipts_and_transactions_match_py_evm(chain: Blockchain) -> None:
             log_index += len(receipt.logs)
             log_count += len(receipt.logs)
         assert served.transaction_at(header, len(block.transactions)) is None
+        assert ServedBlocks(chain).transaction_at(header, 2**40) is None  # beyond a 4-byte key
     # every kind the chain was made to hold: legacy, 2930, 1559; a creation; a revert
     assert {k[0] for k in kinds} == {0, 1, 2}
     assert (0, False, b"\x01") in kinds and any(k[2] == b"" for k in kinds)
