@@ -27,10 +27,13 @@ from chain.bloom_index import BloomIndex
 from storage import Database, WriteBatch
 
 TX_PREFIX = b"read/tx/"  # block number (8 bytes) + index (4 bytes) -> a TxRecord
+LOCATION_PREFIX = b"read/txloc/"  # transaction hash -> block number (8 bytes) + index (4)
 BLOCK_PREFIX = b"read/block/"  # block number (8 bytes) -> [encoded size, transaction count]
 BLOOM_PREFIX = b"read/bloom/"  # the bloom-bits index (chain/bloom_index.py)
 META_PREFIX = b"read/meta/"  # INDEXED_KEY -> the highest block number written here
-INDEXED_KEY = b"indexed"
+# The highest block written in this layout; the key names the layout's version, so a store
+# written in another layout is indexed again from the genesis block.
+INDEXED_KEY = b"indexed/2"
 MAX_TRANSACTIONS = 1 << 32  # a block's, as its 4-byte index keys count them
 EMPTY_LIST = b"\xc0"
 
@@ -198,6 +201,7 @@ class ReadStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._transactions = db.keyspace(TX_PREFIX)
+        self._locations = db.keyspace(LOCATION_PREFIX)
         self._blocks = db.keyspace(BLOCK_PREFIX)
         self._meta = db.keyspace(META_PREFIX)
         self.bloom_index = BloomIndex(db.keyspace(BLOOM_PREFIX))
@@ -212,11 +216,19 @@ class ReadStore:
     ) -> None:
         number = _number_key(header.block_number)
         for index, record in enumerate(records):
-            batch.put(self._transactions, number + index.to_bytes(4, "big"), record.encode())
+            key = number + index.to_bytes(4, "big")
+            batch.put(self._transactions, key, record.encode())
+            batch.put(self._locations, record.hash, key)
         size = len(encode_block(header, records))
         batch.put(self._blocks, number, rlp.encode([size, len(records)]))
         self.bloom_index.add(batch, header.block_number, header.bloom)
         batch.put(self._meta, INDEXED_KEY, number)
+
+    def location(self, tx_hash: bytes) -> tuple[int, int] | None:
+        """(block number, index) of a committed transaction (py-evm keeps the same index, but
+        decoding its entry took longer than the rest of a receipt lookup)."""
+        key = self._locations.get(tx_hash)
+        return None if key is None else (_int(key[:8]), _int(key[8:]))
 
     def record(self, number: int, index: int) -> TxRecord | None:
         if index >= MAX_TRANSACTIONS:

@@ -9,11 +9,13 @@ over-limit batch get -32600; unknown methods -32601; wrong argument counts and t
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
 import math
 import re
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import orjson
@@ -134,12 +136,26 @@ def _is_notification(request: Any) -> bool:
     return isinstance(request, dict) and "id" not in request and request_error(request) is None
 
 
+def _arity(parameters: list[inspect.Parameter]) -> tuple[int, int]:
+    """(at most, at least) how many positional arguments these parameters take."""
+    required = sum(1 for p in parameters if p.default is inspect.Parameter.empty)
+    return len(parameters), required
+
+
+@functools.lru_cache(maxsize=1_024)
+def _method_arity(function: Callable[..., Any]) -> tuple[int, int]:
+    """A method's arity by its function, `self` not counted: reading a signature took a
+    tenth of the node's time per call."""
+    return _arity(list(inspect.signature(function).parameters.values())[1:])
+
+
 def check_arity(method: Method, params: list[Any]) -> None:
-    positional = list(inspect.signature(method).parameters.values())
-    required = sum(1 for p in positional if p.default is inspect.Parameter.empty)
-    if len(params) > len(positional):
-        raise InvalidParams(f"too many arguments, want at most {len(positional)}")
-    if len(params) < required:
+    function = getattr(method, "__func__", None)
+    most, least = (_method_arity(function) if function is not None
+                   else _arity(list(inspect.signature(method).parameters.values())))
+    if len(params) > most:
+        raise InvalidParams(f"too many arguments, want at most {most}")
+    if len(params) < least:
         raise InvalidParams(f"missing value for required argument {len(params)}")
 
 

@@ -276,7 +276,7 @@ class EthApi:
     # Transactions and receipts.
 
     async def eth_getTransactionByHash(self, tx_hash: Any) -> Any:  # noqa: N802
-        return await self.reads.run(self._transaction_by_hash, parse_hash(tx_hash))
+        return self._transaction_by_hash(parse_hash(tx_hash))
 
     def _transaction_by_hash(self, tx_hash: bytes) -> Any:
         located = self.served.locate(tx_hash)
@@ -292,20 +292,13 @@ class EthApi:
         return None if header is None else self.served.transaction_at(header, position)
 
     async def eth_getTransactionByBlockNumberAndIndex(self, block: Any, index: Any) -> Any:  # noqa: N802
-        return await self.reads.run(
-            lambda: self._transaction_by_index(self._header_for(block, allow_missing=True), index)
-        )
+        return self._transaction_by_index(self._header_for(block, allow_missing=True), index)
 
     async def eth_getTransactionByBlockHashAndIndex(self, block_hash: Any, index: Any) -> Any:  # noqa: N802
-        return await self.reads.run(
-            lambda: self._transaction_by_index(self._header_by_hash(block_hash), index)
-        )
+        return self._transaction_by_index(self._header_by_hash(block_hash), index)
 
     async def eth_getTransactionReceipt(self, tx_hash: Any) -> Any:  # noqa: N802
-        return await self.reads.run(self._receipt, parse_hash(tx_hash, "transaction hash"))
-
-    def _receipt(self, tx_hash: bytes) -> Any:
-        located = self.served.locate(tx_hash)
+        located = self.served.locate(parse_hash(tx_hash, "transaction hash"))
         return None if located is None else self.served.receipt(located)
 
     async def eth_getBlockReceipts(self, block: Any) -> Any:  # noqa: N802

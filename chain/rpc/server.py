@@ -92,20 +92,21 @@ class RpcServer:
         self.port: int | None = None
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._guard])
-        app.router.add_route("*", "/", self._handle)
+        app = web.Application(client_max_size=self.limits.max_body_bytes)
+        app.router.add_route("*", "/", self._guarded)
         app.on_shutdown.append(self._close_websockets)
         return app
 
-    @web.middleware
-    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _guarded(self, request: web.Request) -> web.StreamResponse:
+        """The Host allowlist and CORS around every request (a plain call: as an aiohttp
+        middleware it cost a tenth of a short call's time)."""
         host = (request.host or "").rsplit(":", 1)[0].strip("[]").lower()
         if "*" not in self.host_allowlist and host not in self.host_allowlist:
             return web.Response(status=403, text="invalid host specified\n")
         origin = request.headers.get("Origin")
         if origin and "*" not in self.cors_origins and origin not in self.cors_origins:
             return web.Response(status=403, text="origin not allowed\n")
-        response = await handler(request)
+        response = await self._handle(request)
         if origin and not response.prepared:
             response.headers["Access-Control-Allow-Origin"] = origin
         return response

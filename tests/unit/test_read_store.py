@@ -15,7 +15,14 @@ from eth_bloom import BloomFilter
 from chain.blockchain import Blockchain
 from chain.bloom_index import SECTION_BLOCKS, BloomIndex
 from chain.genesis import Genesis, GenesisAccount
-from chain.read_store import BLOCK_PREFIX, META_PREFIX, TX_PREFIX, StoredLog, TxRecord
+from chain.read_store import (
+    BLOCK_PREFIX,
+    LOCATION_PREFIX,
+    META_PREFIX,
+    TX_PREFIX,
+    StoredLog,
+    TxRecord,
+)
 from chain.rpc import served as served_module
 from chain.rpc.filters import LogCriteria
 from chain.rpc.served import ServedBlocks
@@ -139,7 +146,7 @@ def test_a_store_from_before_the_read_store_is_indexed_at_open(
     head = chain.head().block_number
     before = [served.block(chain.header_by_number(n)).receipts for n in range(head + 1)]
     with chain.db.batch() as batch:
-        for prefix in (TX_PREFIX, BLOCK_PREFIX, META_PREFIX):
+        for prefix in (TX_PREFIX, LOCATION_PREFIX, BLOCK_PREFIX, META_PREFIX):
             batch.delete_range(chain.db.keyspace(prefix))
     assert chain.read_store.indexed_height() == -1
     reopened = Blockchain(chain.db, chain.genesis)
