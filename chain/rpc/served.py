@@ -33,7 +33,7 @@ from chain.rpc.formatters import block_json, header_json, receipt_json, transact
 READ_WORKERS = 2  # threads for reads: one long read (a wide eth_getLogs) does not stall the rest
 MAX_QUEUED_READS = 64  # reads running or queued; later ones wait, holding only their request
 MAX_CACHED_BLOCKS = 256
-MAX_CACHED_TRANSACTIONS = 10_000  # ~40 MB of formatted transactions and receipts
+MAX_CACHED_TRANSACTIONS = 4_000  # formatted transactions and receipts: ~3.6 KB a transfer
 
 
 T = TypeVar("T")
