@@ -252,6 +252,22 @@ class TxPool:
             nonce += 1
         return nonce
 
+    def by_status(self) -> tuple[dict[bytes, list[PoolEntry]], dict[bytes, list[PoolEntry]]]:
+        """geth's split of the pool, per sender in nonce order: pending (nonces contiguous
+        from the account's; a fee cap under the base fee still counts, as in geth) and
+        queued (behind a nonce gap)."""
+        pending: dict[bytes, list[PoolEntry]] = {}
+        queued: dict[bytes, list[PoolEntry]] = {}
+        for sender, queue in self._senders.items():
+            next_nonce = self._head_nonce(sender)
+            for nonce in sorted(queue):
+                if nonce == next_nonce:
+                    pending.setdefault(sender, []).append(queue[nonce])
+                    next_nonce += 1
+                else:
+                    queued.setdefault(sender, []).append(queue[nonce])
+        return pending, queued
+
     def executable(
         self, *, base_fee: int, gas_limit: int, max_count: int
     ) -> list[SignedTransactionAPI]:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from chain.node import Node
 
 CLIENT_VERSION = "pbft-chain/v0.1.0/python3.11"
+HASH_PARAM_LENGTH = 2 + 64  # "0x" and 32 bytes of hex
 MAX_LOG_BLOCK_RANGE = 10_000
 MAX_LOG_RESULTS = 10_000
 MAX_FEE_HISTORY_BLOCKS = 1_024
@@ -82,7 +83,15 @@ class EthApi:
     # Block resolution.
 
     def _header_for(self, block: Any, *, allow_missing: bool = False) -> BlockHeaderAPI | None:
-        """A block tag, number or EIP-1898 object to a canonical header."""
+        """A block tag, number, hash or EIP-1898 object to a canonical header."""
+        if isinstance(block, str) and len(block) == HASH_PARAM_LENGTH:
+            # a plain block hash (execution-apis' BlockNumberOrTagOrHash, as geth takes it):
+            # a block number is at most 64 bits, so 32 bytes can only be a hash (inside an
+            # EIP-1898 object, "blockNumber" stays a number)
+            header = self.blockchain.header_by_hash(parse_hash(block, "block hash"))
+            if header is None and not allow_missing:
+                raise ServerError("header not found")
+            return header
         if isinstance(block, dict):
             if ("blockHash" in block) == ("blockNumber" in block):
                 raise InvalidParams(

@@ -20,6 +20,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.eth import EthApi
 from chain.rpc.subscriptions import Subscriptions
+from chain.rpc.txpool import TxPoolApi
 
 if TYPE_CHECKING:
     from chain.node import Node
@@ -82,7 +83,7 @@ class RpcServer:
         self.host_allowlist = {h.lower() for h in config.host_allowlist}
         self.cors_origins = set(config.cors_origins)
         self.eth = EthApi(node)
-        methods = self.eth.methods()
+        methods = self.eth.methods() | TxPoolApi(node).methods()
         methods.update(node.engine.rpc_methods())
         self.dispatcher = Dispatcher(methods, self.limits.batch)
         self.subscriptions = Subscriptions(node)

@@ -285,3 +285,57 @@ def test_websocket_new_heads_and_logs_subscriptions(
     assert head["hash"] == receipt["blockHash"]
     assert log["transactionHash"] == receipt["transactionHash"]
     assert log["address"] == chain_with_activity["contract"]
+
+
+def test_txpool_namespace_and_block_hash_parameters(
+    dev_node: RunningNode, w3: Web3, chain_with_activity: dict
+) -> None:
+    """txpool_* as geth answers them (pending: nonces that follow on, a fee cap under the base
+    fee included; queued: behind a gap), and a plain block hash as a block parameter."""
+    url = dev_node.rpc_url
+    account = Account.from_key(dev_node.description["accounts"][7]["private_key"])
+    nonce = w3.eth.get_transaction_count(account.address)
+    recipient = Web3.to_checksum_address("0x" + "42" * 20)
+
+    def transfer(at: int, max_fee: int) -> tuple[dict[str, Any], str]:
+        tx = {"chainId": w3.eth.chain_id, "nonce": at, "to": recipient, "value": 5,
+              "gas": 21_000, "maxFeePerGas": max_fee, "maxPriorityFeePerGas": 0}
+        raw = account.sign_transaction(tx).raw_transaction
+        return tx, "0x" + bytes(w3.eth.send_raw_transaction(raw)).hex()
+
+    _, stuck_hash = transfer(nonce, 1)  # under the base fee: pending, not minable
+    _, gapped_hash = transfer(nonce + 2, 10 * GWEI)  # behind a gap: queued
+    assert result(url, "txpool_status") == {"pending": "0x1", "queued": "0x1"}
+    content = result(url, "txpool_content")
+    pending = content["pending"][account.address][str(nonce)]
+    queued = content["queued"][account.address][str(nonce + 2)]
+    assert (pending["hash"], pending["blockHash"], pending["from"]) == (
+        stuck_hash, None, account.address.lower())
+    assert (queued["hash"], queued["nonce"]) == (gapped_hash, hex(nonce + 2))
+    assert result(url, "txpool_contentFrom", account.address) == {
+        "pending": {str(nonce): pending}, "queued": {str(nonce + 2): queued}}
+    assert result(url, "txpool_contentFrom", "0x" + "43" * 20) == {"pending": {}, "queued": {}}
+    assert result(url, "txpool_inspect") == {
+        "pending": {account.address: {str(nonce): f"{recipient}: 5 wei + 21000 gas × 1 wei"}},
+        "queued": {account.address: {
+            str(nonce + 2): f"{recipient}: 5 wei + 21000 gas × {10 * GWEI} wei"}},
+    }
+    # a fee bump makes the first minable and the missing nonce closes the gap: all three
+    # commit and the pool empties
+    _, bumped = transfer(nonce, 10 * GWEI)
+    _, closing = transfer(nonce + 1, 10 * GWEI)
+    receipts = [w3.eth.wait_for_transaction_receipt(h, timeout=30)
+                for h in (bumped, closing, gapped_hash)]
+    assert [r.status for r in receipts] == [1, 1, 1]
+    assert result(url, "txpool_status") == {"pending": "0x0", "queued": "0x0"}
+
+    block_hash = "0x" + bytes(receipts[2].blockHash).hex()
+    number = hex(receipts[2].blockNumber)
+    assert result(url, "eth_getBalance", account.address, block_hash) == result(
+        url, "eth_getBalance", account.address, number)
+    assert result(url, "eth_getBlockReceipts", block_hash) == result(
+        url, "eth_getBlockReceipts", number)
+    unknown = rpc(url, "eth_getBalance", account.address, "0x" + "00" * 32)
+    assert unknown["error"] == {"code": -32000, "message": "header not found"}
+    inside_object = rpc(url, "eth_getBalance", account.address, {"blockNumber": block_hash})
+    assert inside_object["error"]["code"] == -32602  # an EIP-1898 blockNumber stays a number

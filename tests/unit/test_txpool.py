@@ -352,3 +352,17 @@ def test_a_fee_bump_keeps_its_place_in_line(pool: TxPool) -> None:
     add(pool, bumped)
     batch = pool.executable(base_fee=GWEI, gas_limit=30_000_000, max_count=10)
     assert [t.hash for t in batch] == [bumped.hash, second.hash, later.hash]
+
+
+def test_by_status_splits_pending_from_queued_as_geth(pool: TxPool, accounts: Accounts) -> None:
+    accounts.nonces[address(BOB)] = 5
+    a3, a0, a1, b5, b7 = (tx(nonce=3), tx(nonce=0, max_fee=1, tip=0), tx(nonce=1),
+                          tx(key=BOB, nonce=5), tx(key=BOB, nonce=7))
+    for t in (a3, a0, a1, b5, b7):
+        add(pool, t)
+    pending, queued = pool.by_status()
+    hashes = {sender: [e.tx.hash for e in entries] for sender, entries in pending.items()}
+    # a fee cap under any base fee is still pending: its nonce follows on
+    assert hashes == {address(ALICE): [a0.hash, a1.hash], address(BOB): [b5.hash]}
+    assert {s: [e.tx.hash for e in es] for s, es in queued.items()} == {
+        address(ALICE): [a3.hash], address(BOB): [b7.hash]}

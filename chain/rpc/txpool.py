@@ -1,0 +1,70 @@
+"""The txpool_* methods, in geth's shapes: pending = transactions whose nonces follow on from
+their account's, queued = those behind a nonce gap; accounts as EIP-55 checksummed
+addresses and nonces as decimal strings, the keys geth uses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from eth_utils import to_checksum_address
+
+from chain.rpc.eth import Method
+from chain.rpc.formatters import transaction_json
+from chain.rpc.hexcodec import parse_address, quantity
+from chain.txpool import PoolEntry
+
+if TYPE_CHECKING:
+    from chain.node import Node
+
+
+def _transaction(entry: PoolEntry) -> dict[str, Any]:
+    return transaction_json(entry.tx.encode(), entry.tx.hash, entry.sender)
+
+
+def _summary(entry: PoolEntry) -> str:
+    """geth's txpool_inspect line (the price is the fee cap, as geth's `tx.GasPrice()`)."""
+    tx = entry.tx
+    to = to_checksum_address(tx.to) if tx.to else "contract creation"
+    return f"{to}: {tx.value} wei + {tx.gas} gas × {tx.max_fee_per_gas} wei"
+
+
+def _by_nonce(entries: list[PoolEntry], show: Callable[[PoolEntry], Any]) -> dict[str, Any]:
+    return {str(entry.tx.nonce): show(entry) for entry in entries}
+
+
+class TxPoolApi:
+    def __init__(self, node: Node) -> None:
+        self.pool = node.pool
+
+    def methods(self) -> dict[str, Method]:
+        return {
+            "txpool_status": self.txpool_status,
+            "txpool_content": self.txpool_content,
+            "txpool_contentFrom": self.txpool_contentFrom,
+            "txpool_inspect": self.txpool_inspect,
+        }
+
+    def _listed(self, show: Callable[[PoolEntry], Any]) -> dict[str, Any]:
+        return {
+            status: {to_checksum_address(sender): _by_nonce(entries, show)
+                     for sender, entries in split.items()}
+            for status, split in zip(("pending", "queued"), self.pool.by_status(), strict=True)
+        }
+
+    async def txpool_status(self) -> dict[str, str]:
+        pending, queued = self.pool.by_status()
+        return {"pending": quantity(sum(map(len, pending.values()))),
+                "queued": quantity(sum(map(len, queued.values())))}
+
+    async def txpool_content(self) -> dict[str, Any]:
+        return self._listed(_transaction)
+
+    async def txpool_contentFrom(self, address: Any) -> dict[str, Any]:  # noqa: N802
+        sender = parse_address(address)
+        pending, queued = self.pool.by_status()
+        return {"pending": _by_nonce(pending.get(sender, []), _transaction),
+                "queued": _by_nonce(queued.get(sender, []), _transaction)}
+
+    async def txpool_inspect(self) -> dict[str, Any]:
+        return self._listed(_summary)
