@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import secrets
 import signal
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 from eth_keys import keys
 
@@ -24,6 +20,7 @@ from cli.config import node_config, resolve_settings
 from cli.errors import CliError
 from cli.keys import list_keyfiles, read_password, write_keyfile
 from cli.send import add_send_parser
+from cli.status import add_status_parser
 from cli.testnet import init_testnet, run_testnet
 from storage import StorageError
 
@@ -112,32 +109,6 @@ def _testnet_run(args: argparse.Namespace) -> int:
     return run_testnet(Path(args.dir))
 
 
-def _rpc(url: str, method: str, params: list[Any] | None = None) -> Any:
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []})
-    request = urllib.request.Request(
-        url, data=body.encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            reply = json.loads(response.read())
-    except (urllib.error.URLError, OSError) as exc:
-        raise CliError(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
-    except ValueError:
-        raise CliError(f"{url} did not answer with JSON-RPC") from None
-    if "error" in reply:
-        raise CliError(f"{method}: {reply['error'].get('message')}")
-    return reply.get("result")
-
-
-def _status(args: argparse.Namespace) -> int:
-    head = _rpc(args.rpc, "eth_getBlockByNumber", ["latest", False])
-    print(f"client   {_rpc(args.rpc, 'web3_clientVersion')}")
-    print(f"chain id {int(_rpc(args.rpc, 'eth_chainId'), 16)}")
-    print(f"head     #{int(head['number'], 16)} {head['hash']}")
-    print(f"peers    {int(_rpc(args.rpc, 'net_peerCount'), 16)}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pbft-node", description="A permissioned Ethereum-style chain node (PBFT)."
@@ -204,9 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     trun.add_argument("--dir", required=True, help="directory made by testnet init")
     trun.set_defaults(handler=_testnet_run)
 
-    status = commands.add_parser("status", help="show a node's head and peers")
-    status.add_argument("--rpc", default="http://127.0.0.1:8545", help="JSON-RPC URL")
-    status.set_defaults(handler=_status)
+    add_status_parser(commands)
 
     add_send_parser(commands)
     return parser

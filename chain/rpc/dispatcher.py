@@ -143,16 +143,17 @@ def _arity(parameters: list[inspect.Parameter]) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=1_024)
-def _method_arity(function: Callable[..., Any]) -> tuple[int, int]:
-    """A method's arity by its function, `self` not counted: reading a signature took a
-    tenth of the node's time per call."""
-    return _arity(list(inspect.signature(function).parameters.values())[1:])
+def _function_arity(function: Callable[..., Any], bound: bool) -> tuple[int, int]:
+    """A method's arity by its function (`self` not counted when bound): reading a
+    signature took a tenth of the node's time per call."""
+    parameters = list(inspect.signature(function).parameters.values())
+    return _arity(parameters[1:] if bound else parameters)
 
 
 def check_arity(method: Method, params: list[Any]) -> None:
     function = getattr(method, "__func__", None)
-    most, least = (_method_arity(function) if function is not None
-                   else _arity(list(inspect.signature(method).parameters.values())))
+    most, least = (_function_arity(function, True) if function is not None
+                   else _function_arity(method, False))
     if len(params) > most:
         raise InvalidParams(f"too many arguments, want at most {most}")
     if len(params) < least:

@@ -8,6 +8,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cluster import Cluster, rpc
+from tests.integration.conftest import free_port, pbft_node
 
 
 def test_transactions_to_every_node_commit_everywhere(cluster: Cluster) -> None:
@@ -44,6 +45,27 @@ def test_status_and_validators(cluster: Cluster) -> None:
     assert rpc(cluster.nodes[2], "pbft_getViewChanges", "0x0", "0x10") == []
     wide = provider.make_request("pbft_getCheckpoints", ["0x0", hex(10**6)])
     assert wide["error"]["code"] == -32602
+
+
+def test_cluster_status_table(cluster: Cluster) -> None:
+    """`pbft-node status --testnet DIR`: a row per validator, as a person on call reads it;
+    a node that does not answer is a row saying so, and the exit status is 1."""
+    table = pbft_node("status", "--testnet", str(cluster.directory)).stdout.splitlines()
+    assert table[0].split() == ["node", "validator", "head", "view", "primary", "h/H", "stable",
+                                "executed", "mode", "peers"]
+    rows = [line.split() for line in table[1:]]
+    assert [r[:2] for r in rows] == [["node", str(i)] for i in range(4)]
+    primary = cluster.description["validators"][0].lower()
+    for row, validator in zip(rows, cluster.description["validators"], strict=True):
+        assert row[2].startswith(validator.lower()[:8])  # the validator, shortened
+        assert (row[4], row[5][:8], row[9], row[10]) == ("0", primary[:8], "normal", "3")
+        assert row[6].startswith("0/")  # h/H
+    gone = f"http://127.0.0.1:{free_port()}"
+    urls = ",".join([cluster.nodes[1].rpc_url, gone])
+    partial = pbft_node("status", "--rpc", urls, check=False)
+    assert partial.returncode == 1
+    name, reason = partial.stdout.splitlines()[2].split(None, 1)
+    assert (name, reason.split(":")[0]) == (gone, "cannot reach http")
 
 
 def test_prometheus_metrics(cluster: Cluster) -> None:
