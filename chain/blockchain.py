@@ -254,8 +254,9 @@ class Blockchain:
         head = self.head().block_number
         if first > head:
             return
-        if first > 0:
-            log.info("indexing blocks %d..%d for JSON-RPC reads", first, head)
+        if head > 0:  # a new chain's genesis block is no news
+            log.info("indexing blocks %d..%d for JSON-RPC reads (a data directory from an "
+                     "earlier version)", first, head)
         for number in range(first, head + 1):
             header = self.header_by_number(number)
             assert header is not None  # canonical up to the head

@@ -3,6 +3,7 @@ store equals what py-evm's own block and receipts say, byte for byte where it is
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,7 +141,7 @@ def test_record_encoding_is_canonical_rlp() -> None:
 
 
 def test_a_store_from_before_the_read_store_is_indexed_at_open(
-    chain: Blockchain, tmp_path: Path
+    chain: Blockchain, caplog: pytest.LogCaptureFixture
 ) -> None:
     served = ServedBlocks(chain)
     head = chain.head().block_number
@@ -149,7 +150,9 @@ def test_a_store_from_before_the_read_store_is_indexed_at_open(
         for prefix in (TX_PREFIX, LOCATION_PREFIX, BLOCK_PREFIX, META_PREFIX):
             batch.delete_range(chain.db.keyspace(prefix))
     assert chain.read_store.indexed_height() == -1
-    reopened = Blockchain(chain.db, chain.genesis)
+    with caplog.at_level(logging.INFO, logger="chain.blockchain"):
+        reopened = Blockchain(chain.db, chain.genesis)
+    assert f"indexing blocks 0..{head} for JSON-RPC reads" in caplog.text
     assert reopened.read_store.indexed_height() == head
     again = ServedBlocks(reopened)
     assert [again.block(chain.header_by_number(n)).receipts for n in range(head + 1)] == before
