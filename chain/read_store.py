@@ -5,10 +5,10 @@ receipt meant walking two tries, decoding the whole block and recovering every s
 (~200 ms for a 600-transfer block). Here every committed transaction gets one record,
 written in its block's commit batch: its canonical encoding, hash and sender, and its
 receipt with the fields a client sees (status, own and cumulative gas, effective gas price,
-contract address, the block-wide index of its first log) computed once. A lookup by hash is
-py-evm's hash -> (number, index) index plus one read; no sender is recovered on a read.
-Alongside: each block's encoded size and transaction count, and the bloom-bits index
-(chain/bloom_index.py) that `eth_getLogs` narrows its range with.
+contract address, the block-wide index of its first log) computed once, and its location
+(hash -> block number and index). A lookup by hash is those two reads; no sender is
+recovered on a read. Alongside: each block's encoded size and transaction count, and the
+bloom-bits index (chain/bloom_index.py) that `eth_getLogs` narrows its range with.
 """
 
 from __future__ import annotations
