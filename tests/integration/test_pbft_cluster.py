@@ -3,12 +3,17 @@ commit, every node holds the same chain, and every block's commit certificate ve
 
 from __future__ import annotations
 
+import os
+import select
+import signal
+import subprocess
+import sys
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cluster import Cluster, rpc
-from tests.integration.conftest import free_port, pbft_node
+from tests.integration.conftest import free_port, pbft_node, wait_for
 
 
 def test_transactions_to_every_node_commit_everywhere(cluster: Cluster) -> None:
@@ -66,6 +71,28 @@ def test_cluster_status_table(cluster: Cluster) -> None:
     assert partial.returncode == 1
     name, reason = partial.stdout.splitlines()[2].split(None, 1)
     assert (name, reason.split(":")[0]) == (gone, "cannot reach http")
+
+
+def test_cluster_status_watch_redraws_until_interrupted(cluster: Cluster) -> None:
+    command = [sys.executable, "-m", "cli.node", "status", "--testnet", str(cluster.directory),
+               "--watch", "0.2"]
+    watch = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+
+        def redrawn_twice() -> bool:
+            nonlocal seen
+            if select.select([watch.stdout], [], [], 0.5)[0]:
+                seen += os.read(watch.stdout.fileno(), 65536).decode()
+            return seen.count("\x1b[H\x1b[2J") >= 2 and seen.count("normal") >= 8
+
+        wait_for(redrawn_twice, 30, "two frames of pbft-node status --watch")
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=30) == 0
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
 
 
 def test_prometheus_metrics(cluster: Cluster) -> None:
