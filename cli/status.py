@@ -119,6 +119,16 @@ def status(args: argparse.Namespace) -> int:
         return 0
 
 
+def _interval(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"want a number of seconds above 0, got {text!r}")
+    return seconds
+
+
 def add_status_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "status", help="show a node's head and peers, or a cluster's consensus state"
@@ -128,7 +138,7 @@ def add_status_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
                        help="JSON-RPC URL, or several separated by commas (a table)")
     nodes.add_argument("--testnet", metavar="DIR",
                        help="directory made by testnet init: a row for each of its nodes")
-    parser.add_argument("--watch", type=float, nargs="?", const=WATCH_SECONDS,
+    parser.add_argument("--watch", type=_interval, nargs="?", const=WATCH_SECONDS,
                         metavar="SECONDS",
                         help=f"redraw every SECONDS ({WATCH_SECONDS:g}) until interrupted")
     parser.set_defaults(handler=status)

@@ -29,6 +29,7 @@ from chain.blockchain import Blockchain
 from chain.read_store import TxRecord, encode_block
 from chain.rpc.filters import LogCriteria, matching_logs
 from chain.rpc.formatters import block_json, header_json, receipt_json, transaction_json
+from chain.rpc.hexcodec import data
 
 READ_WORKERS = 2  # threads for reads: one long read (a wide eth_getLogs) does not stall the rest
 MAX_QUEUED_READS = 64  # reads running or queued; later ones wait, holding only their request
@@ -82,7 +83,7 @@ class ServedBlock:
 
     def json(self, full_transactions: bool) -> dict[str, Any]:
         transactions = (
-            self.transactions if full_transactions else ["0x" + r.hash.hex() for r in self.records]
+            self.transactions if full_transactions else [data(r.hash) for r in self.records]
         )
         return block_json(self.header_json, self.size, transactions)
 
