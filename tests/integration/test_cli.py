@@ -157,3 +157,12 @@ def test_a_corrupt_database_is_refused_with_the_recovery(tmp_path: Path) -> None
     result = pbft_node("run", "--datadir", str(datadir), "--http.port", "0", check=False)
     assert_one_line_error(result, "Corruption")
     assert "pbft-node init" in result.stderr and "re-syncs from its peers" in result.stderr
+
+
+def test_status_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(pbft_node("status", "--testnet", str(tmp_path), check=False),
+                          f"no testnet in {tmp_path}")
+    for period in ("-1", "0", "nan", "soon"):
+        refused = pbft_node("status", "--testnet", str(tmp_path), "--watch", period, check=False)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr
+        assert "want a number of seconds above 0" in refused.stderr.splitlines()[-1]
