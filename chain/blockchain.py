@@ -37,7 +37,7 @@ from eth.vm.forks.prague.transactions import (
     PragueTypedTransaction,
 )
 from eth_typing import Address
-from eth_utils import ValidationError
+from eth_utils import ValidationError, keccak
 from rlp.sedes import CountableList
 
 from chain.errors import BlockValidationError, ChainError
@@ -62,6 +62,21 @@ APPLY_SHARE = 0.4
 HEADER_CACHE = 4_096  # decoded headers kept, by number (~50 us to decode one)
 SENDER_MEMO_SIZE = 1 << 15  # more than the pool holds, so a pooled transaction stays memoized
 
+
+def block_hash_of(data: bytes) -> bytes | None:
+    """The hash an encoded block claims: keccak of its header's encoding, found without
+    decoding the transactions (None for bytes that are no list starting with a header).
+    Its body is bound to that header by the roots that execution checks."""
+    try:
+        _, outer_type, outer_length, start = rlp.codec.consume_length_prefix(data, 0)
+        _, header_type, header_length, header_start = rlp.codec.consume_length_prefix(
+            data, start)
+    except (rlp.DecodingError, IndexError):
+        return None
+    end = header_start + header_length
+    if outer_type is not list or header_type is not list or start + outer_length != len(data):
+        return None
+    return keccak(data[start:end]) if end <= len(data) else None
 
 class _SenderMemo:
     """Transaction senders by transaction hash, for this process.

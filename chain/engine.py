@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from eth.abc import BlockHeaderAPI
@@ -31,6 +32,8 @@ class EngineContext(ABC):
     chain_id: int
     database: Database
     validator_key: PrivateKey | None  # this node's validator key, if it has one
+    datadir: Path  # the data directory: files beside the database that must outlive it
+    fresh_validator: bool  # the operator says this validator never signed on this chain
     metrics: CollectorRegistry  # the node's Prometheus registry, for the engine's own metrics
 
     @abstractmethod

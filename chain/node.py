@@ -43,6 +43,7 @@ GOSSIP_SLICE = 32
 class NodeConfig:
     datadir: Path
     validator_key: PrivateKey | None = None
+    fresh_validator: bool = False  # the operator's word: this validator never voted here
     p2p_addr: str = "127.0.0.1"
     p2p_port: int = 30303
     peers: dict[bytes, tuple[str, int]] = field(default_factory=dict)  # address -> host, port
@@ -333,6 +334,8 @@ class NodeContext(EngineContext):
         self.chain_id = node.chain_id
         self.database = node.db
         self.validator_key = node.config.validator_key
+        self.datadir = node.config.datadir
+        self.fresh_validator = node.config.fresh_validator
         self.metrics = node.metrics.registry
 
     def head(self) -> BlockHeaderAPI:

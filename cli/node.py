@@ -71,7 +71,9 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=str(settings["log_level"] or "info").upper(), format=LOG_FORMAT, stream=sys.stderr
     )
-    node = Node(node_config(settings))
+    config = node_config(settings)
+    config.fresh_validator = args.fresh_validator
+    node = Node(config)
     try:
         asyncio.run(_serve(node))
     except OSError as exc:  # the RPC port is taken or cannot be bound
@@ -142,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peers", help="the other validators: ADDRESS@host:port,...")
     run.add_argument("--keystore", help="keystore holding this validator's key")
     run.add_argument("--password-file", dest="password_file", help="the keystore password")
+    run.add_argument(
+        "--fresh-validator", dest="fresh_validator", action="store_true",
+        help="this validator never voted on this chain: start voting without its consensus "
+             "records or validator_state.json (never give it to a validator that ran before)")
     run.add_argument("--metrics.addr", dest="metrics_addr", help="metrics address (127.0.0.1)")
     run.add_argument("--metrics.port", dest="metrics_port", type=int,
                      help="serve Prometheus metrics on this port (off by default)")

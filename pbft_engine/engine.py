@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from chain.blockchain import ExecutedBlock
+from chain.blockchain import ExecutedBlock, block_hash_of
 from chain.engine import ConsensusEngine, EngineContext, RpcHandler, TimerHandle
 from chain.errors import BlockValidationError, EngineError
 from chain.rpc.errors import InvalidParams
@@ -44,13 +44,14 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
-from pbft_engine.errors import PbftError
+from pbft_engine.errors import LostRecordsError, PbftError, StoreError
 from pbft_engine.messages import KeySigner, KeyVerifier
 from pbft_engine.metrics import PbftMetrics, replica_mode
 from pbft_engine.records_view import MAX_RANGE, ConsensusRecords
 from pbft_engine.store import LevelDBConsensusStore
 from pbft_engine.sync import BlockSync
 from pbft_engine.tasks import BackgroundTasks
+from pbft_engine.validator_state import ValidatorStateFile
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class PbftEngine(ConsensusEngine):
         self.metrics = PbftMetrics(context.metrics, lambda: self.replica)
         self.log = ConsensusLog(log, lambda: self.replica)
         self.sync: BlockSync | None = None
+        self.state_file: ValidatorStateFile | None = None  # known once the key is
         self.alarms: list[Alarm] = []
 
     @staticmethod
@@ -109,14 +111,30 @@ class PbftEngine(ConsensusEngine):
         if address not in self.engine_params.validators:
             raise EngineError(f"0x{address.hex()} is not in config.pbft.validators")
         head = self.context.head()
-        self.replica = Replica.restore(
-            self.engine_params,
-            self.engine_params.validators.index(address),
-            KeySigner(key.to_bytes()),
-            KeyVerifier(),
-            ChainHead(head.block_number, head.hash),
-            self.store,
-        )
+        self.state_file = ValidatorStateFile(self.context.datadir, address)
+        try:
+            self.replica = Replica.restore(
+                self.engine_params,
+                self.engine_params.validators.index(address),
+                KeySigner(key.to_bytes()),
+                KeyVerifier(),
+                ChainHead(head.block_number, head.hash),
+                self.store,
+                block_digest=block_hash_of,
+                signing_bound=self.state_file.read(),
+                fresh_validator=self.context.fresh_validator,
+            )
+        except LostRecordsError as exc:
+            raise EngineError(
+                f"{exc}: restore {self.state_file.path} from a backup; only if this validator "
+                "never voted on this chain, start it once with --fresh-validator") from None
+        except StoreError as exc:
+            raise EngineError(str(exc)) from None
+        if self.replica.amnesia is not None:
+            self.log.warning(
+                "this validator's consensus records are gone: it follows the cluster and votes "
+                "again once its stable checkpoint passes %d and its view passes %d (%s)",
+                self.replica.amnesia.seq_no, self.replica.amnesia.view, self.state_file.path)
         self.sync = BlockSync(
             self.context, self.store, self.engine_params.validators,
             deliver=self._step, replica_status=self.replica.status,
@@ -172,6 +190,9 @@ class PbftEngine(ConsensusEngine):
     def _perform(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Persist):
+                if action.signing_bound is not None:  # before the records that rely on it
+                    assert self.state_file is not None
+                    self.state_file.write(action.signing_bound)
                 self.store.apply(action.ops)  # synced, before anything of this step is sent
             elif isinstance(action, Broadcast):
                 self.context.broadcast(action.data)
@@ -194,8 +215,11 @@ class PbftEngine(ConsensusEngine):
             elif isinstance(action, FetchCommitted):
                 self._tasks.spawn(self._fetch(action), "catch-up")
             elif isinstance(action, Alarm):
-                self.alarms.append(action)
-                self.log.error("alarm %s: %s", action.kind, action.detail)
+                self._alarm(action)
+
+    def _alarm(self, alarm: Alarm) -> None:
+        self.alarms.append(alarm)
+        self.log.error("alarm %s: %s", alarm.kind, alarm.detail)
 
     def _set_timer(self, action: SetTimer) -> None:
         key = (action.kind, action.key)
@@ -238,6 +262,9 @@ class PbftEngine(ConsensusEngine):
             executed = self._executed.pop(action.digest, None)
             if executed is None:
                 executed = await self.context.validate_block(action.block)
+            if executed.hash != action.digest:
+                self._alarm(Alarm("commit", f"block {action.seq_no} is not the certified one"))
+                return
             await self.context.commit_block(executed)
         self.metrics.block_committed(action.seq_no)
         self.log.debug("committed block %d 0x%s in view %d", action.seq_no,

@@ -25,5 +25,9 @@ class StoreError(PbftError):
     """A persisted consensus record cannot be decoded: the data directory is damaged."""
 
 
+class LostRecordsError(StoreError):
+    """The consensus records are gone and nothing says what this validator signed before."""
+
+
 class SafetyError(PbftError):
     """The replica was asked to do something that would break safety (e.g. sign twice)."""

@@ -15,12 +15,14 @@ from chain.metrics import CallbackCollector, labelled_counter
 from pbft_engine.core import Replica
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-MODES = ("normal", "view-change", "catching-up", "halted")
+MODES = ("normal", "view-change", "catching-up", "following", "halted")
 
 
 def replica_mode(replica: Replica) -> str:
     if replica.halted:
         return "halted"
+    if replica.amnesia is not None:
+        return "following"  # lost its consensus records: votes only where it never voted
     if replica.fetching is not None:
         return "catching-up"
     return "normal" if replica.active else "view-change"

@@ -13,11 +13,16 @@ from dataclasses import dataclass
 
 from pbft_engine.core.events import TimerKind
 from pbft_engine.core.records import StoreOp
+from pbft_engine.core.signing_bound import SigningBound
 
 
 @dataclass(frozen=True)
 class Persist:
+    """Write `signing_bound`, if given, durably outside the database (it must survive a wiped
+    store: `core.signing_bound`), then `ops` in one synced batch."""
+
     ops: tuple[StoreOp, ...]
+    signing_bound: SigningBound | None = None
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ from pbft_engine.core.records import (
     u64,
     up_to,
 )
+from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.core.view_change import (
     NewViewPlan,
     plan_new_view,
@@ -67,7 +68,13 @@ from pbft_engine.core.view_change import (
     verify_new_view,
     verify_view_change,
 )
-from pbft_engine.errors import ConfigError, MessageError, SafetyError, StoreError
+from pbft_engine.errors import (
+    ConfigError,
+    LostRecordsError,
+    MessageError,
+    SafetyError,
+    StoreError,
+)
 from pbft_engine.messages import (
     Authenticator,
     Checkpoint,
@@ -89,6 +96,10 @@ from pbft_engine.messages import (
     encode_commit_certificate,
     encode_uint,
 )
+
+# The hash a block's bytes claim (its digest), or None for bytes that are no block. Blocks
+# travel unsigned: every copy taken from a message is checked against the digest it is for.
+BlockDigest = Callable[[bytes], bytes | None]
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,7 @@ class ReplicaStatus:
     stable_checkpoint: int
     last_executed: int
     fetching: int | None
+    following: bool  # lost its consensus records: votes only where it never voted
 
 
 @dataclass
@@ -152,6 +164,8 @@ class Replica:
         signer: Signer,
         verifier: Verifier,
         head: ChainHead,
+        *,
+        block_digest: BlockDigest,
     ) -> None:
         if signer.address != params.validators[replica]:
             raise ConfigError(f"the signing key is not validator {replica}")
@@ -159,6 +173,7 @@ class Replica:
         self.me = replica
         self.signer = signer
         self.auth = Authenticator(params.chain_id, params.validators, verifier)
+        self.block_digest = block_digest
         self.view = 0
         self.active = True  # False while changing to `self.view`
         self.seq_no = head.seq_no
@@ -197,6 +212,9 @@ class Replica:
         self.dropped: Counter[str] = Counter()
         self.received: Counter[str] = Counter()  # verified messages in, by type (metrics)
         self.sent: Counter[str] = Counter()  # messages out, by type; a broadcast counts once
+        self.signing_bound = SigningBound()  # as last written outside the store
+        self._bound_raised = False  # this step raised it: write it before anything leaves
+        self.amnesia: SigningBound | None = None  # records lost: sign only beyond this
         self._ops: list[StoreOp] = []
         self._out: list[Action] = []
 
@@ -211,26 +229,52 @@ class Replica:
         verifier: Verifier,
         head: ChainHead,
         records: RecordReader,
+        *,
+        block_digest: BlockDigest,
+        signing_bound: SigningBound | None = None,
+        fresh_validator: bool = False,
     ) -> Replica:
-        """A replica restarted from its data directory (first start: nothing persisted)."""
-        self = cls(params, replica, signer, verifier, head)
+        """A replica restarted from its data directory (first start: nothing persisted).
+
+        `signing_bound` is what the validator state file outside the store says (None: no
+        file); `fresh_validator` is the operator's word that this validator never voted.
+        """
+        self = cls(params, replica, signer, verifier, head, block_digest=block_digest)
         try:
-            self._load(records)
+            stored = self._load(records)
         except (MessageError, ValueError, IndexError, rlp.exceptions.RLPException) as exc:
             raise StoreError(f"cannot restore the consensus state: {exc}") from None
+        self._restore_signing_bound(stored, signing_bound or SigningBound(), fresh_validator)
         return self
 
-    def _load(self, records: RecordReader) -> None:
+    def _restore_signing_bound(self, stored: bool, written: SigningBound, fresh: bool) -> None:
+        """Amnesia: an empty store, but the bound (or a chain past genesis) says this
+        validator voted before (`core.signing_bound` has the rule and why it is safe)."""
+        if stored:
+            self.signing_bound = written.joined(SigningBound(self.view, self.high_watermark))
+        elif fresh or (written == SigningBound() and self.last_exec == 0):
+            self.signing_bound = written
+        elif written == SigningBound():
+            raise LostRecordsError(
+                f"the consensus records are missing but the chain holds {self.last_exec} "
+                "blocks, and nothing says what this validator signed")
+        else:
+            self.signing_bound, self.amnesia = written, written
+        self._bound_raised = self.signing_bound != written
+
+    def _load(self, records: RecordReader) -> bool:
+        """Read the stores back; False if there was nothing to read (no consensus state)."""
         state = records.get(StoreName.META, META_STATE)
         if state is not None:
             fields = [int.from_bytes(x, "big") for x in rlp.decode(state)]
-            view, active, seq_no, h, stable, views_without_commit = fields
+            view, active, _, h, stable, views_without_commit = fields[:6]
             self.view, self.active, self.stable_checkpoint = view, bool(active), stable
-            self.seq_no = max(self.seq_no, seq_no)
             self.low_watermark = h
             # Stores written before the escalation rule held the new-view timeout (ms) here.
             self.views_without_commit = 0 if views_without_commit > MAX_DOUBLINGS else (
                 views_without_commit)
+            if len(fields) == 9 and fields[6]:  # stores written before amnesia have six
+                self.amnesia = SigningBound(fields[7], fields[8])
         new_view = records.get(StoreName.META, META_NEW_VIEW)
         if new_view is not None:
             self.last_new_view = decode_signed_bytes(new_view, NewView)
@@ -257,9 +301,14 @@ class Replica:
             self.certified[read_u64(key)] = (digest, value)
         for key, _ in records.items(StoreName.EVIDENCE):
             self.evidence.add(key)
-        # View and seqNo also follow from what was pre-prepared (pset/qset), as in restoreState.
+        # The view also follows from what was pre-prepared (qset), as in restoreState; the
+        # seqNo only from what this replica signed itself in that view (a PRE-PREPARE it
+        # merely accepted must not stop it from proposing once it is primary).
         self.view = max([self.view, *self.qset.values()])
-        self.seq_no = max([self.seq_no, self.low_watermark, *(n for n, _ in self.qset)])
+        own = [s.body.seq_no for s in self.signed.values()
+               if isinstance(s.body, PhaseMessage) and s.body.view == self.view]
+        self.seq_no = max([self.last_exec, self.low_watermark, *own])
+        return state is not None
 
     def _load_cert_message(self, message: Signed[Any]) -> None:
         body = message.body
@@ -288,6 +337,7 @@ class Replica:
         return ReplicaStatus(
             self.view, self.active, self.seq_no, self.low_watermark, self.high_watermark,
             self.primary, self.stable_checkpoint, self.last_exec, self.fetching,
+            self.amnesia is not None,
         )
 
     def start(self) -> list[Action]:
@@ -322,9 +372,11 @@ class Replica:
                 work()
             except SafetyError as exc:
                 self._alarm("safety", str(exc))
-        ops, out = self._ops, self._out
-        self._ops, self._out = [], []
-        return [Persist(tuple(ops)), *out] if ops else out
+        ops, out, raised = self._ops, self._out, self._bound_raised
+        self._ops, self._out, self._bound_raised = [], [], False
+        if not (ops or raised):
+            return out
+        return [Persist(tuple(ops), self.signing_bound if raised else None), *out]
 
     # --- small helpers ----------------------------------------------------------------
 
@@ -353,8 +405,10 @@ class Replica:
         return self.certs.setdefault((view, seq_no), Slot())
 
     def _persist_meta(self) -> None:
+        amnesia = self.amnesia or SigningBound()
         fields = [self.view, int(self.active), self.seq_no, self.low_watermark,
-                  self.stable_checkpoint, self.views_without_commit]
+                  self.stable_checkpoint, self.views_without_commit,
+                  int(self.amnesia is not None), amnesia.view, amnesia.seq_no]
         self._put(StoreName.META, META_STATE, rlp.encode([encode_uint(x) for x in fields]))
 
     def _sign(self, body: Any) -> Signed[Any]:
@@ -366,10 +420,32 @@ class Replica:
             if existing.body != body:
                 raise SafetyError(f"refusing to sign a second {body.TYPE.name} for {key.hex()}")
             return existing
+        self._cover(getattr(body, "view", 0), 0 if seq_no == VIEW_MESSAGE_SEQ_NO else seq_no)
         signed = self.auth.sign(body, self.signer)
         self.signed[key] = signed
         self._put(StoreName.SIGNED, key, signed.encode())
         return signed
+
+    def _cover(self, view: int, seq_no: int) -> None:
+        """Raise the signing bound over what is about to be signed, a watermark window at a
+        time (the state file is rewritten about once a checkpoint interval, not per vote)."""
+        if not self.signing_bound.covers(view, seq_no):
+            self.signing_bound = self.signing_bound.joined(
+                SigningBound(view, max(seq_no, self.high_watermark)))
+            self._bound_raised = True
+
+    def _may_vote(self, view: int, seq_no: int) -> bool:
+        return self.amnesia is None or self.amnesia.may_vote(view, seq_no)
+
+    def _may_view_change(self, view: int) -> bool:
+        return self.amnesia is None or self.amnesia.may_view_change(view, self.stable_checkpoint)
+
+    def _check_recovered(self) -> None:
+        """Amnesia ends once nothing it may have signed can be contradicted any more."""
+        if self.amnesia is not None and self.amnesia.may_view_change(
+                self.view, self.stable_checkpoint):
+            self.amnesia = None
+            self._persist_meta()
 
     def _set_timer(self, kind: TimerKind, key: bytes, duration_ms: int) -> None:
         self._out.append(SetTimer(kind, key, duration_ms))
@@ -522,6 +598,8 @@ class Replica:
         if self.seq_no + 1 > self.high_watermark:
             self._drop("primary at the high watermark")
             return
+        if not self._may_vote(self.view, self.seq_no + 1):
+            return  # it may have proposed this seqNo in this view before it lost its records
         self.building = self.seq_no + 1
         self.arrived_while_building = False
         self._out.append(BuildBlock(self.building, self.last_exec_hash, self.block_due,
@@ -616,6 +694,15 @@ class Replica:
         if body.replica != self.primary or len(wire.blocks) != 1:
             self._drop("pre-prepare not from the primary or without its block")
             return
+        if body.seq_no <= self.last_exec:
+            self._drop("pre-prepare at an executed seqNo")
+            return
+        if not self._builds_on_known_parent(body.seq_no):
+            self._buffer_future(wire)  # its parent is not certified here yet
+            return
+        if not self._matches(wire.blocks[0], body.digest):
+            self._drop("pre-prepared block does not match its digest")
+            return
         slot = self._slot(body.view, body.seq_no)
         if slot.pre_prepare is not None:
             if slot.pre_prepare.body != body:
@@ -627,6 +714,22 @@ class Replica:
         self._accept_pre_prepare(pre_prepare, wire.blocks[0])
         self._restart_request_timer()
         self._advance()
+
+    def _builds_on_known_parent(self, seq_no: int) -> bool:
+        """A primary proposes seqNo n on top of block n-1, which it executed: accept n only
+        once n-1 is executed or certified here (any other seqNo in the window is stray:
+        one-at-a-time consensus has a single block in flight)."""
+        parent = seq_no - 1
+        return parent == self.last_exec or (parent == self.last_exec + 1
+                                             and parent in self.certified)
+
+    def _replay_future(self) -> None:
+        """Messages held for the current view (or for a parent that is now certified)."""
+        replay = sorted((w for w in self.future.values() if w.signed.body.view == self.view),
+                        key=lambda w: (w.signed.body.seq_no, w.signed.body.TYPE))
+        self.future = {k: w for k, w in self.future.items() if w.signed.body.view != self.view}
+        for wire in replay:
+            self._dispatch(wire)
 
     def _on_vote(self, vote: Signed[Any]) -> None:
         body = vote.body
@@ -659,20 +762,22 @@ class Replica:
 
     def _on_block_validated(self, event: BlockValidated) -> None:
         slot = self.certs.get((self.view, event.seq_no))
-        if slot is None or not slot.validating or slot.digest != event.digest:
-            return
-        slot.validating = False
-        if not event.ok:
+        current = slot is not None and slot.validating and slot.digest == event.digest
+        for (_, seq_no), other in self.certs.items():  # an older view's, if the view moved
+            if seq_no == event.seq_no and other.digest == event.digest:
+                other.validating = False
+        if current and not event.ok:
             self._drop("invalid block")
             self._discard_block(event.seq_no, event.digest)
-            return
-        self._restart_request_timer()  # our own execution time is not the primary's delay
-        self._mark_validated(self.view, event.seq_no)
+        elif current:
+            self._restart_request_timer()  # our own execution time is not the primary's delay
+            self._mark_validated(self.view, event.seq_no)
+        self._check_high_checkpoints()
 
     def _mark_validated(self, view: int, seq_no: int) -> None:
         slot = self.certs[(view, seq_no)]
         slot.validated = True
-        if self.me != self.params.primary(view):
+        if self.me != self.params.primary(view) and self._may_vote(view, seq_no):
             prepare = self._sign(Prepare(view, seq_no, slot.digest, self.me))
             slot.prepares[self.me] = prepare
             self._put(StoreName.CERT_STORE,
@@ -685,7 +790,7 @@ class Replica:
         slot = self.certs[(view, seq_no)]
         if slot.pre_prepare is None or not slot.validated:
             return
-        if self.me not in slot.commits:
+        if self.me not in slot.commits and self._may_vote(view, seq_no):
             primary = self.params.primary(view)
             prepares = slot.matching(slot.prepares, exclude=primary)
             if len(prepares) < self.params.quorum - 1:
@@ -708,6 +813,8 @@ class Replica:
         self.certified[seq_no] = (slot.digest, certificate)
         self._put(StoreName.COMMIT_CERTIFICATES, u64(seq_no), certificate)
         self._advance()
+        if self.active and seq_no == self.last_exec + 1:
+            self._replay_future()  # a PRE-PREPARE held for this parent
 
     def _advance(self) -> None:
         """Execute the next certified block, validate the next pre-prepared one, propose."""
@@ -742,7 +849,15 @@ class Replica:
                                      up_to(event.seq_no)))
         if event.seq_no % self.params.checkpoint_interval == 0:
             self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
+        self._after_execution()
+
+    def _after_execution(self) -> None:
+        """The head moved: take the PRE-PREPAREs held for it, go on, and fetch if peers
+        proved we fell behind while we were busy."""
+        if self.active:
+            self._replay_future()
         self._advance()
+        self._check_high_checkpoints()
 
     # --- checkpoints, watermarks, falling behind --------------------------------------
 
@@ -804,6 +919,7 @@ class Replica:
             self._move_watermarks(seq_no)
         else:
             self._persist_meta()
+        self._check_recovered()
 
     def _move_watermarks(self, seq_no: int) -> None:
         """moveWatermarks: h = seq_no; forget the log at and below it, in memory and on disk.
@@ -837,7 +953,16 @@ class Replica:
         held = self.high_checkpoints.get(checkpoint.body.replica)
         if held is None or held.body.seq_no < checkpoint.body.seq_no:
             self.high_checkpoints[checkpoint.body.replica] = checkpoint
-        if self.fetching is not None:
+        self._check_high_checkpoints()
+
+    def _busy(self) -> bool:
+        """A block is being built, validated or executed here: it may be exactly the block
+        the peers are ahead by, and executing it again after a fetch would be wasted."""
+        return (self.executing is not None or self.building is not None
+                or any(slot.validating for slot in self.certs.values()))
+
+    def _check_high_checkpoints(self) -> None:
+        if self.fetching is not None or self._busy() or not self.high_checkpoints:
             return
         tally = Counter((c.body.seq_no, c.body.value) for c in self.high_checkpoints.values())
         weak = [key for key, count in tally.items() if count >= self.params.weak_quorum]
@@ -865,14 +990,11 @@ class Replica:
             self._move_watermarks(event.seq_no)
         if event.seq_no % self.params.checkpoint_interval == 0:
             self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
-        self._advance()
+        self._after_execution()
 
     def _on_peer_committed(self, event: PeerCommitted) -> None:
-        """A peer committed a block we have not: fetch it unless our own work is under way
-        (a block being built or executed may be exactly that block)."""
-        if event.seq_no <= self.last_exec or self.fetching is not None:
-            return
-        if self.executing is not None or self.building is not None:
+        """A peer committed a block we have not: fetch it unless our own work is under way."""
+        if event.seq_no <= self.last_exec or self.fetching is not None or self._busy():
             return
         self._fall_behind(event.seq_no, event.block_hash, b"")
 
@@ -884,7 +1006,7 @@ class Replica:
 
     def _start_view_change(self, view: int, reason: str) -> None:
         """Leave the current view and send VIEW-CHANGE(view)."""
-        if view <= self.view:
+        if view <= self.view or not self._may_view_change(view):
             return
         self._cancel_request_timer()
         self._count_view_change(reason)
@@ -983,14 +1105,19 @@ class Replica:
 
     def _offered_blocks(self, chosen: Iterable[Signed[ViewChange]]) -> dict[tuple[int, bytes],
                                                                               bytes]:
-        """Blocks that VIEW-CHANGE senders attached to their P entries (unverified)."""
+        """Blocks that VIEW-CHANGE senders attached to their P entries: the first copy that
+        matches its digest (a later one never replaces it)."""
         offered: dict[tuple[int, bytes], bytes] = {}
         for signed in chosen:
             wire = self.view_changes[signed.body.replica]
             for proof, block in zip(signed.body.pset, wire.blocks, strict=False):
-                if block:
-                    offered[(proof.seq_no, proof.digest)] = block
+                entry = (proof.seq_no, proof.digest)
+                if entry not in offered and self._matches(block, proof.digest):
+                    offered[entry] = block
         return offered
+
+    def _matches(self, block: bytes, digest: bytes) -> bool:
+        return bool(block) and self.block_digest(block) == digest
 
     def _new_view_wire(self) -> WireMessage:
         assert self.last_new_view is not None
@@ -1009,11 +1136,13 @@ class Replica:
         except MessageError as exc:
             self._drop(f"new-view: {type(exc).__name__}")
             return
-        blocks = wire.blocks + (b"",) * (len(plan.entries) - len(wire.blocks))
+        blocks = tuple(block if self._matches(block, digest) else b""
+                       for block, (_, digest) in zip(wire.blocks, plan.entries, strict=False))
+        blocks += (b"",) * (len(plan.entries) - len(blocks))
         if body.view > self.view:  # we never asked for this view: the others moved on
             self._count_view_change("new_view")
         self.view = body.view
-        self._install_new_view(signed, plan, blocks[: len(plan.entries)])
+        self._install_new_view(signed, plan, blocks)
 
     def _install_new_view(
         self, new_view: Signed[NewView], plan: NewViewPlan, blocks: tuple[bytes, ...]
@@ -1039,17 +1168,15 @@ class Replica:
             entry = (pre_prepare.body.seq_no, pre_prepare.body.digest)
             own = kept[entry] if entry in genuine else None
             self._adopt_pre_prepare(pre_prepare, own or block or kept[entry])
-        self.seq_no = max([self.low_watermark, *(n for n, _ in plan.entries)])
+        self.seq_no = max([self.low_watermark, self.last_exec, *(n for n, _ in plan.entries)])
         self._persist_meta()
+        self._check_recovered()
         self.passed_over = 0  # the new primary gets the whole bound again
         self._cancel_request_timer()  # armed in the old view; a new primary times no one
         if self.requests:
             self._arm_request_timer()
-        replay = sorted((w for w in self.future.values() if w.signed.body.view == self.view),
-                        key=lambda w: (w.signed.body.seq_no, w.signed.body.TYPE))
-        self.future = {k: w for k, w in self.future.items() if w.signed.body.view > self.view}
-        for wire in replay:
-            self._dispatch(wire)
+        self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= self.view}
+        self._replay_future()
         self._advance()
 
     def _forget_signed_view_messages(self) -> None:

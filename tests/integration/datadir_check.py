@@ -14,7 +14,7 @@ from pathlib import Path
 
 import rlp
 
-from chain.blockchain import Blockchain
+from chain.blockchain import Blockchain, block_hash_of
 from chain.node import load_datadir_genesis, open_database
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
 from pbft_engine.core import ChainHead, EngineParams, Replica
@@ -52,7 +52,8 @@ def check_datadir(datadir: Path, index: int) -> DatadirState:
         _check_stable_checkpoints(store, params, blockchain, hashes)
         replica = Replica.restore(
             params, index, KeySigner(dev_private_key(index, DEV_VALIDATOR_SEED).to_bytes()),
-            KeyVerifier(), ChainHead(head.block_number, head.hash), store)
+            KeyVerifier(), ChainHead(head.block_number, head.hash), store,
+            block_digest=block_hash_of)
         assert replica.low_watermark <= head.block_number, (
             f"low watermark {replica.low_watermark} above the head {head.block_number}")
         assert replica.stable_checkpoint <= head.block_number, (

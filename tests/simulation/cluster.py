@@ -50,6 +50,7 @@ from pbft_engine.core import (
     ValidateBlock,
 )
 from pbft_engine.core.records import META_NEW_VIEW, StoreName
+from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.messages import (
     KeySigner,
     KeyVerifier,
@@ -131,6 +132,7 @@ class Node:
     store: MemoryConsensusStore = field(default_factory=MemoryConsensusStore)
     pool: Pool = field(default_factory=Pool)
     replica: Replica | None = None
+    signing_bound: SigningBound | None = None  # the validator state file: survives a wipe
     epoch: int = 0  # bumped on crash: events scheduled for an older epoch are void
     timers: dict[tuple[TimerKind, bytes], int] = field(default_factory=dict)
     alarms: list[Alarm] = field(default_factory=list)
@@ -307,6 +309,8 @@ class Cluster:
         for action in actions:
             if isinstance(action, Persist):
                 assert not persisted, "one Persist per step"
+                if action.signing_bound is not None:
+                    node.signing_bound = action.signing_bound
                 node.store.apply(action.ops)
                 persisted = True
             elif isinstance(action, Broadcast):
@@ -603,6 +607,13 @@ class Cluster:
         node.jobs.clear()
         node.busy = False
 
+    def wipe(self, index: int) -> None:
+        """The operator rebuilt this validator's consensus store (its chain and its validator
+        state file stay): it restarts with no records of what it signed."""
+        self.crash(index)
+        self.nodes[index].store = MemoryConsensusStore()
+        self.restart(index)
+
     def restart(self, index: int) -> None:
         """Start (or restart) a node from its persisted store, chain and pool journal."""
         node = self.nodes[index]
@@ -611,7 +622,8 @@ class Cluster:
         node.jobs.clear()
         node.busy = False
         node.replica = Replica.restore(self.params, index, node.signer, self.verifier,
-                                       node.chain.head, node.store)
+                                       node.chain.head, node.store, block_digest=keccak,
+                                       signing_bound=node.signing_bound)
         node.last_view = max(node.last_view, node.replica.view)
         self.perform(node, node.replica.start())
         node.ready = {}  # a new replica knows nothing: report the whole executable set

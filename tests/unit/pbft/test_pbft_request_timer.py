@@ -50,7 +50,8 @@ WAITING = keccak(b"the transaction a censoring primary leaves out")
 
 
 def start_replica(me: int = ME) -> Replica:
-    replica = Replica(PARAMS, me, SIGNERS[me], KeyVerifier(), ChainHead(0, GENESIS))
+    replica = Replica(PARAMS, me, SIGNERS[me], KeyVerifier(), ChainHead(0, GENESIS),
+                      block_digest=keccak)
     replica.start()
     return replica
 

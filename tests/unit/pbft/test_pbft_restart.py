@@ -69,7 +69,7 @@ def test_never_signs_two_messages_for_one_slot_across_a_restart() -> None:
     commit(cluster, tx_hashes(1))
     node = cluster.nodes[1]
     restored = Replica.restore(cluster.params, 1, node.signer, cluster.verifier,
-                               node.chain.head, node.store)
+                               node.chain.head, node.store, block_digest=keccak)
     digest = restored.certs[(0, 1)].digest
     assert restored._sign(Prepare(0, 1, digest, 1)).body.digest == digest  # same: re-used
     with pytest.raises(SafetyError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from eth_hash.auto import keccak
+
 from pbft_engine.core import Persist, Replica, StoreName
 from pbft_engine.core.records import Delete, DeleteRange, Put, u64
 from pbft_engine.store import LevelDBConsensusStore, MemoryConsensusStore
@@ -63,7 +65,7 @@ def test_restart_from_leveldb_reads_back_identical_bytes_and_state(tmp_path: Pat
         for name in StoreName:
             assert list(store.items(name)) == list(node.store.items(name)), name
         restored = Replica.restore(cluster.params, 1, node.signer, cluster.verifier,
-                                   node.chain.head, store)
+                                   node.chain.head, store, block_digest=keccak)
     live = node.replica
     assert restored.status() == live.status()
     assert restored.view >= 1 and restored.low_watermark == 3
