@@ -1,7 +1,9 @@
 """One random simulation run per seed, in one of five classes (`kind_of`):
 
 chaos   faults (crashes, restarts, partitions, drops, byzantine replicas), then healing: safety
-        throughout, and transactions sent after healing commit.
+        throughout, and transactions sent after healing commit. In a quarter of them the first
+        primary equivocates and an honest replica loses its consensus store mid-run (amnesia):
+        agreement must hold, and liveness too unless that makes more than f faults.
 honest  no fault; bursts far larger than a block, nonce gaps, fee bumps, evictions, fee caps
         too low, a base fee that follows the load, replicas validating 1-3x slower than the
         primary builds (within the design's envelope: a round fits the request timeout):
@@ -68,6 +70,7 @@ CENSOR_STREAM_MS = 12_000
 BUDGET_MS = 800 // 5  # EngineParams.block_time_budget_ms at the default request timeout
 SLOW_TIMEOUT_CAP_MS = 16_000  # new_view_timeout_cap in the slow class (4 s elsewhere)
 QUIET_MS = 5_000  # idle time at the end, with gapped transactions still in the pools
+AMNESIA_SHARE = 0.25  # chaos seeds in which an honest replica loses its consensus store
 BEHAVIOURS = ("crash", "silent", "equivocate", "garbage", "replay", "out_of_window")
 # seed % 10 -> class; half the seeds stay chaos seeds
 KINDS = ("chaos", "honest", "gapped", "slow", "censor")
@@ -240,10 +243,14 @@ def run_chaos(seed: int, n: int, rng: random.Random) -> Cluster:
     cluster = _cluster(n, seed, econ, faults)
     f = cluster.params.f
     timeline: list[tuple[int, Callable[[], None]]] = []
-    faulty = rng.sample(range(n), rng.randint(0, f))
+    # Amnesia: the first primary equivocates and an honest replica loses its consensus
+    # store mid-run (issue 14's fork needs both). Its chain and signing bound stay.
+    amnesia = f >= 1 and rng.random() < AMNESIA_SHARE
+    faulty = [0, *rng.sample(range(1, n), rng.randint(0, f - 1))] if amnesia else rng.sample(
+        range(n), rng.randint(0, f))
     crashed_for_good: list[int] = []
     for index in faulty:
-        behaviour = rng.choice(BEHAVIOURS)
+        behaviour = "equivocate" if amnesia and index == 0 else rng.choice(BEHAVIOURS)
         if behaviour == "crash":
             crashed_for_good.append(index)
             timeline.append((rng.randrange(CHAOS_MS), lambda i=index: cluster.crash(i)))
@@ -251,6 +258,9 @@ def run_chaos(seed: int, n: int, rng: random.Random) -> Cluster:
             cluster.byzantine.add(index)
             cluster.outgoing[index] = Byzantine(cluster, index, behaviour, rng)
     survivors = [i for i in range(n) if i not in faulty]
+    if amnesia:
+        wiped = survivors.pop(rng.randrange(len(survivors)))
+        timeline.append((rng.randrange(CHAOS_MS), lambda: cluster.wipe(wiped)))
     for index in rng.sample(survivors, min(len(survivors), rng.randint(0, 2))):
         down = rng.randrange(CHAOS_MS - 500)
         timeline.append((down, lambda i=index: cluster.crash(i)))
@@ -280,6 +290,12 @@ def run_chaos(seed: int, n: int, rng: random.Random) -> Cluster:
     cluster.check_safety()
     fresh = [cluster.submit(clients.tx(clients.account(), econ.fees.rich(rng)))
              for _ in range(3)]
+    if amnesia and len(faulty) + 1 > f:
+        # f + 1 faults: the replica that lost its records is one, and it votes again only
+        # once the others made progress, which they may not without it. Safety only.
+        cluster.run_for(LIVENESS_LIMIT_MS)
+        cluster.check_safety()
+        return cluster
     need = f + 1
     live = cluster.run_until(lambda: all(cluster.committed(tx) >= need for tx in fresh),
                              LIVENESS_LIMIT_MS)

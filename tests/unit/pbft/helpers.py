@@ -4,8 +4,20 @@ from __future__ import annotations
 
 from eth_hash.auto import keccak
 
-from pbft_engine.messages import MessageType, WireMessage
+from pbft_engine.core import EngineParams, MessageReceived
+from pbft_engine.messages import Authenticator, KeySigner, KeyVerifier, MessageType, WireMessage
 from tests.simulation.cluster import Cluster, Node
+
+# One replica driven event by event: four validators, messages signed by hand.
+SIGNERS = [KeySigner(keccak(b"validator %d" % i)) for i in range(4)]
+PARAMS = EngineParams(chain_id=1337, validators=tuple(s.address for s in SIGNERS))
+AUTH = Authenticator(PARAMS.chain_id, PARAMS.validators, KeyVerifier())
+GENESIS = keccak(b"genesis")
+
+
+def from_peer(body: object, blocks: tuple[bytes, ...] = ()) -> MessageReceived:
+    signer = SIGNERS[body.replica]  # type: ignore[attr-defined]
+    return MessageReceived(WireMessage(AUTH.sign(body, signer), blocks).encode())  # type: ignore[arg-type]
 
 
 def tx_hashes(count: int, tag: str = "tx") -> list[bytes]:

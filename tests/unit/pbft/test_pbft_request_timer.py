@@ -13,10 +13,8 @@ from pbft_engine.core import (
     CancelTimer,
     ChainHead,
     CommitBlock,
-    EngineParams,
     FetchCommitted,
     FetchCompleted,
-    MessageReceived,
     PeerCommitted,
     Replica,
     RequestDropped,
@@ -29,22 +27,16 @@ from pbft_engine.core import (
 from pbft_engine.core.records import u64
 from pbft_engine.core.replica import MAX_PASSED_OVER
 from pbft_engine.messages import (
-    Authenticator,
     Commit,
-    KeySigner,
     KeyVerifier,
     NewView,
     Prepare,
     PrePrepare,
     ViewChange,
-    WireMessage,
 )
 from pbft_engine.metrics import replica_mode
+from tests.unit.pbft.helpers import AUTH, GENESIS, PARAMS, SIGNERS, from_peer
 
-SIGNERS = [KeySigner(keccak(b"validator %d" % i)) for i in range(4)]
-PARAMS = EngineParams(chain_id=1337, validators=tuple(s.address for s in SIGNERS))
-AUTH = Authenticator(PARAMS.chain_id, PARAMS.validators, KeyVerifier())
-GENESIS = keccak(b"genesis")
 ME = 2  # never the primary of views 0 and 1
 WAITING = keccak(b"the transaction a censoring primary leaves out")
 
@@ -54,11 +46,6 @@ def start_replica(me: int = ME) -> Replica:
                       block_digest=keccak)
     replica.start()
     return replica
-
-
-def from_peer(body: object, blocks: tuple[bytes, ...] = ()) -> MessageReceived:
-    signer = SIGNERS[body.replica]  # type: ignore[attr-defined]
-    return MessageReceived(WireMessage(AUTH.sign(body, signer), blocks).encode())  # type: ignore[arg-type]
 
 
 def request_timer(actions: list[Action]) -> int | None:

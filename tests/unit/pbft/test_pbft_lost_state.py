@@ -1,0 +1,277 @@
+"""Issue 14: a replica that lost its consensus records (amnesia), stray sequence numbers, block
+copies checked against their digest, and a slow replica left to finish its own work."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+from eth_hash.auto import keccak
+
+from pbft_engine.core import (
+    Action,
+    Alarm,
+    BlockCommitted,
+    BlockValidated,
+    Broadcast,
+    ChainHead,
+    CommitBlock,
+    FetchCommitted,
+    PeerCommitted,
+    Persist,
+    Replica,
+    RequestReceived,
+    SendTo,
+    TimerFired,
+    TimerKind,
+    ValidateBlock,
+)
+from pbft_engine.core.signing_bound import SigningBound
+from pbft_engine.engine import PbftEngine
+from pbft_engine.errors import LostRecordsError
+from pbft_engine.messages import (
+    Checkpoint,
+    Commit,
+    KeyVerifier,
+    MessageType,
+    Prepare,
+    PrePrepare,
+    WireMessage,
+)
+from pbft_engine.store import MemoryConsensusStore
+from tests.simulation.cluster import Cluster
+from tests.unit.pbft.helpers import (
+    GENESIS,
+    PARAMS,
+    SIGNERS,
+    capture,
+    commit,
+    drop_from,
+    drop_type,
+    from_peer,
+    tx_hashes,
+)
+
+ME = 2  # a backup in views 0 and 1
+H = PARAMS.log_size  # the high watermark at genesis
+
+
+@dataclass
+class Disk:
+    """What the adapter keeps for one replica: its store and its validator state file."""
+
+    store: MemoryConsensusStore = field(default_factory=MemoryConsensusStore)
+    bound: SigningBound | None = None
+    bound_writes: int = 0
+
+    def start(self, head: int = 0, fresh: bool = False) -> Replica:
+        replica = Replica.restore(PARAMS, ME, SIGNERS[ME], KeyVerifier(), ChainHead(head, GENESIS),
+                                  self.store, block_digest=keccak, signing_bound=self.bound,
+                                  fresh_validator=fresh)
+        self.run(replica.start())
+        return replica
+
+    def run(self, actions: list[Action]) -> list[Action]:
+        for action in actions:
+            if isinstance(action, Persist):
+                if action.signing_bound is not None:
+                    self.bound, self.bound_writes = action.signing_bound, self.bound_writes + 1
+                self.store.apply(action.ops)
+        return actions
+
+
+def votes(actions: list[Action]) -> list[tuple[MessageType, int, int, bytes]]:
+    """(type, view, seqNo, digest) of every PREPARE and COMMIT sent."""
+    sent = [WireMessage.decode(a.data).signed.body for a in actions
+            if isinstance(a, Broadcast | SendTo)]
+    return [(b.TYPE, b.view, b.seq_no, b.digest) for b in sent if isinstance(b, Prepare | Commit)]
+
+
+def sent_types(actions: list[Action]) -> set[MessageType]:
+    return {WireMessage.decode(a.data).signed.body.TYPE for a in actions
+            if isinstance(a, Broadcast | SendTo)}
+
+
+def pre_prepare(seq_no: int, tag: bytes, view: int = 0) -> tuple[bytes, object]:
+    block = b"block %d: %s" % (seq_no, tag)
+    return keccak(block), from_peer(PrePrepare(view, seq_no, keccak(block), 0), (block,))
+
+
+def test_a_wiped_replica_never_votes_again_where_it_voted() -> None:
+    """Issue 14's fork at N = 4: byzantine primary 0 sends d' to replicas 1 and 2 (R), which
+    prepare and commit it; R is wiped and rejoins; 0 sends d to R and 3. R must not vote for
+    d: with its vote, 3 would commit d while 1 can still commit d' with R's earlier COMMIT."""
+    disk = Disk()
+    replica = disk.start()
+    first, message = pre_prepare(1, b"d' for replicas 1 and 2")
+    sent = disk.run(replica.step(message))
+    sent += disk.run(replica.step(BlockValidated(1, first, True)))
+    sent += disk.run(replica.step(from_peer(Prepare(0, 1, first, 1))))
+    assert votes(sent) == [(MessageType.PREPARE, 0, 1, first), (MessageType.COMMIT, 0, 1, first)]
+    assert disk.bound == SigningBound(0, H)  # written before the first vote left
+
+    disk.store = MemoryConsensusStore()  # rebuilt: a new chaindata, the state file kept
+    wiped = disk.start()
+    assert wiped.amnesia == SigningBound(0, H) and wiped.status().following
+    second, message = pre_prepare(1, b"d for replicas 2 and 3")
+    sent = disk.run(wiped.step(message))
+    sent += disk.run(wiped.step(BlockValidated(1, second, True)))
+    for peer in (0, 3):
+        sent += disk.run(wiped.step(from_peer(Prepare(0, 1, second, peer))))
+        sent += disk.run(wiped.step(from_peer(Commit(0, 1, second, peer))))
+    sent += disk.run(wiped.step(RequestReceived(keccak(b"waiting"))))
+    sent += disk.run(wiped.step(TimerFired(TimerKind.REQUEST, b"")))
+    assert votes(sent) == []
+    assert MessageType.VIEW_CHANGE not in sent_types(sent)  # it may have sent one for view 1
+
+
+def test_a_wiped_replica_votes_again_beyond_everything_it_may_have_signed() -> None:
+    """In a cluster: wiped mid-run, it follows (catching up, checkpointing) and votes again
+    once its stable checkpoint passes its old window and the view passes its old view; no
+    honest replica ever signs two messages for one slot (the simulator checks every send)."""
+    cluster = Cluster(4)
+    commit(cluster, tx_hashes(3, "before"))
+    cluster.wipe(2)
+    wiped = cluster.nodes[2]
+    assert wiped.replica.amnesia is not None
+    bound = wiped.replica.amnesia
+    for round_ in range(bound.seq_no // cluster.params.checkpoint_interval + 2):
+        commit(cluster, tx_hashes(cluster.params.checkpoint_interval, f"round {round_}"))
+    assert wiped.replica.stable_checkpoint >= bound.seq_no
+    assert wiped.replica.amnesia is not None  # still view 0: it may have voted in it
+    cluster.filters.append(drop_from(0))  # the primary falls silent: view 1
+    commit(cluster, tx_hashes(2, "view 1"), nodes=cluster.nodes[1:])
+    assert wiped.replica.amnesia is None and wiped.replica.view >= 1
+    cluster.filters.clear()
+    before = len(cluster.signed_by)
+    commit(cluster, tx_hashes(2, "after"))
+    assert any(key[0] == 2 and key[1] is MessageType.PREPARE
+               for key in list(cluster.signed_by)[before:])
+    cluster.check_safety()
+
+
+def test_lost_records_without_a_state_file_refuse_to_start_unless_fresh() -> None:
+    with pytest.raises(LostRecordsError):
+        Disk().start(head=5)
+    assert Disk().start(head=5, fresh=True).amnesia is None  # the operator's word
+    assert Disk().start(head=0).amnesia is None  # a new validator on a new chain
+
+
+def test_the_signing_bound_moves_a_window_at_a_time() -> None:
+    """The state file is rewritten when a vote passes the bound, not for every vote."""
+    cluster = Cluster(4)
+    for i in range(3 * cluster.params.log_size):
+        commit(cluster, tx_hashes(1, f"block {i}"))
+    node = cluster.nodes[2]
+    assert node.signing_bound is not None
+    assert node.signing_bound.seq_no >= len(node.chain.blocks)
+    disk = Disk()
+    replica = disk.start()
+    for seq_no in range(1, 4):
+        digest, message = pre_prepare(seq_no, b"x")
+        disk.run(replica.step(message))
+        disk.run(replica.step(BlockValidated(seq_no, digest, True)))
+        for peer in (0, 1):
+            disk.run(replica.step(from_peer(Prepare(0, seq_no, digest, 1))))
+            disk.run(replica.step(from_peer(Commit(0, seq_no, digest, peer))))
+        disk.run(replica.step(_committed(seq_no, digest)))
+    assert disk.bound_writes == 1 and disk.bound == SigningBound(0, H)
+
+
+def _committed(seq_no: int, digest: bytes) -> BlockCommitted:
+    return BlockCommitted(seq_no, digest, keccak(digest), ())
+
+
+def test_a_pre_prepare_waits_for_its_parent_and_never_raises_the_seq_no() -> None:
+    disk = Disk()
+    replica = disk.start()
+    far, message = pre_prepare(5, b"stray")
+    assert not any(isinstance(a, ValidateBlock) for a in disk.run(replica.step(message)))
+    assert replica.seq_no == 0 and (0, 5) not in replica.certs
+    second, early = pre_prepare(2, b"second")
+    disk.run(replica.step(early))  # block 1 is not certified here yet: held
+    first, message = pre_prepare(1, b"first")
+    disk.run(replica.step(message))
+    disk.run(replica.step(BlockValidated(1, first, True)))
+    disk.run(replica.step(from_peer(Prepare(0, 1, first, 1))))
+    disk.run(replica.step(from_peer(Commit(0, 1, first, 0))))
+    actions = disk.run(replica.step(from_peer(Commit(0, 1, first, 1))))
+    assert any(isinstance(a, CommitBlock) for a in actions)
+    assert (0, 2) in replica.certs and replica.certs[(0, 2)].digest == second
+    actions = disk.run(replica.step(_committed(1, first)))
+    assert any(isinstance(a, ValidateBlock) and a.seq_no == 2 for a in actions)
+
+
+def test_a_restarted_replica_takes_its_seq_no_from_what_it_signed() -> None:
+    """A PRE-PREPARE accepted but not validated must not leave a restarted replica, once
+    primary, waiting for a seqNo it never proposed (seq_no != last_exec: no proposal)."""
+    disk = Disk()
+    replica = disk.start()
+    _, message = pre_prepare(1, b"accepted, never validated")
+    disk.run(replica.step(message))
+    assert replica.seq_no == 1
+    assert disk.start().seq_no == 0
+
+
+def test_a_replica_still_validating_is_not_pushed_into_catch_up() -> None:
+    disk = Disk()
+    replica = disk.start()
+    digest, message = pre_prepare(1, b"slow to validate")
+    disk.run(replica.step(message))
+    assert replica.certs[(0, 1)].validating
+    assert not any(isinstance(a, FetchCommitted)
+                   for a in disk.run(replica.step(PeerCommitted(1, digest))))
+    far = H + PARAMS.checkpoint_interval
+    for peer in (0, 1):
+        checkpoint = Checkpoint(far, keccak(b"head"), keccak(b"root"), peer)
+        assert not any(isinstance(a, FetchCommitted)
+                       for a in disk.run(replica.step(from_peer(checkpoint))))
+    actions = disk.run(replica.step(BlockValidated(1, digest, True)))
+    assert any(isinstance(a, FetchCommitted) and a.target_seq_no == far for a in actions)
+
+
+def test_the_new_primary_takes_only_copies_that_match_their_digest() -> None:
+    """Block 1 prepared at 0, 2 and 3, never committed; the next primary (1) never saw it and
+    fills it from the VIEW-CHANGEs: 3's copy is forged. The NEW-VIEW must carry the genuine
+    one (a later copy used to replace an earlier one, unchecked)."""
+    cluster = Cluster(4)
+    cluster.filters += [drop_type(MessageType.COMMIT),
+                        lambda src, dst, wire: not (dst == 1 and src == 0)]
+
+    def forge(dst: int, data: bytes) -> list[tuple[int, bytes]]:
+        wire = WireMessage.decode(data)
+        if wire.signed.body.TYPE is not MessageType.VIEW_CHANGE:
+            return [(dst, data)]
+        return [(dst, WireMessage(wire.signed, tuple(b"forged" for _ in wire.blocks)).encode())]
+
+    cluster.outgoing[3] = forge
+    cluster.submit(keccak(b"prepared"))
+    assert cluster.run_until(lambda: all(1 in cluster.nodes[i].replica.pset for i in (0, 2, 3)),
+                             20_000)
+    new_views: list[WireMessage] = []
+    cluster.filters[1:] = [drop_from(0), capture(MessageType.NEW_VIEW, new_views)]
+    assert cluster.run_until(lambda: bool(new_views), 20_000)
+    (digest,) = [p.body.digest for p in new_views[0].signed.body.pre_prepares]
+    assert keccak(new_views[0].blocks[0]) == digest
+
+
+def test_the_adapter_refuses_to_commit_a_block_other_than_the_certified_one() -> None:
+    committed: list[object] = []
+    other = SimpleNamespace(hash=keccak(b"another block"), number=1)
+
+    async def validate_block(data: bytes) -> object:
+        return other
+
+    async def commit_block(executed: object) -> None:
+        committed.append(executed)
+
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.context = SimpleNamespace(validate_block=validate_block, commit_block=commit_block)
+    engine._executed, engine._chain_lock, engine.alarms = {}, asyncio.Lock(), []
+    engine.log = SimpleNamespace(error=lambda *args: None)
+    action = CommitBlock(1, keccak(b"the certified block"), b"a copy", b"certificate")
+    asyncio.run(engine._commit(action))
+    assert committed == [] and [a.kind for a in engine.alarms] == ["commit"]
+    assert isinstance(engine.alarms[0], Alarm)
