@@ -633,6 +633,8 @@ class Transport(PeerTransport):
         if channel not in USER_CHANNELS:
             raise TransportError(f"channel {channel} is not one of {sorted(USER_CHANNELS)}")
         if len(payload) > self._config.max_payload_size:
+            log.error("a %d-byte message on channel %d exceeds the %d-byte frame cap; not sent to "
+                      "0x%s", len(payload), channel, self._config.max_payload_size, address.hex())
             return self._drop("too_large")
         if not self._running:
             return self._drop("not_running")

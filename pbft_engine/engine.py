@@ -31,6 +31,7 @@ from pbft_engine.core import (
     CommitBlock,
     EngineParams,
     Event,
+    FetchBlock,
     FetchCommitted,
     FetchFailed,
     MessageReceived,
@@ -138,6 +139,7 @@ class PbftEngine(ConsensusEngine):
         self.sync = BlockSync(
             self.context, self.store, self.engine_params.validators,
             deliver=self._step, replica_status=self.replica.status,
+            held_block=self.replica.block_for,
             chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
         )
         self.sync.start()
@@ -214,6 +216,9 @@ class PbftEngine(ConsensusEngine):
                 self._tasks.spawn(self._commit(action), "block commit")
             elif isinstance(action, FetchCommitted):
                 self._tasks.spawn(self._fetch(action), "catch-up")
+            elif isinstance(action, FetchBlock):
+                assert self.sync is not None
+                self.sync.want_block(action.seq_no, action.digest)
             elif isinstance(action, Alarm):
                 self._alarm(action)
 

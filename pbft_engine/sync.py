@@ -7,16 +7,21 @@ its hash (`verify_commit_certificate`), then executed like any other block, and 
 one batch with that certificate. The link is authenticated by the transport; the data is not
 trusted: a lying peer can waste a request, never make us import a block.
 
-It also serves peers: STATUS (our head, its certificate and the NEW-VIEW we are in) and ranges
-of certified blocks. A replica that makes no progress asks its peers for STATUS every poll
-interval, so a node that missed blocks on a quiet chain, or started empty, still catches up
-(`PeerCommitted`), and a replica left in an old view learns the NEW-VIEW it missed.
+It also serves peers: STATUS (our head, its certificate and the NEW-VIEW we are in), ranges
+of certified blocks, and single blocks by digest. A replica that makes no progress asks its
+peers for STATUS every poll interval, so a node that missed blocks on a quiet chain, or
+started empty, still catches up (`PeerCommitted`), and a replica left in an old view learns
+the NEW-VIEW it missed. VIEW-CHANGE and NEW-VIEW name blocks by digest only: a replica that
+lacks a body asks every peer for it (`FetchBlock`), again each poll interval, until a copy
+whose header hashes to the digest arrives (`BlockReceived`).
 
 Wire format (canonical RLP lists, first item the kind):
   GET_STATUS  [0]
   STATUS      [1, head number, head hash, head's commit certificate, signed NEW-VIEW or b""]
   GET_BLOCKS  [2, request id, first number, count]
   BLOCKS      [3, request id, [[block, commit certificate], ...]]
+  GET_BLOCK   [4, seqNo, digest]
+  BLOCK       [5, seqNo, digest, block]
 """
 
 from __future__ import annotations
@@ -32,11 +37,12 @@ from typing import Any
 import rlp
 from eth_utils import keccak
 
-from chain.blockchain import ExecutedBlock
+from chain.blockchain import ExecutedBlock, block_hash_of
 from chain.engine import EngineContext, TimerHandle
 from chain.errors import BlockValidationError
 from chain.rlp_depth import RlpTooDeep, check_rlp_depth
 from pbft_engine.core import (
+    BlockReceived,
     Event,
     FetchCompleted,
     FetchFailed,
@@ -62,6 +68,7 @@ log = logging.getLogger(__name__)
 MAX_BLOCKS_PER_REQUEST = 32
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # below the transport's frame cap
 REQUEST_TIMEOUT_S = 10.0
+MAX_WANTED_BLOCKS = 256  # bodies asked for at once (a window holds fewer)
 MAX_UINT64 = 2**64 - 1
 MAX_SYNC_DEPTH = 4  # BLOCKS: [kind, id, [[block, certificate], ...]]
 HEADER_NUMBER_INDEX = 8  # an Ethereum header's fields: ..., difficulty, number, ...
@@ -76,6 +83,8 @@ class SyncKind(IntEnum):
     STATUS = 1
     GET_BLOCKS = 2
     BLOCKS = 3
+    GET_BLOCK = 4
+    BLOCK = 5
 
 
 @dataclass(frozen=True)
@@ -114,10 +123,30 @@ class Blocks:
         return [self.request_id, [list(pair) for pair in self.blocks]]
 
 
-SyncMessage = GetStatus | Status | GetBlocks | Blocks
+@dataclass(frozen=True)
+class GetBlock:
+    seq_no: int
+    digest: bytes
+
+    def fields(self) -> list[Any]:
+        return [self.seq_no, self.digest]
+
+
+@dataclass(frozen=True)
+class Block:
+    seq_no: int
+    digest: bytes
+    block: bytes
+
+    def fields(self) -> list[Any]:
+        return [self.seq_no, self.digest, self.block]
+
+
+SyncMessage = GetStatus | Status | GetBlocks | Blocks | GetBlock | Block
 _KINDS: dict[type, SyncKind] = {
     GetStatus: SyncKind.GET_STATUS, Status: SyncKind.STATUS,
     GetBlocks: SyncKind.GET_BLOCKS, Blocks: SyncKind.BLOCKS,
+    GetBlock: SyncKind.GET_BLOCK, Block: SyncKind.BLOCK,
 }
 
 
@@ -142,6 +171,8 @@ def decode_sync(data: bytes) -> SyncMessage:
         SyncKind.STATUS: _decode_status,
         SyncKind.GET_BLOCKS: lambda f: GetBlocks(*(_uint(x) for x in _exactly(f, 3))),
         SyncKind.BLOCKS: _decode_blocks,
+        SyncKind.GET_BLOCK: _decode_get_block,
+        SyncKind.BLOCK: _decode_block,
     }
     if kind not in decoders:
         raise MessageError(f"block sync: unknown message kind {kind}")
@@ -166,11 +197,25 @@ def _bytes(item: Any) -> bytes:
     return item
 
 
+def _digest(item: Any) -> bytes:
+    if len(_bytes(item)) != 32:
+        raise MessageError("block sync: a block hash has 32 bytes")
+    return item
+
+
+def _decode_get_block(fields: list[Any]) -> GetBlock:
+    seq_no, digest = _exactly(fields, 2)
+    return GetBlock(_uint(seq_no), _digest(digest))
+
+
+def _decode_block(fields: list[Any]) -> Block:
+    seq_no, digest, block = _exactly(fields, 3)
+    return Block(_uint(seq_no), _digest(digest), _bytes(block))
+
+
 def _decode_status(fields: list[Any]) -> Status:
     number, head_hash, certificate, new_view = _exactly(fields, 4)
-    if len(_bytes(head_hash)) != 32:
-        raise MessageError("block sync: a head hash has 32 bytes")
-    return Status(_uint(number), head_hash, _bytes(certificate), _bytes(new_view))
+    return Status(_uint(number), _digest(head_hash), _bytes(certificate), _bytes(new_view))
 
 
 def _decode_blocks(fields: list[Any]) -> Blocks:
@@ -217,6 +262,7 @@ class BlockSync:
         *,
         deliver: Callable[[Event], None],
         replica_status: Callable[[], ReplicaStatus],
+        held_block: Callable[[int, bytes], bytes | None],
         chain_lock: asyncio.Lock,
         poll_interval: float,
     ) -> None:
@@ -225,6 +271,7 @@ class BlockSync:
         self.validators = validators
         self.deliver = deliver
         self.replica_status = replica_status
+        self.held_block = held_block  # the replica's copy of an uncommitted block, by digest
         self.chain_lock = chain_lock  # held while a block is imported (here or by the adapter)
         self.poll_interval = poll_interval
         self._request_ids = itertools.count(1)
@@ -234,6 +281,7 @@ class BlockSync:
         self._tasks = BackgroundTasks()
         self._poll: TimerHandle | None = None
         self._last_progress = -1
+        self._wanted: dict[tuple[int, bytes], None] = {}  # bodies the replica asked for
 
     # Lifecycle.
 
@@ -253,7 +301,22 @@ class BlockSync:
             for peer in self._status_asked:
                 self.context.send_sync(peer, encode_sync(GetStatus()))
         self._last_progress = status.last_executed
+        self._wanted = {k: None for k in self._wanted if k[0] > status.last_executed}
+        for seq_no, digest in self._wanted:
+            self._ask_block(seq_no, digest)
         self._poll = self.context.call_later(self.poll_interval, self._tick)
+
+    def want_block(self, seq_no: int, digest: bytes) -> None:
+        """Ask every peer for a block body now and each tick until one arrives (bounded: the
+        replica wants at most one body per seqNo of its window)."""
+        if len(self._wanted) >= MAX_WANTED_BLOCKS:
+            self._wanted.pop(next(iter(self._wanted)))
+        self._wanted[(seq_no, digest)] = None
+        self._ask_block(seq_no, digest)
+
+    def _ask_block(self, seq_no: int, digest: bytes) -> None:
+        for peer in self.context.peers():
+            self.context.send_sync(peer, encode_sync(GetBlock(seq_no, digest)))
 
     # Messages from peers.
 
@@ -267,10 +330,12 @@ class BlockSync:
             self.context.send_sync(sender, encode_sync(self._status()))
         elif isinstance(message, Status):
             self._on_status(sender, message)
-        elif isinstance(message, GetBlocks):
+        elif isinstance(message, GetBlocks | GetBlock):
             if sender not in self._serving:
                 self._serving.add(sender)
                 self._tasks.spawn(self._serve(sender, message), "serving blocks")
+        elif isinstance(message, Block):
+            self._on_block(message)
         else:
             pending = self._pending.get(message.request_id)
             if pending is not None and pending[0] == sender and not pending[1].done():
@@ -310,8 +375,22 @@ class BlockSync:
         if new_view.body.view > view:
             self.deliver(MessageReceived(WireMessage(new_view).encode()))
 
-    async def _serve(self, peer: bytes, request: GetBlocks) -> None:
+    def _on_block(self, answer: Block) -> None:
+        """A copy of a wanted body: the replica checks it against the digest, and asks again
+        (`FetchBlock`) if it proves false after all (its header matches, its body not)."""
+        entry = (answer.seq_no, answer.digest)
+        if entry in self._wanted and block_hash_of(answer.block) == answer.digest:
+            del self._wanted[entry]
+            self.deliver(BlockReceived(answer.seq_no, answer.digest, answer.block))
+
+    async def _serve(self, peer: bytes, request: GetBlocks | GetBlock) -> None:
         try:
+            if isinstance(request, GetBlock):
+                block = await self._block_by_digest(request.seq_no, request.digest)
+                if block is not None:
+                    self.context.send_sync(peer, encode_sync(
+                        Block(request.seq_no, request.digest, block)))
+                return
             count = min(request.count, MAX_BLOCKS_PER_REQUEST)
             blocks = await self.context.canonical_blocks(request.first, count) \
                 if request.first > 0 else []
@@ -326,6 +405,13 @@ class BlockSync:
             self.context.send_sync(peer, encode_sync(Blocks(request.request_id, tuple(answer))))
         finally:
             self._serving.discard(peer)
+
+    async def _block_by_digest(self, seq_no: int, digest: bytes) -> bytes | None:
+        held = self.held_block(seq_no, digest)
+        if held is not None or not 0 < seq_no <= self.context.head().block_number:
+            return held
+        blocks = await self.context.canonical_blocks(seq_no, 1)
+        return blocks[0] if blocks and block_hash_of(blocks[0]) == digest else None
 
     # Fetching.
 

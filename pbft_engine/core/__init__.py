@@ -7,6 +7,7 @@ from pbft_engine.core.actions import (
     BuildBlock,
     CancelTimer,
     CommitBlock,
+    FetchBlock,
     FetchCommitted,
     Persist,
     SendTo,
@@ -16,6 +17,7 @@ from pbft_engine.core.actions import (
 from pbft_engine.core.events import (
     BlockBuilt,
     BlockCommitted,
+    BlockReceived,
     BlockValidated,
     Event,
     FetchCompleted,
@@ -32,9 +34,10 @@ from pbft_engine.core.records import Delete, DeleteRange, Put, RecordReader, Sto
 from pbft_engine.core.replica import ChainHead, Replica, ReplicaStatus
 
 __all__ = [
-    "Action", "Alarm", "BlockBuilt", "BlockCommitted", "BlockValidated", "Broadcast",
+    "Action", "Alarm", "BlockBuilt", "BlockCommitted", "BlockReceived", "BlockValidated",
+    "Broadcast",
     "BuildBlock", "CancelTimer", "ChainHead", "CommitBlock", "Delete", "DeleteRange",
-    "EngineParams", "Event", "FetchCommitted", "FetchCompleted", "FetchFailed",
+    "EngineParams", "Event", "FetchBlock", "FetchCommitted", "FetchCompleted", "FetchFailed",
     "MessageReceived", "PeerCommitted", "Persist", "Put", "RecordReader", "Replica",
     "ReplicaStatus",
     "RequestDropped", "RequestReceived", "SendTo", "SetTimer", "StoreName", "StoreOp",

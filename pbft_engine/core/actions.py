@@ -4,7 +4,8 @@ Contract for the adapter: perform the actions of one step in list order. A step 
 one `Persist` and it comes first: write all its operations in ONE synced WriteBatch before
 performing any later action (every message sent depends on it). Block actions are answered
 with the matching event (`BuildBlock` -> `BlockBuilt`, `ValidateBlock` -> `BlockValidated`,
-`CommitBlock` -> `BlockCommitted`, `FetchCommitted` -> `FetchCompleted` | `FetchFailed`).
+`CommitBlock` -> `BlockCommitted`, `FetchCommitted` -> `FetchCompleted` | `FetchFailed`,
+`FetchBlock` -> `BlockReceived`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,16 @@ class FetchCommitted:
 
 
 @dataclass(frozen=True)
+class FetchBlock:
+    """The body of block `digest` at seq_no is needed and not here (VIEW-CHANGE and NEW-VIEW
+    carry digests only): ask the peers, and answer with each copy as `BlockReceived` until
+    the replica stops asking (it asks again, once, if a copy proves false)."""
+
+    seq_no: int
+    digest: bytes
+
+
+@dataclass(frozen=True)
 class Alarm:
     """Something an operator must look at (e.g. conflicting checkpoints); the replica halts."""
 
@@ -114,5 +125,6 @@ Action = (
     | ValidateBlock
     | CommitBlock
     | FetchCommitted
+    | FetchBlock
     | Alarm
 )

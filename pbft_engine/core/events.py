@@ -98,6 +98,15 @@ class PeerCommitted:
 
 
 @dataclass(frozen=True)
+class BlockReceived:
+    """Reply to `FetchBlock`: a peer's copy of the block (the replica checks its digest)."""
+
+    seq_no: int
+    digest: bytes
+    block: bytes
+
+
+@dataclass(frozen=True)
 class FetchFailed:
     """Reply to `FetchCommitted` when no peer could serve the target."""
 
@@ -115,4 +124,5 @@ Event = (
     | FetchCompleted
     | FetchFailed
     | PeerCommitted
+    | BlockReceived
 )

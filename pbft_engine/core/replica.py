@@ -21,6 +21,7 @@ from pbft_engine.core.actions import (
     BuildBlock,
     CancelTimer,
     CommitBlock,
+    FetchBlock,
     FetchCommitted,
     Persist,
     SendTo,
@@ -30,6 +31,7 @@ from pbft_engine.core.actions import (
 from pbft_engine.core.events import (
     BlockBuilt,
     BlockCommitted,
+    BlockReceived,
     BlockValidated,
     Event,
     FetchCompleted,
@@ -196,6 +198,7 @@ class Replica:
         self.certs: dict[tuple[int, int], Slot] = {}  # cert_store, by (view, seqNo)
         self.block_store: dict[int, tuple[int, bytes, bytes]] = {}  # seqNo -> view, digest, block
         self.outstanding_blocks: dict[tuple[int, bytes], bytes] = {}
+        self.wanted: set[tuple[int, bytes]] = set()  # bodies asked of the peers (FetchBlock)
         self.pset: dict[int, PreparedProof] = {}
         self.qset: dict[tuple[int, bytes], int] = {}
         self.checkpoints: dict[int, dict[int, Signed[Checkpoint]]] = {}
@@ -363,6 +366,7 @@ class Replica:
             FetchCompleted: self._on_fetch_completed,
             FetchFailed: self._on_fetch_failed,
             PeerCommitted: self._on_peer_committed,
+            BlockReceived: self._on_block_received,
         }
 
     def _run(self, work: Callable[[], None]) -> list[Action]:
@@ -456,11 +460,6 @@ class Replica:
             return stored[2]
         return self.outstanding_blocks.get((seq_no, digest))
 
-    def _validated(self, seq_no: int, digest: bytes) -> bool:
-        """This replica validated (or built) block `digest` at `seq_no`, in any view."""
-        return any(slot.validated and slot.digest == digest
-                   for (_, n), slot in self.certs.items() if n == seq_no)
-
     def _store_block(self, view: int, seq_no: int, digest: bytes, block: bytes) -> None:
         self.block_store[seq_no] = (view, digest, block)
         self._put(StoreName.BLOCK_STORE, u64(seq_no),
@@ -469,8 +468,8 @@ class Replica:
         self._put(StoreName.OUTSTANDING_BLOCKS, u64(seq_no) + digest, block)
 
     def _discard_block(self, seq_no: int, digest: bytes) -> None:
-        """Forget a block that failed validation (blocks travel unsigned: a later copy from a
-        NEW-VIEW or VIEW-CHANGE may be the genuine one)."""
+        """Forget a block that failed validation (blocks travel unsigned: a copy fetched from
+        another peer may be the genuine one)."""
         if self.block_store.get(seq_no, (0, b""))[1] == digest:
             del self.block_store[seq_no]
             self._ops.append(Delete(StoreName.BLOCK_STORE, u64(seq_no)))
@@ -755,7 +754,7 @@ class Replica:
             return
         block = self._block_for(seq_no, slot.pre_prepare.body.digest)
         if block is None:
-            self._drop("pre-prepared block unavailable")
+            self._want(seq_no, slot.pre_prepare.body.digest)
             return
         slot.validating = True
         self._out.append(ValidateBlock(seq_no, slot.pre_prepare.body.digest, block))
@@ -825,13 +824,33 @@ class Replica:
             digest, certificate = self.certified[seq_no]
             block = self._block_for(seq_no, digest)
             if block is None:
-                self._drop("certified block unavailable")
+                self._want(seq_no, digest)
             else:
                 self.executing = seq_no
                 self._out.append(CommitBlock(seq_no, digest, block, certificate))
         if self.active and self.executing is None:
             self._validate_next()
         self._maybe_propose()
+
+    def _want(self, seq_no: int, digest: bytes) -> None:
+        """Ask the peers for a body this replica needs (once, until a copy arrives)."""
+        if (seq_no, digest) not in self.wanted:
+            self.wanted.add((seq_no, digest))
+            self._out.append(FetchBlock(seq_no, digest))
+
+    def _on_block_received(self, event: BlockReceived) -> None:
+        entry = (event.seq_no, event.digest)
+        if entry not in self.wanted or not self._matches(event.block, event.digest):
+            self._drop("unwanted or false block copy")
+            return
+        self.wanted.discard(entry)
+        self.outstanding_blocks[entry] = event.block
+        self._put(StoreName.OUTSTANDING_BLOCKS, u64(event.seq_no) + event.digest, event.block)
+        self._advance()
+
+    def block_for(self, seq_no: int, digest: bytes) -> bytes | None:
+        """The copy of a block this replica holds, for a peer that asks (`FetchBlock`)."""
+        return self._block_for(seq_no, digest)
 
     def _on_block_committed(self, event: BlockCommitted) -> None:
         if self.executing != event.seq_no:
@@ -845,6 +864,7 @@ class Replica:
         self.outstanding_blocks = {
             k: v for k, v in self.outstanding_blocks.items() if k[0] != event.seq_no
         }
+        self.wanted = {k for k in self.wanted if k[0] > event.seq_no}
         self._ops.append(DeleteRange(StoreName.OUTSTANDING_BLOCKS, u64(event.seq_no),
                                      up_to(event.seq_no)))
         if event.seq_no % self.params.checkpoint_interval == 0:
@@ -933,6 +953,7 @@ class Replica:
         self.block_store = {n: b for n, b in self.block_store.items() if n > seq_no}
         self.outstanding_blocks = {k: b for k, b in self.outstanding_blocks.items()
                                    if k[0] > seq_no}
+        self.wanted = {k for k in self.wanted if k[0] > seq_no}
         self.certified = {n: c for n, c in self.certified.items() if n > seq_no}
         self.signed = {k: s for k, s in self.signed.items() if read_u64(k) > seq_no}
         self.future = {k: w for k, w in self.future.items() if k[2] > seq_no}
@@ -1036,9 +1057,10 @@ class Replica:
         return tuple(c for _, c in sorted(votes.items()) if c.body.value == value)
 
     def _own_view_change(self) -> WireMessage:
-        signed = self.signed[signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE, self.view)]
-        blocks = tuple(self._block_for(p.seq_no, p.digest) or b"" for p in signed.body.pset)
-        return WireMessage(signed, blocks)
+        """VIEW-CHANGE and NEW-VIEW carry digests, not blocks (as in the paper): their size
+        does not grow with the blocks, so they always fit a frame; bodies are fetched."""
+        return WireMessage(
+            self.signed[signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE, self.view)])
 
     def _resend_view_change(self) -> None:
         wire = self._own_view_change()
@@ -1097,33 +1119,15 @@ class Replica:
         pre_prepares = tuple(self._sign(PrePrepare(self.view, n, d, self.me))
                              for n, d in plan.entries)
         new_view = self._sign(NewView(self.view, chosen, pre_prepares, self.me))
-        offered = self._offered_blocks(chosen)
-        blocks = tuple(self._block_for(n, d) or offered.get((n, d), b"")
-                       for n, d in plan.entries)
-        self._broadcast(new_view, blocks)
-        self._install_new_view(new_view, plan, blocks)
-
-    def _offered_blocks(self, chosen: Iterable[Signed[ViewChange]]) -> dict[tuple[int, bytes],
-                                                                              bytes]:
-        """Blocks that VIEW-CHANGE senders attached to their P entries: the first copy that
-        matches its digest (a later one never replaces it)."""
-        offered: dict[tuple[int, bytes], bytes] = {}
-        for signed in chosen:
-            wire = self.view_changes[signed.body.replica]
-            for proof, block in zip(signed.body.pset, wire.blocks, strict=False):
-                entry = (proof.seq_no, proof.digest)
-                if entry not in offered and self._matches(block, proof.digest):
-                    offered[entry] = block
-        return offered
+        self._broadcast(new_view)
+        self._install_new_view(new_view, plan)
 
     def _matches(self, block: bytes, digest: bytes) -> bool:
         return bool(block) and self.block_digest(block) == digest
 
     def _new_view_wire(self) -> WireMessage:
         assert self.last_new_view is not None
-        blocks = tuple(self._block_for(p.body.seq_no, p.body.digest) or b""
-                       for p in self.last_new_view.body.pre_prepares)
-        return WireMessage(self.last_new_view, blocks)
+        return WireMessage(self.last_new_view)
 
     def _on_new_view(self, wire: WireMessage) -> None:
         signed: Signed[NewView] = wire.signed
@@ -1136,17 +1140,12 @@ class Replica:
         except MessageError as exc:
             self._drop(f"new-view: {type(exc).__name__}")
             return
-        blocks = tuple(block if self._matches(block, digest) else b""
-                       for block, (_, digest) in zip(wire.blocks, plan.entries, strict=False))
-        blocks += (b"",) * (len(plan.entries) - len(blocks))
         if body.view > self.view:  # we never asked for this view: the others moved on
             self._count_view_change("new_view")
         self.view = body.view
-        self._install_new_view(signed, plan, blocks)
+        self._install_new_view(signed, plan)
 
-    def _install_new_view(
-        self, new_view: Signed[NewView], plan: NewViewPlan, blocks: tuple[bytes, ...]
-    ) -> None:
+    def _install_new_view(self, new_view: Signed[NewView], plan: NewViewPlan) -> None:
         self._out.append(CancelTimer(TimerKind.NEW_VIEW, u64(self.view)))
         self._out.append(CancelTimer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view)))
         self.active, self.new_view_timer_armed = True, False
@@ -1154,20 +1153,15 @@ class Replica:
         self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
         self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())
         self._adopt_checkpoint(plan)
-        # Blocks travel unsigned: the copy we executed or validated is genuine, a NEW-VIEW's
-        # may not be. An executed block is never validated again, so a bad copy would stick;
-        # a bad copy of a prepared block that fails validation here would cost every replica
-        # that took it its good copy, and the block would be re-proposed, unobtainable, in
-        # every later view.
+        # The NEW-VIEW names blocks by digest; the copies held here were checked against
+        # theirs on arrival, and a body missing here is fetched when it is needed.
         kept = {(n, d): self._block_for(n, d) for n, d in plan.entries}
-        genuine = {(n, d) for n, d in plan.entries if n <= self.last_exec or self._validated(n, d)}
         self.block_store = {}  # blockStore only ever holds the current view's blocks
         self._ops.append(DeleteRange(StoreName.BLOCK_STORE, None, None))
         self._forget_signed_view_messages()
-        for pre_prepare, block in zip(new_view.body.pre_prepares, blocks, strict=True):
-            entry = (pre_prepare.body.seq_no, pre_prepare.body.digest)
-            own = kept[entry] if entry in genuine else None
-            self._adopt_pre_prepare(pre_prepare, own or block or kept[entry])
+        for pre_prepare in new_view.body.pre_prepares:
+            body = pre_prepare.body
+            self._adopt_pre_prepare(pre_prepare, kept[(body.seq_no, body.digest)])
         self.seq_no = max([self.low_watermark, self.last_exec, *(n for n, _ in plan.entries)])
         self._persist_meta()
         self._check_recovered()

@@ -27,6 +27,7 @@ from pbft_engine.core import (
     Alarm,
     BlockBuilt,
     BlockCommitted,
+    BlockReceived,
     BlockValidated,
     Broadcast,
     BuildBlock,
@@ -34,6 +35,7 @@ from pbft_engine.core import (
     CommitBlock,
     EngineParams,
     Event,
+    FetchBlock,
     FetchCommitted,
     FetchCompleted,
     FetchFailed,
@@ -181,6 +183,14 @@ class _Status:
     peer: int
 
 
+@dataclass(frozen=True)
+class _BlockAsk:
+    """Ask one peer for a block body the replica wants (`FetchBlock`), then again later."""
+
+    seq_no: int
+    digest: bytes
+
+
 MessageFilter = Callable[[int, int, WireMessage], bool]  # (src, dst, message) -> deliver?
 Job = Callable[[], tuple[int, Callable[[], None]]]  # start: (duration, what happens at the end)
 
@@ -206,6 +216,7 @@ class Cluster:
         execution: Execution | None = None,
         max_txs_per_block: int | None = MAX_TXS_PER_BLOCK,
         gossip_delays: bool = False,
+        block_padding: int = 0,
     ) -> None:
         self.rng = random.Random(seed)
         self.faults = faults or NetworkFaults()
@@ -225,6 +236,7 @@ class Cluster:
         self.execution = execution or Execution()
         self.max_txs_per_block = max_txs_per_block
         self.gossip_delays = gossip_delays  # False: a submitted transaction is everywhere at once
+        self.block_padding = block_padding  # bytes added to every block built (large blocks)
         self.registry: dict[bytes, Tx] = {}  # every transaction ever submitted, by hash
         self.verifier = CachingVerifier()
         self.nodes = [Node(i, s, SimChain(self.market, self.registry))
@@ -289,6 +301,8 @@ class Cluster:
             self._poll(node)
         elif isinstance(item, _Status):
             self._on_status(node, self.nodes[item.peer])
+        elif isinstance(item, _BlockAsk):
+            self._ask_block(node, item)
         else:
             self.feed(index, item)
 
@@ -324,6 +338,8 @@ class Cluster:
                 node.timers.pop((action.kind, action.key), None)
             elif isinstance(action, Alarm):
                 node.alarms.append(action)
+            elif isinstance(action, FetchBlock):
+                self._schedule(0, node, _BlockAsk(action.seq_no, action.digest))
             else:
                 self._block_action(node, action)
 
@@ -359,7 +375,8 @@ class Cluster:
         max_count = min((x for x in limits if x is not None), default=None)
         txs = node.pool.select(node.chain, max_count, skip=self.censors.get(node.index))
         hashes = tuple(tx.hash for tx in txs)
-        block = make_block(action.seq_no, action.parent_hash, hashes, b"")
+        block = make_block(action.seq_no, action.parent_hash, hashes,
+                           bytes(self.block_padding))
         built = BlockBuilt(action.seq_no, keccak(block), block, hashes)
         return (self.execution.block_ms(node.index, len(txs)),
                 lambda: self.feed(node.index, built))
@@ -508,6 +525,37 @@ class Cluster:
             head = peer.chain.head
             if head.seq_no > node.replica.status().last_executed:
                 self.feed(node.index, PeerCommitted(head.seq_no, head.block_hash))
+
+    # --- block bodies by digest (pbft_engine/sync.py's GET_BLOCK) --------------------------
+
+    def _ask_block(self, node: Node, ask: _BlockAsk) -> None:
+        """One random connected peer answers with its copy, if it has one; a byzantine peer
+        with a forged block. Asked again every poll interval while the replica wants it."""
+        assert node.replica is not None
+        if (ask.seq_no, ask.digest) not in node.replica.wanted:
+            return
+        peers = [p for p in self.nodes if p is not node and p.up
+                 and self._connected(node.index, p.index)]
+        if peers and self.rng.random() >= self.faults.drop:
+            peer = peers[self.rng.randrange(len(peers))]
+            if peer.index in self.byzantine:
+                parent = keccak(b"forged parent")
+                copy: bytes | None = make_block(ask.seq_no, parent, (), b"forged")
+            else:
+                copy = self._copy_of(peer, ask.seq_no, ask.digest)
+            if copy is not None:
+                answer = BlockReceived(ask.seq_no, ask.digest, copy)
+                self._schedule(self._delay() + self._delay(), node, answer)
+        self._schedule(self.poll_interval_ms, node, ask)
+
+    @staticmethod
+    def _copy_of(peer: Node, seq_no: int, digest: bytes) -> bytes | None:
+        assert peer.replica is not None
+        held = peer.replica.block_for(seq_no, digest)
+        if held is None and len(peer.chain.blocks) >= seq_no:
+            entry = peer.chain.blocks[seq_no - 1]
+            held = entry.block if entry.block_hash == digest else None
+        return held
 
     # --- network ------------------------------------------------------------------------
 

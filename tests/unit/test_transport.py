@@ -403,7 +403,9 @@ def test_four_validators_exchange_on_every_channel_and_broadcast() -> None:
     run(body())
 
 
-def test_send_rejects_unknown_peer_self_and_bad_channel() -> None:
+def test_send_rejects_unknown_peer_self_and_bad_channel(
+    caplog_transport: pytest.LogCaptureFixture,
+) -> None:
     async def body() -> None:
         endpoints, a_port, _ = two_validator_endpoints()
         a, _ = make_transport(VALIDATOR_KEYS[0], endpoints, a_port)
@@ -418,7 +420,9 @@ def test_send_rejects_unknown_peer_self_and_bad_channel() -> None:
             assert not a.send(address_of(VALIDATOR_KEYS[1]), Channel.ENGINE, too_big)
             assert dropped(a, "unknown_peer") == 2
             assert dropped(a, "not_running") == 1
-            assert dropped(a, "too_large") == 1
+            assert dropped(a, "too_large") == 1  # counted, and an error in the log
+            assert [r.levelname for r in caplog_transport.records
+                    if "exceeds the" in r.getMessage()] == ["ERROR"]
         finally:
             await a.stop()
 

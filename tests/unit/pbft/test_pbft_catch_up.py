@@ -29,7 +29,9 @@ from pbft_engine.messages import (
 )
 from pbft_engine.sync import (
     MAX_BLOCKS_PER_REQUEST,
+    Block,
     Blocks,
+    GetBlock,
     GetBlocks,
     GetStatus,
     Status,
@@ -87,6 +89,8 @@ def test_stable_checkpoints_keep_their_proof_forever() -> None:
     Status(12, b"\x11" * 32, b"certificate", b""),
     GetBlocks(3, 1, MAX_BLOCKS_PER_REQUEST),
     Blocks(3, ((b"block one", b"cert one"), (b"block two", b"cert two"))),
+    GetBlock(7, b"\x22" * 32),
+    Block(7, b"\x22" * 32, b"a block"),
 ])
 def test_sync_messages_round_trip(message: object) -> None:
     assert decode_sync(encode_sync(message)) == message  # type: ignore[arg-type]
@@ -101,6 +105,9 @@ def test_sync_messages_round_trip(message: object) -> None:
     rlp.encode([1, 1, b"short", b"", b""]),  # a head hash of 5 bytes
     rlp.encode([3, 1, [[b"block"]]]),  # a block without its certificate
     rlp.encode([3, 1, [[b"b", b"c"]] * (MAX_BLOCKS_PER_REQUEST + 1)]),
+    rlp.encode([4, 7, b"short digest"]),
+    rlp.encode([5, 7, b"\x22" * 32]),  # BLOCK without the block
+    rlp.encode([5, 7, b"\x22" * 32, [b"a list"]]),
 ])
 def test_malformed_sync_messages_are_refused(data: bytes) -> None:
     with pytest.raises(MessageError):
