@@ -446,8 +446,7 @@ class Replica:
 
     def _check_recovered(self) -> None:
         """Amnesia ends once nothing it may have signed can be contradicted any more."""
-        if self.amnesia is not None and self.amnesia.may_view_change(
-                self.view, self.stable_checkpoint):
+        if self.amnesia is not None and self.amnesia.passed(self.view, self.stable_checkpoint):
             self.amnesia = None
             self._persist_meta()
 
@@ -699,9 +698,6 @@ class Replica:
         if not self._builds_on_known_parent(body.seq_no):
             self._buffer_future(wire)  # its parent is not certified here yet
             return
-        if not self._matches(wire.blocks[0], body.digest):
-            self._drop("pre-prepared block does not match its digest")
-            return
         slot = self._slot(body.view, body.seq_no)
         if slot.pre_prepare is not None:
             if slot.pre_prepare.body != body:
@@ -710,7 +706,13 @@ class Replica:
             else:
                 self._drop("duplicate")
             return
-        self._accept_pre_prepare(pre_prepare, wire.blocks[0])
+        block: bytes | None = wire.blocks[0]
+        if not self._matches(wire.blocks[0], body.digest):
+            # The primary's signed digest stands (and is evidence if it conflicts later); the
+            # copy is false, so the body is fetched from the peers by that digest.
+            self._drop("pre-prepared block does not match its digest")
+            block = None
+        self._accept_pre_prepare(pre_prepare, block)
         self._restart_request_timer()
         self._advance()
 

@@ -34,7 +34,9 @@ signs a vote only where `may_vote` / `may_view_change` allow. Why that is safe, 
 - CHECKPOINTs attest the state after executing certified blocks, which is deterministic: the
   same as any it signed before unless the chain already forked.
 
-Amnesia ends when the stable checkpoint is >= S and the view is > V. A store that is empty
+Amnesia ends when the stable checkpoint is >= S and the view is >= V: every vote from then
+on is at a seqNo above S in a view of at least V, and every VIEW-CHANGE for a view above V
+(in a healthy cluster, one window and a checkpoint after it rejoined). A store that is empty
 with no bound (first start) is a new validator when the chain holds only genesis; with a
 longer chain and no bound the replica cannot know what it signed and refuses to start unless
 the operator says otherwise (`--fresh-validator`).
@@ -65,3 +67,7 @@ class SigningBound:
     def may_view_change(self, view: int, stable_checkpoint: int) -> bool:
         """A VIEW-CHANGE (or NEW-VIEW) for `view` is new and its report complete."""
         return view > self.view and stable_checkpoint >= self.seq_no
+
+    def passed(self, view: int, stable_checkpoint: int) -> bool:
+        """From this view and stable checkpoint on, every vote is allowed: amnesia is over."""
+        return view >= self.view and stable_checkpoint >= self.seq_no

@@ -85,6 +85,7 @@ __all__ = [
 CHAIN_ID = 1337
 MAX_TXS_PER_BLOCK = 8  # the default cap for the unit tests' cluster (scenarios lift it)
 FETCH_OVERHEAD_MS = 5
+BYZANTINE_FETCH_MS = 2_000  # how long a lying catch-up source may hold a fetch
 
 
 class CachingVerifier(Verifier):
@@ -409,12 +410,17 @@ class Cluster:
 
     def _fetch(self, node: Node, target: int) -> tuple[int, Callable[[], None]]:
         """Catch-up from any peer that has the target: every certificate is verified, every
-        block executed (so it takes as long as executing them)."""
-        sources = [p for p in self.nodes if p is not node and p.index not in self.byzantine
+        block executed (so it takes as long as executing them). A byzantine source serves
+        wrong blocks or partial certificates, slowly: nothing verifies, and the fetch fails
+        after the sync's request timeout."""
+        sources = [p for p in self.nodes if p is not node and p.up
                    and len(p.chain.blocks) >= target]
         if not sources or target <= len(node.chain.blocks):
             return FETCH_OVERHEAD_MS, lambda: self.feed(node.index, FetchFailed(target))
         source = sources[self.rng.randrange(len(sources))]
+        if source.index in self.byzantine:
+            return (self.rng.randint(FETCH_OVERHEAD_MS, BYZANTINE_FETCH_MS),
+                    lambda: self.feed(node.index, FetchFailed(target)))
         entries = source.chain.blocks[len(node.chain.blocks):target]
         first = len(node.chain.blocks) + 1
         duration = FETCH_OVERHEAD_MS + sum(
@@ -484,15 +490,15 @@ class Cluster:
     def _poll(self, node: Node) -> None:
         """No progress since the last poll: ask the peers where they are. Only peers whose
         answer could matter are asked (ahead, or in a later view): the others' answers would
-        be ignored, and skipping them keeps the simulation cheap. Byzantine peers do not
-        answer, as they serve no blocks (`_fetch`): one that claimed a head and then refused
-        the blocks is another attack (it makes the asking replica drop its uncommitted
-        blocks, `Replica._fall_behind`), not modelled here."""
+        be ignored, and skipping them keeps the simulation cheap. Byzantine peers answer too
+        (a head they can prove, as a certificate is checked) and then serve no blocks
+        (`_fetch`): the asking replica falls behind, drops its uncommitted blocks and must
+        still recover them."""
         assert node.replica is not None
         status = node.replica.status()
         if status.fetching is None and status.last_executed == node.last_progress:
             for peer in self.nodes:
-                if (peer is not node and peer.up and peer.index not in self.byzantine
+                if (peer is not node and peer.up
                         and self._useful_peer(peer, status.view, status.last_executed)):
                     self._ask_status(node, peer)
         node.last_progress = status.last_executed

@@ -7,7 +7,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 
-from tests.simulation.cluster import Cluster
+from tests.simulation.cluster import Cluster, Node
 from tests.simulation.workload import Workload
 
 
@@ -35,6 +35,19 @@ def check_no_view_change(cluster: Cluster) -> None:
     if any(node.view_changes for node in cluster.honest()):
         raise InvariantFailure(f"view changes in an honest cluster: {view_change_report(cluster)}"
                                f" (heights {cluster.heights()})")
+
+
+def check_no_churn(cluster: Cluster, nodes: list[Node], limit_ms: int, quiet_ms: int) -> None:
+    """After healing, once nothing executable waits on these replicas, their views stay
+    put: no view change without a reason."""
+    if not cluster.run_until(lambda: not any(n.replica and n.replica.requests for n in nodes),
+                             limit_ms):
+        return  # something still waits: a view change may be due, not churn
+    before = [node.view_changes for node in nodes]
+    cluster.run_for(quiet_ms)
+    if [node.view_changes for node in nodes] != before:
+        raise InvariantFailure(f"views changed on an idle, healed cluster: "
+                               f"{view_change_report(cluster)}; views {cluster.views()}")
 
 
 def settled(cluster: Cluster) -> bool:

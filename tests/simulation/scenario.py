@@ -35,6 +35,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 import rlp
 from eth_hash.auto import keccak
@@ -44,9 +45,14 @@ from pbft_engine.messages import (
     Authenticator,
     Checkpoint,
     Commit,
+    NewView,
     PhaseMessage,
     Prepare,
+    PreparedProof,
     PrePrepare,
+    PrePreparedEntry,
+    Signed,
+    ViewChange,
     WireMessage,
 )
 from tests.simulation.cluster import Cluster, Execution, NetworkFaults, make_block
@@ -54,6 +60,7 @@ from tests.simulation.invariants import (
     LivenessFailure,
     check_accounts,
     check_latency,
+    check_no_churn,
     check_no_view_change,
     check_settles,
 )
@@ -71,7 +78,14 @@ BUDGET_MS = 800 // 5  # EngineParams.block_time_budget_ms at the default request
 SLOW_TIMEOUT_CAP_MS = 16_000  # new_view_timeout_cap in the slow class (4 s elsewhere)
 QUIET_MS = 5_000  # idle time at the end, with gapped transactions still in the pools
 AMNESIA_SHARE = 0.25  # chaos seeds in which an honest replica loses its consensus store
-BEHAVIOURS = ("crash", "silent", "equivocate", "garbage", "replay", "out_of_window")
+BEHAVIOURS = ("crash", "silent", "equivocate", "garbage", "replay", "out_of_window",
+              "forge_view")
+# What a "forge_view" replica does to its own VIEW-CHANGE / NEW-VIEW (signed, so only the
+# content can lie): leave out what it prepared (valid: a byzantine member of V may), claim a
+# checkpoint its proof does not prove, invent a prepared certificate, a Q entry from the
+# future; as primary, drop or add an O entry, or offer too few VIEW-CHANGEs.
+VIEW_CHANGE_LIES = ("genuine", "omit", "overclaim", "invent", "future_q")
+NEW_VIEW_LIES = ("genuine", "drop_o", "extra_o", "few_v")
 # seed % 10 -> class; half the seeds stay chaos seeds
 KINDS = ("chaos", "honest", "gapped", "slow", "censor")
 _KIND_BY_RESIDUE = ("chaos",) * 5 + ("honest", "honest", "gapped", "slow", "censor")
@@ -205,11 +219,14 @@ class Byzantine:
         old = self.cluster.delivered
         return [(dst, data)] + ([(dst, old[self.rng.randrange(len(old))])] if old else [])
 
-    def _sign(self, body: object, blocks: tuple[bytes, ...] = ()) -> bytes:
+    def _signed(self, body: Any) -> Signed[Any]:
         node = self.cluster.nodes[self.index]
         auth = Authenticator(self.cluster.params.chain_id, self.cluster.params.validators,
                              self.cluster.verifier)
-        return WireMessage(auth.sign(body, node.signer), blocks).encode()  # type: ignore[arg-type]
+        return auth.sign(body, node.signer)
+
+    def _sign(self, body: object, blocks: tuple[bytes, ...] = ()) -> bytes:
+        return WireMessage(self._signed(body), blocks).encode()
 
     def _out_of_window(self, dst: int, data: bytes) -> list[tuple[int, bytes]]:
         body = WireMessage.decode(data).signed.body
@@ -222,6 +239,47 @@ class Byzantine:
         else:
             forged = self.rng.choice((Prepare, Commit))(body.view, far, body.digest, self.index)
         return [(dst, data), (dst, self._sign(forged))]
+
+    def _forge_view(self, dst: int, data: bytes) -> list[tuple[int, bytes]]:
+        body = WireMessage.decode(data).signed.body
+        if isinstance(body, ViewChange):
+            forged: object = self._lie_in_view_change(body)
+        elif isinstance(body, NewView):
+            forged = self._lie_in_new_view(body)
+        else:
+            return [(dst, data)]
+        return [(dst, self._sign(forged))]
+
+    def _lie_in_view_change(self, body: ViewChange) -> ViewChange:
+        lie = self.rng.choice(VIEW_CHANGE_LIES)
+        if lie == "omit":
+            return replace(body, pset=(), qset=())
+        if lie == "overclaim":
+            return replace(body, stable_seq_no=body.stable_seq_no
+                           + self.cluster.params.checkpoint_interval)
+        top = max([body.stable_seq_no, *(p.seq_no for p in body.pset)]) + 1
+        digest = keccak(b"invented %d" % top)
+        if lie == "invent":
+            pre_prepare = self._signed(PrePrepare(max(0, body.view - 1), top, digest,
+                                                  self.index))
+            return replace(body, pset=(*body.pset, PreparedProof(pre_prepare, ())))
+        if lie == "future_q":
+            entry = PrePreparedEntry(top, digest, body.view + 1)
+            return replace(body, qset=tuple(sorted((*body.qset, entry),
+                                                   key=lambda q: (q.seq_no, q.digest))))
+        return body
+
+    def _lie_in_new_view(self, body: NewView) -> NewView:
+        lie = self.rng.choice(NEW_VIEW_LIES)
+        if lie == "drop_o" and body.pre_prepares:
+            return replace(body, pre_prepares=body.pre_prepares[:-1])
+        if lie == "extra_o":
+            top = max([0, *(p.body.seq_no for p in body.pre_prepares)]) + 1
+            extra = self._signed(PrePrepare(body.view, top, keccak(b"extra"), self.index))
+            return replace(body, pre_prepares=(*body.pre_prepares, extra))
+        if lie == "few_v":
+            return replace(body, view_changes=body.view_changes[:1])
+        return body
 
     def _equivocate(self, dst: int, data: bytes) -> list[tuple[int, bytes]]:
         wire = WireMessage.decode(data)
@@ -303,6 +361,12 @@ def run_chaos(seed: int, n: int, rng: random.Random) -> Cluster:
     if not live:
         raise LivenessFailure(f"no commit within {LIVENESS_LIMIT_MS} ms after healing: "
                               f"heights {cluster.heights()}, views {cluster.views()}")
+    up = [node for node in cluster.honest() if node.up]  # a replica left behind catches up
+    if not cluster.run_until(lambda: cluster.all_committed(fresh, up), LIVENESS_LIMIT_MS):
+        raise LivenessFailure(f"an honest replica left behind after healing: heights "
+                              f"{cluster.heights()}, views {cluster.views()}")
+    check_no_churn(cluster, up, LIVENESS_LIMIT_MS, QUIET_MS)
+    cluster.check_safety()
     return cluster
 
 
