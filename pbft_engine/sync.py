@@ -364,7 +364,7 @@ class BlockSync:
             log.warning("block sync: 0x%s claims head %d without a valid certificate: %s",
                         sender.hex(), status.head_number, exc)
             return
-        self.deliver(PeerCommitted(status.head_number, status.head_hash))
+        self.deliver(PeerCommitted(status.head_number, status.head_hash, status.certificate))
 
     def _offer_new_view(self, data: bytes, view: int) -> None:
         """A NEW-VIEW for a view above ours goes to the replica, which verifies it."""

@@ -90,11 +90,14 @@ class PeerCommitted:
     """A peer proved, with a verified commit certificate, that block seq_no is committed.
 
     The adapter reports it when this replica made no progress for a while, so a replica that
-    missed blocks inside its window (or started empty) catches up on a quiet chain too.
+    missed blocks inside its window (or started empty) catches up on a quiet chain too. The
+    certificate lets the replica commit the next block itself when it holds its body (or can
+    fetch it from any peer by digest), whoever claimed it.
     """
 
     seq_no: int
     block_hash: bytes
+    certificate: bytes
 
 
 @dataclass(frozen=True)

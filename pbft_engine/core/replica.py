@@ -97,6 +97,7 @@ from pbft_engine.messages import (
     decode_signed_bytes,
     encode_commit_certificate,
     encode_uint,
+    verify_commit_certificate,
 )
 
 # The hash a block's bytes claim (its digest), or None for bytes that are no block. Blocks
@@ -994,11 +995,10 @@ class Replica:
             self._fall_behind(seq_no, block_hash, state_root)
 
     def _fall_behind(self, seq_no: int, block_hash: bytes, state_root: bytes) -> None:
-        """Drop the uncommitted blocks and ask the adapter to fetch certified blocks."""
+        """Ask the adapter to fetch certified blocks. The uncommitted blocks stay until the
+        fetch succeeds (the watermarks then drop those it passed): a peer that claims a head
+        and then serves nothing must not cost the cluster a prepared block's only copies."""
         self.fetching = seq_no
-        self.block_store, self.outstanding_blocks = {}, {}
-        for store in (StoreName.BLOCK_STORE, StoreName.OUTSTANDING_BLOCKS):
-            self._ops.append(DeleteRange(store, None, None))
         self._out.append(FetchCommitted(seq_no, block_hash, state_root))
 
     def _on_fetch_completed(self, event: FetchCompleted) -> None:
@@ -1016,10 +1016,31 @@ class Replica:
         self._after_execution()
 
     def _on_peer_committed(self, event: PeerCommitted) -> None:
-        """A peer committed a block we have not: fetch it unless our own work is under way."""
-        if event.seq_no <= self.last_exec or self.fetching is not None or self._busy():
+        """A peer committed a block we have not: fetch it unless our own work is under way.
+        The next block is committed here on the peer's certificate instead, with the body we
+        hold or fetch by digest: a peer that proves its head and then refuses to serve it
+        would otherwise hold us in catch-up."""
+        if event.seq_no <= self.last_exec or self.fetching is not None:
             return
-        self._fall_behind(event.seq_no, event.block_hash, b"")
+        if event.seq_no == self.last_exec + 1 and self._adopt_certificate(event):
+            return
+        if not self._busy():
+            self._fall_behind(event.seq_no, event.block_hash, b"")
+
+    def _adopt_certificate(self, event: PeerCommitted) -> bool:
+        if event.seq_no in self.certified:
+            return True
+        try:
+            verify_commit_certificate(
+                event.certificate, validators=self.params.validators,
+                chain_id=self.params.chain_id, block_number=event.seq_no,
+                block_hash=event.block_hash, verifier=self.auth.verifier)
+        except MessageError:
+            return False
+        self.certified[event.seq_no] = (event.block_hash, event.certificate)
+        self._put(StoreName.COMMIT_CERTIFICATES, u64(event.seq_no), event.certificate)
+        self._advance()
+        return True
 
     def _on_fetch_failed(self, event: FetchFailed) -> None:
         if self.fetching == event.target_seq_no:

@@ -528,9 +528,10 @@ class Cluster:
             if signed.body.view > node.replica.view:
                 self.feed(node.index, MessageReceived(WireMessage(signed).encode()))
         if node.replica is not None and peer.chain.blocks:
-            head = peer.chain.head
-            if head.seq_no > node.replica.status().last_executed:
-                self.feed(node.index, PeerCommitted(head.seq_no, head.block_hash))
+            head = peer.chain.blocks[-1]
+            if len(peer.chain.blocks) > node.replica.status().last_executed:
+                self.feed(node.index, PeerCommitted(len(peer.chain.blocks), head.block_hash,
+                                                    head.certificate))
 
     # --- block bodies by digest (pbft_engine/sync.py's GET_BLOCK) --------------------------
 

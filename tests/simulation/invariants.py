@@ -38,10 +38,15 @@ def check_no_view_change(cluster: Cluster) -> None:
 
 
 def check_no_churn(cluster: Cluster, nodes: list[Node], limit_ms: int, quiet_ms: int) -> None:
-    """After healing, once nothing executable waits on these replicas, their views stay
-    put: no view change without a reason."""
-    if not cluster.run_until(lambda: not any(n.replica and n.replica.requests for n in nodes),
-                             limit_ms):
+    """After healing, once these replicas agree (one view, one height, nothing executable
+    waiting, nothing under way), their views stay put: no view change without a reason."""
+    def idle() -> bool:
+        replicas = [n.replica for n in nodes if n.replica is not None]
+        return (len(replicas) == len(nodes) and not any(n.busy for n in nodes)
+                and len({(r.view, r.active, r.last_exec) for r in replicas}) == 1
+                and not any(r.requests for r in replicas))
+
+    if not cluster.run_until(idle, limit_ms):
         return  # something still waits: a view change may be due, not churn
     before = [node.view_changes for node in nodes]
     cluster.run_for(quiet_ms)

@@ -20,6 +20,7 @@ from pbft_engine.core import (
     ChainHead,
     CommitBlock,
     FetchCommitted,
+    FetchFailed,
     PeerCommitted,
     Persist,
     Replica,
@@ -40,10 +41,12 @@ from pbft_engine.messages import (
     Prepare,
     PrePrepare,
     WireMessage,
+    encode_commit_certificate,
 )
 from pbft_engine.store import MemoryConsensusStore
 from tests.simulation.cluster import Cluster
 from tests.unit.pbft.helpers import (
+    AUTH,
     GENESIS,
     PARAMS,
     SIGNERS,
@@ -225,7 +228,7 @@ def test_a_replica_still_validating_is_not_pushed_into_catch_up() -> None:
     disk.run(replica.step(message))
     assert replica.certs[(0, 1)].validating
     assert not any(isinstance(a, FetchCommitted)
-                   for a in disk.run(replica.step(PeerCommitted(1, digest))))
+                   for a in disk.run(replica.step(PeerCommitted(1, digest, b""))))
     far = H + PARAMS.checkpoint_interval
     for peer in (0, 1):
         checkpoint = Checkpoint(far, keccak(b"head"), keccak(b"root"), peer)
@@ -292,3 +295,32 @@ def test_the_adapter_refuses_to_commit_a_block_other_than_the_certified_one() ->
     asyncio.run(engine._commit(action))
     assert committed == [] and [a.kind for a in engine.alarms] == ["commit"]
     assert isinstance(engine.alarms[0], Alarm)
+
+
+def test_a_proven_head_commits_the_next_block_here_and_a_failed_fetch_keeps_blocks() -> None:
+    """A byzantine peer committed block 1 with our PREPARE-phase partners' COMMITs, proves it
+    (STATUS carries the certificate) and then serves nothing. The replica commits block 1 on
+    that certificate with the body it holds; asked to catch up further, a failed fetch costs
+    it no uncommitted block (they used to be dropped at once, and with them the only honest
+    copies: simulator seeds 74 and 310, N = 4)."""
+    disk = Disk()
+    replica = disk.start()
+    digest, message = pre_prepare(1, b"prepared here")
+    disk.run(replica.step(message))
+    disk.run(replica.step(BlockValidated(1, digest, True)))
+    disk.run(replica.step(from_peer(Prepare(0, 1, digest, 1))))
+    certificate = encode_commit_certificate(
+        [AUTH.sign(Commit(0, 1, digest, i), SIGNERS[i]) for i in (0, 1, 3)])
+    actions = disk.run(replica.step(PeerCommitted(1, digest, b"forged")))  # catch-up, then
+    assert any(isinstance(a, FetchCommitted) for a in actions)
+    disk.run(replica.step(FetchFailed(1)))  # the peer serves nothing
+    assert replica.block_for(1, digest) is not None
+    actions = disk.run(replica.step(PeerCommitted(1, digest, certificate)))
+    assert [a.seq_no for a in actions if isinstance(a, CommitBlock)] == [1]
+    assert not any(isinstance(a, FetchCommitted) for a in actions)
+    disk.run(replica.step(_committed(1, digest)))
+    second, message = pre_prepare(2, b"prepared, then a head far ahead")
+    disk.run(replica.step(message))
+    disk.run(replica.step(BlockValidated(2, second, True)))
+    actions = disk.run(replica.step(PeerCommitted(7, keccak(b"head"), b"")))
+    assert any(isinstance(a, FetchCommitted) for a in actions)  # too far ahead: catch up

@@ -139,7 +139,7 @@ def test_timeouts_double_per_view_change_without_a_commit_and_reset_on_commit() 
     assert replica.view_change_reasons == {"join": 1, "new_view_timeout": 2}
     assert PARAMS.escalated(base, 40) == PARAMS.new_view_timeout_cap_ms
     # A block committed meanwhile (fetched from peers) is progress: back to T.
-    actions = replica.step(PeerCommitted(1, keccak(b"block 1")))
+    actions = replica.step(PeerCommitted(1, keccak(b"block 1"), b""))
     assert any(isinstance(a, FetchCommitted) for a in actions)
     replica.step(FetchCompleted(1, keccak(b"block 1"), keccak(b"root"), (WAITING,)))
     assert replica.views_without_commit == 0
