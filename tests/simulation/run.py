@@ -1,6 +1,6 @@
 """Run simulator seeds from the command line.
 
-    .venv/bin/python -m tests.simulation.run --seeds 10000          # seeds 0..9999, N = 1, 4, 7
+    .venv/bin/python -m tests.simulation.run --seeds 10000          # seeds 0..9999, N = 1..10
     .venv/bin/python -m tests.simulation.run --seed 42 --n 4        # replay one failing seed
     .venv/bin/python -m tests.simulation.run --seeds 200 --kind censor   # one class only
     .venv/bin/python -m tests.simulation.run --seeds 200 --pool-order ready   # see ledger.py
@@ -17,7 +17,7 @@ import time
 from tests.simulation import ledger
 from tests.simulation.scenario import KINDS, kind_of, replay_command, run_seed
 
-SIZES = (1, 4, 7)
+SIZES = tuple(range(1, 11))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0, help="the first seed")
     parser.add_argument("--seed", type=int, help="run only this seed")
     parser.add_argument("--n", type=int, choices=SIZES, action="append",
-                        help="cluster size (repeatable; default 1, 4 and 7)")
+                        help="cluster size (repeatable; default 1 to 10)")
     parser.add_argument("--kind", choices=KINDS, action="append",
                         help="run only the seeds of this class (repeatable)")
     parser.add_argument("--pool-order", choices=("arrival", "ready"), default=ledger.POOL_ORDER,
