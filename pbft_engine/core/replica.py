@@ -248,23 +248,25 @@ class Replica:
             stored = self._load(records)
         except (MessageError, ValueError, IndexError, rlp.exceptions.RLPException) as exc:
             raise StoreError(f"cannot restore the consensus state: {exc}") from None
-        self._restore_signing_bound(stored, signing_bound or SigningBound(), fresh_validator)
+        self._restore_signing_bound(stored, signing_bound, fresh_validator)
         return self
 
-    def _restore_signing_bound(self, stored: bool, written: SigningBound, fresh: bool) -> None:
-        """Amnesia: an empty store, but the bound (or a chain past genesis) says this
-        validator voted before (`core.signing_bound` has the rule and why it is safe)."""
-        if stored:
-            self.signing_bound = written.joined(SigningBound(self.view, self.high_watermark))
-        elif fresh or (written == SigningBound() and self.last_exec == 0):
-            self.signing_bound = written
-        elif written == SigningBound():
+    def _restore_signing_bound(self, stored: bool, written: SigningBound | None,
+                               fresh: bool) -> None:
+        """Amnesia: an empty store, but the bound says this validator voted before
+        (`core.signing_bound` has the rule and why it is safe). The bound is written at the
+        first start, so no bound at all on a chain past genesis means it cannot know."""
+        if written is None and not (stored or fresh or self.last_exec == 0):
             raise LostRecordsError(
                 f"the consensus records are missing but the chain holds {self.last_exec} "
                 "blocks, and nothing says what this validator signed")
-        else:
-            self.signing_bound, self.amnesia = written, written
-        self._bound_raised = self.signing_bound != written
+        bound = written or SigningBound()
+        if stored:
+            bound = bound.joined(SigningBound(self.view, self.high_watermark))
+        elif not fresh and bound != SigningBound():
+            self.amnesia = bound
+        self.signing_bound = bound
+        self._bound_raised = bound != written  # (None: write it now)
 
     def _load(self, records: RecordReader) -> bool:
         """Read the stores back; False if there was nothing to read (no consensus state)."""

@@ -36,10 +36,11 @@ signs a vote only where `may_vote` / `may_view_change` allow. Why that is safe, 
 
 Amnesia ends when the stable checkpoint is >= S and the view is >= V: every vote from then
 on is at a seqNo above S in a view of at least V, and every VIEW-CHANGE for a view above V
-(in a healthy cluster, one window and a checkpoint after it rejoined). A store that is empty
-with no bound (first start) is a new validator when the chain holds only genesis; with a
-longer chain and no bound the replica cannot know what it signed and refuses to start unless
-the operator says otherwise (`--fresh-validator`).
+(in a healthy cluster, one window and a checkpoint after it rejoined). The bound is written at
+a validator's first start (zero: nothing signed yet), so an empty store with a zero bound is a
+validator that never voted (it synced, say), and one with no bound at all is a new validator
+when the chain holds only genesis; with a longer chain and no bound the replica cannot know
+what it signed and refuses to start unless the operator says otherwise (`--fresh-validator`).
 """
 
 from __future__ import annotations

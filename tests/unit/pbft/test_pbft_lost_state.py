@@ -162,7 +162,11 @@ def test_lost_records_without_a_state_file_refuse_to_start_unless_fresh() -> Non
     with pytest.raises(LostRecordsError):
         Disk().start(head=5)
     assert Disk().start(head=5, fresh=True).amnesia is None  # the operator's word
-    assert Disk().start(head=0).amnesia is None  # a new validator on a new chain
+    new = Disk()
+    assert new.start(head=0).amnesia is None  # a new validator on a new chain
+    assert new.bound == SigningBound()  # written at once: it has signed nothing yet
+    synced = Disk(bound=SigningBound())  # it synced blocks, never voted (the N = 3 long run)
+    assert synced.start(head=5).amnesia is None
 
 
 def test_the_signing_bound_moves_a_window_at_a_time() -> None:
@@ -183,7 +187,7 @@ def test_the_signing_bound_moves_a_window_at_a_time() -> None:
             disk.run(replica.step(from_peer(Prepare(0, seq_no, digest, 1))))
             disk.run(replica.step(from_peer(Commit(0, seq_no, digest, peer))))
         disk.run(replica.step(_committed(seq_no, digest)))
-    assert disk.bound_writes == 1 and disk.bound == SigningBound(0, H)
+    assert disk.bound_writes == 2 and disk.bound == SigningBound(0, H)  # at start, 1st vote
 
 
 def _committed(seq_no: int, digest: bytes) -> BlockCommitted:
