@@ -55,6 +55,12 @@ class NodeMetrics:
         self.pool_size = Gauge("txpool_transactions", "Transactions in the pool",
                                registry=self.registry)
         self.peers = Gauge("p2p_peers", "Validators connected now", registry=self.registry)
+        self.executable = Gauge("txpool_executable",
+                                "Pool transactions the next block could include (up to 1,000)",
+                                registry=self.registry)
+        self.transactions_committed = Counter("chain_transactions_committed",
+                                              "Transactions in committed blocks",
+                                              registry=self.registry)
         self.gossip_backlog = Gauge("txpool_gossip_backlog",
                                     "Gossiped transactions waiting for admission",
                                     registry=self.registry)

@@ -37,6 +37,7 @@ CHAINDATA = "chaindata"
 # messages and block results in between: a burst gossiped by the other validators would
 # otherwise hold the loop for seconds and delay this node's votes past the request timer.
 GOSSIP_SLICE = 32
+EXECUTABLE_COUNTED = 1_000  # txpool_executable counts up to this (a scrape must stay cheap)
 
 
 @dataclass
@@ -155,6 +156,7 @@ class Node:
         self.metrics.pool_size.set_function(lambda: len(self.pool))
         self.metrics.gossip_backlog.set_function(lambda: len(self._gossip))
         self.metrics.peers.set_function(self.peer_count)
+        self.metrics.executable.set_function(lambda: self.executable_count(EXECUTABLE_COUNTED))
         self.metrics.registry.register(CallbackCollector(self._transport_metrics))
         self.context = NodeContext(self)
         engine_class = load_engine_class(self.genesis.engine)
@@ -280,6 +282,11 @@ class Node:
             self._next_base_fee = view.create_header_from_parent(head).base_fee_per_gas
         return self._next_base_fee
 
+    def executable_count(self, limit: int) -> int:
+        """Pool transactions the next block could include now, counted up to `limit`."""
+        return len(self.pool.executable(base_fee=self.next_base_fee(),
+                                        gas_limit=self.genesis.gas_limit, max_count=limit))
+
     def peer_count(self) -> int:
         return len(self.transport.connected_peers()) if self.transport else 0
 
@@ -312,6 +319,7 @@ class Node:
         self.pool.prune(tx.sender for tx in transactions)
         self.report_ready(every_sender=True)
         self.metrics.head_block.set(executed.number)
+        self.metrics.transactions_committed.inc(len(executed.tx_hashes))
         committed = CommittedBlock(executed.block.header, executed.records)
         for listener in list(self.head_listeners):
             try:
@@ -342,14 +350,7 @@ class NodeContext(EngineContext):
         return self._node.blockchain.head()
 
     def pending_count(self) -> int:
-        node = self._node
-        return len(
-            node.pool.executable(
-                base_fee=node.next_base_fee(),
-                gas_limit=node.genesis.gas_limit,
-                max_count=1,
-            )
-        )
+        return self._node.executable_count(1)
 
     async def build_block(
         self, *, coinbase: bytes, extra_data: bytes = b"", time_budget: float | None = None

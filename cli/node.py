@@ -103,6 +103,8 @@ def _testnet_init(args: argparse.Namespace) -> int:
     for node in description["nodes"]:
         print(f"  node {node['index']} {node['address']} {node['rpc_url']}")
     print(f"description: {Path(args.dir) / 'testnet.json'}")
+    print(f"monitoring: {Path(args.dir) / 'monitoring'} (Prometheus scrape configuration, "
+          "alert rules, Grafana dashboard)")
     print(f"start it: pbft-node testnet run --dir {args.dir}")
     return 0
 

@@ -21,6 +21,7 @@ from chain.node import initialize_datadir
 from chain.registry import available_engines
 from cli.errors import CliError
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key, write_keyfile
+from cli.monitoring import write_monitoring
 
 DEV_ACCOUNTS = 10
 DEV_BALANCE = 10**24  # one million ether each
@@ -140,6 +141,7 @@ def init_testnet(
         "accounts": accounts,
     }
     (directory / "testnet.json").write_text(json.dumps(description, indent=2))
+    write_monitoring(directory, nodes)
     return description
 
 

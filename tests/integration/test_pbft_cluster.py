@@ -3,13 +3,16 @@ commit, every node holds the same chain, and every block's commit certificate ve
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
 import urllib.request
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.cluster import Cluster, rpc
@@ -116,3 +119,34 @@ def test_prometheus_metrics(cluster: Cluster) -> None:
     assert samples["chain_block_execution_seconds_count[('kind', 'validate')]"] >= 1
     assert "txpool_transactions[]" in samples
     assert samples["p2p_frames_total[('channel', 'engine'), ('direction', 'in')]"] > 0
+
+
+METRIC_NAME = re.compile(r"\b(?:chain|txpool|p2p|pbft)_[a-z0-9_]+")
+MODE_SELECTOR = re.compile(r'pbft_mode\{mode="([a-z-]+)"\}')
+
+
+def test_the_monitoring_files_name_only_what_a_node_serves(cluster: Cluster) -> None:
+    """testnet init's Prometheus configuration scrapes every node; every metric the alert
+    rules and the Grafana dashboard query (and every pbft_mode they select) is on a live
+    node's /metrics, so the dashboard cannot drift from the code."""
+    monitoring = cluster.directory / "monitoring"
+    config = yaml.safe_load((monitoring / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["alerts.yml"]
+    (job,) = config["scrape_configs"]
+    targets = [t for group in job["static_configs"] for t in group["targets"]]
+    assert targets == [n.node["metrics_url"][len("http://"):-len("/metrics")]
+                       for n in cluster.nodes]
+    rules = yaml.safe_load((monitoring / "alerts.yml").read_text())["groups"][0]["rules"]
+    dashboard = json.loads((monitoring / "grafana-dashboard.json").read_text())
+    queries = [r["expr"] for r in rules] + [t["expr"] for panel in dashboard["panels"]
+                                            for t in panel["targets"]]
+    assert {r["alert"] for r in rules} >= {"PbftNoCommit", "PbftValidatorDown", "PbftHalted"}
+    with urllib.request.urlopen(cluster.nodes[1].node["metrics_url"], timeout=10) as reply:
+        families = list(text_string_to_metric_families(reply.read().decode()))
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    served = {f.name + suffix for f in families for suffix in ("", *suffixes.get(f.type, ()))}
+    named = {name for query in queries for name in METRIC_NAME.findall(query)}
+    assert len(named) >= 15 and named <= served, sorted(named - served)
+    modes = {s.labels["mode"] for f in families if f.name == "pbft_mode" for s in f.samples}
+    selected = {mode for query in queries for mode in MODE_SELECTOR.findall(query)}
+    assert selected and selected <= modes, sorted(selected - modes)
