@@ -282,6 +282,9 @@ class BlockSync:
         self._poll: TimerHandle | None = None
         self._last_progress = -1
         self._wanted: dict[tuple[int, bytes], None] = {}  # bodies the replica asked for
+        # Who served each body delivered: asked for again, the copy proved false (its header
+        # matched, its body did not), so that peer is asked last.
+        self._served_by: dict[tuple[int, bytes], set[bytes]] = {}
 
     # Lifecycle.
 
@@ -302,6 +305,8 @@ class BlockSync:
                 self.context.send_sync(peer, encode_sync(GetStatus()))
         self._last_progress = status.last_executed
         self._wanted = {k: None for k in self._wanted if k[0] > status.last_executed}
+        self._served_by = {k: v for k, v in self._served_by.items()
+                           if k[0] > status.last_executed}
         for seq_no, digest in self._wanted:
             self._ask_block(seq_no, digest)
         self._poll = self.context.call_later(self.poll_interval, self._tick)
@@ -315,7 +320,10 @@ class BlockSync:
         self._ask_block(seq_no, digest)
 
     def _ask_block(self, seq_no: int, digest: bytes) -> None:
-        for peer in self.context.peers():
+        """Every peer but those whose copy of this body proved false (all, if none is left)."""
+        peers = self.context.peers()
+        honest = peers - self._served_by.get((seq_no, digest), set())
+        for peer in honest or peers:
             self.context.send_sync(peer, encode_sync(GetBlock(seq_no, digest)))
 
     # Messages from peers.
@@ -335,7 +343,7 @@ class BlockSync:
                 self._serving.add(sender)
                 self._tasks.spawn(self._serve(sender, message), "serving blocks")
         elif isinstance(message, Block):
-            self._on_block(message)
+            self._on_block(sender, message)
         else:
             pending = self._pending.get(message.request_id)
             if pending is not None and pending[0] == sender and not pending[1].done():
@@ -375,12 +383,14 @@ class BlockSync:
         if new_view.body.view > view:
             self.deliver(MessageReceived(WireMessage(new_view).encode()))
 
-    def _on_block(self, answer: Block) -> None:
+    def _on_block(self, sender: bytes, answer: Block) -> None:
         """A copy of a wanted body: the replica checks it against the digest, and asks again
         (`FetchBlock`) if it proves false after all (its header matches, its body not)."""
         entry = (answer.seq_no, answer.digest)
         if entry in self._wanted and block_hash_of(answer.block) == answer.digest:
             del self._wanted[entry]
+            if len(self._served_by) < MAX_WANTED_BLOCKS or entry in self._served_by:
+                self._served_by.setdefault(entry, set()).add(sender)
             self.deliver(BlockReceived(answer.seq_no, answer.digest, answer.block))
 
     async def _serve(self, peer: bytes, request: GetBlocks | GetBlock) -> None:

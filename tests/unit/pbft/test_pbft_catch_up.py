@@ -3,11 +3,15 @@ checkpoint proofs, and the block-sync wire format and its certificate check."""
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass, field
+
 import pytest
 import rlp
 from eth_hash.auto import keccak
 
 from pbft_engine.core import (
+    BlockReceived,
     FetchCommitted,
     FetchFailed,
     PeerCommitted,
@@ -31,6 +35,7 @@ from pbft_engine.sync import (
     MAX_BLOCKS_PER_REQUEST,
     Block,
     Blocks,
+    BlockSync,
     GetBlock,
     GetBlocks,
     GetStatus,
@@ -165,3 +170,39 @@ def test_a_replica_catching_up_does_not_blame_the_primary_for_its_own_lag() -> N
     replica.step(FetchFailed(replica.last_exec + 5))  # caught up, or gave up: blame it now
     replica.step(TimerFired(TimerKind.REQUEST, b""))
     assert replica.view == 1 and not replica.active
+
+
+@dataclass
+class SyncPeers:
+    """The node as block sync sees it: three peers, and what was sent to them."""
+
+    chain_id: int = CHAIN_ID
+    sent: list[tuple[bytes, object]] = field(default_factory=list)
+
+    def peers(self) -> frozenset[bytes]:
+        return frozenset({b"a" * 20, b"b" * 20, b"c" * 20})
+
+    def send_sync(self, peer: bytes, payload: bytes) -> None:
+        self.sent.append((peer, decode_sync(payload)))
+
+
+def test_a_body_is_asked_of_every_peer_and_a_false_server_last() -> None:
+    """GET_BLOCK goes to every peer; only a wanted copy whose header hashes to the digest is
+    delivered, once; asked for again (its body proved false), its server is skipped."""
+    peers = SyncPeers()
+    delivered: list[object] = []
+    sync = BlockSync(peers, None, VALIDATORS, deliver=delivered.append,  # type: ignore[arg-type]
+                     replica_status=lambda: None, held_block=lambda n, d: None,  # type: ignore[arg-type,return-value]
+                     chain_lock=asyncio.Lock(), poll_interval=1.0)
+    block, digest = _block(3)
+    sync.want_block(3, digest)
+    assert sorted(peers.sent) == sorted((p, GetBlock(3, digest)) for p in peers.peers())
+    for sender, answer in ((b"a" * 20, Block(3, digest, b"not a block")),
+                           (b"a" * 20, Block(4, digest, block)),  # not wanted
+                           (b"a" * 20, Block(3, digest, block)),
+                           (b"b" * 20, Block(3, digest, block))):  # already delivered
+        sync.on_message(sender, encode_sync(answer))
+    assert delivered == [BlockReceived(3, digest, block)]
+    peers.sent.clear()
+    sync.want_block(3, digest)
+    assert {p for p, _ in peers.sent} == {b"b" * 20, b"c" * 20}
