@@ -52,10 +52,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog="pbft-etl", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    out = commands.add_parser("export", help="export blocks and consensus records to Parquet")
+def _export_arguments(out: argparse.ArgumentParser) -> None:
     out.add_argument("--rpc", required=True, metavar="URL[,URL...]",
                      help="the nodes' JSON-RPC URLs; each node's rows are kept apart")
     out.add_argument("--out", required=True, metavar="DIR",
@@ -69,18 +66,34 @@ def build_parser() -> Parser:
                      help=f"blocks per partition directory (default {DEFAULT_RANGE_SIZE})")
     out.add_argument("--retries", type=_count, default=RetryPolicy.attempts - 1, metavar="K",
                      help="retries of a failing request, with backoff (default %(default)s)")
-    out.set_defaults(handler=_export)
-    audit = commands.add_parser("audit", help="audit an exported data set")
-    audit.add_argument("--data", required=True, metavar="DIR",
-                       help="the --out directory of an export")
+
+
+def _audit_arguments(audit: argparse.ArgumentParser) -> None:
     trusted = audit.add_mutually_exclusive_group()
     trusted.add_argument("--validators", type=Path, metavar="FILE",
                          help="validator addresses: JSON list, testnet.json, or one a line")
     trusted.add_argument("--genesis", type=Path, metavar="FILE",
                          help="genesis file with config.pbft.validators")
     audit.add_argument("--report", type=Path, metavar="FILE", help="write the JSON report here")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="pbft-etl", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    out = commands.add_parser("export", help="export blocks and consensus records to Parquet")
+    _export_arguments(out)
+    out.set_defaults(handler=_export)
+    audit = commands.add_parser("audit", help="audit an exported data set")
+    audit.add_argument("--data", required=True, metavar="DIR",
+                       help="the --out directory of an export")
     audit.add_argument("--master", help="Spark master URL (default local[*])")
+    _audit_arguments(audit)
     audit.set_defaults(handler=_audit)
+    run = commands.add_parser("run", help="export, then audit what was exported (one Spark "
+                                          "session: the start-up is paid once)")
+    _export_arguments(run)
+    _audit_arguments(run)
+    run.set_defaults(handler=_export_and_audit)
     return parser
 
 
@@ -100,6 +113,12 @@ def _stderr(text: str) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    _export_to(args)
+    return 0
+
+
+def _export_to(args: argparse.Namespace) -> str:
+    """Run the export of `args`; the output location."""
     out = str(Path(args.out).resolve()) if is_local_path(args.out) else args.out
     options = ExportOptions(
         nodes=_nodes(args.rpc),
@@ -114,15 +133,23 @@ def _export(args: argparse.Namespace) -> int:
     print(f"exported {summary.blocks} blocks to {out} in {summary.seconds:.1f} s "
           f"({summary.blocks / max(summary.seconds, 1e-9):.0f} blocks/s); rows: {tables or '-'}; "
           f"{summary.skipped} range(s) were already exported")
-    return 0
+    return out
 
 
 def _audit(args: argparse.Namespace) -> int:
     if is_local_path(args.data) and not Path(args.data).is_dir():
         raise UsageError(f"--data {args.data}: no such directory (the --out of an export)")
+    return _audit_data(args, args.data)
+
+
+def _export_and_audit(args: argparse.Namespace) -> int:
+    return _audit_data(args, _export_to(args))
+
+
+def _audit_data(args: argparse.Namespace, location: str) -> int:
     addresses = read_validators_file(args.validators) if args.validators else None
     genesis: ValidatorSet | None = read_genesis(args.genesis) if args.genesis else None
-    data = Dataset.read(spark_session(args.master), args.data)
+    data = Dataset.read(spark_session(args.master), location)
     result = run_audit(data, resolve_validators(data.export_manifest, addresses, genesis))
     print(result.summary(), end="")
     if args.report is not None:

@@ -91,6 +91,21 @@ def test_export_of_two_nodes_writes_every_row_once_and_the_audit_passes(
     assert 0 < result["signatures_per_cpu_second"] < 1_000_000
 
 
+def test_run_exports_and_audits_in_one_command(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    test_chain: ServedChain,
+) -> None:
+    """`pbft-etl run`: the export and then its audit, in the one Spark session."""
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    with serving(test_chain) as node:
+        code, stdout, stderr = etl(capsys, "run", "--rpc", node.url, "--out", str(out),
+                                   "--report", str(report))
+    assert code == 0, stdout + stderr
+    assert stdout.startswith("exported 11 blocks") and "no violations" in stdout
+    assert counts(spark, out) == expected_counts(test_chain, nodes=1) | {"export_manifest": 1}
+    assert json.loads(report.read_text())["ok"] is True
+
+
 def test_audit_against_another_validator_set_fails_listing_each_violation(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, test_chain: ServedChain,
     exported: Path,
