@@ -16,6 +16,7 @@ from pyspark.errors import PySparkException
 
 from spark_etl.audit import run_audit
 from spark_etl.audit.context import ValidatorSet
+from spark_etl.audit.html import write_html_report
 from spark_etl.audit.validators import read_genesis, read_validators_file, resolve_validators
 from spark_etl.errors import EtlError, UsageError, from_spark_failure
 from spark_etl.export import DEFAULT_RANGE_SIZE, ExportOptions, export
@@ -75,6 +76,8 @@ def _audit_arguments(audit: argparse.ArgumentParser) -> None:
     trusted.add_argument("--genesis", type=Path, metavar="FILE",
                          help="genesis file with config.pbft.validators")
     audit.add_argument("--report", type=Path, metavar="FILE", help="write the JSON report here")
+    audit.add_argument("--html", type=Path, metavar="FILE",
+                       help="write a self-contained HTML page (verdict, violations, plots)")
 
 
 def build_parser() -> Parser:
@@ -152,6 +155,8 @@ def _audit_data(args: argparse.Namespace, location: str) -> int:
     data = Dataset.read(spark_session(args.master), location)
     result = run_audit(data, resolve_validators(data.export_manifest, addresses, genesis))
     print(result.summary(), end="")
+    if args.html is not None:
+        write_html_report(data, result, args.html)
     if args.report is not None:
         try:
             args.report.write_text(result.dumps())

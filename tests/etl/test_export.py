@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,3 +221,44 @@ def test_a_range_beyond_the_head_and_an_unreachable_node_are_one_line_errors(
                           "--retries", "0")
     assert (code, stderr.count("\n")) == (3, 1)
     assert "ConnectionRefusedError" in stderr and "is it a running PBFT node?" in stderr
+
+
+def _render(page: Path) -> tuple[str, list[str]]:
+    """The page as headless Chromium leaves it after running its scripts, and every console
+    message it logged."""
+    result = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+         "--v=0", "--virtual-time-budget=20000", "--dump-dom", page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout, [line for line in result.stderr.splitlines() if ":CONSOLE(" in line]
+
+
+@pytest.mark.parametrize("sound", [True, False])
+def test_the_html_report_renders_every_figure_with_no_console_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, test_chain: ServedChain,
+    exported: Path, sound: bool,
+) -> None:
+    """`audit --html`: one self-contained page (no network: every script inline); verdict and
+    violations first; in a real browser every figure draws and the console stays clean."""
+    page = tmp_path / "audit.html"
+    trusted = tmp_path / "validators.txt"
+    validators = list(test_chain.validators.addresses)
+    trusted.write_text("\n".join(validators if sound else [*validators[:3], "0x" + "ee" * 20]))
+    code, stdout, _ = etl(capsys, "audit", "--data", str(exported), "--validators",
+                          str(trusted), "--html", str(page))
+    assert code == (0 if sound else 1)
+    text = page.read_text()
+    assert not re.search(r"""<script[^>]+src=|<link[^>]+href=["']?https?:""", text)
+    verdict = text.index("Sound: no violations" if sound else "Unsound: ")
+    assert verdict < text.index('id="figure-0"')
+    if not sound:
+        assert "certificate-non-validator" in text[verdict:text.index('id="figure-0"')]
+    dom, console = _render(page)
+    assert console == []
+    figures = re.findall(r'id="figure-\d+"', dom)
+    assert len(figures) == 5
+    for index in range(5):
+        start = dom.index(f'id="figure-{index}"')
+        end = dom.find('id="figure-', start + 1)
+        assert "main-svg" in dom[start:end if end > 0 else None], f"figure {index} not drawn"

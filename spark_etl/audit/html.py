@@ -1,0 +1,164 @@
+"""`pbft-etl audit --html FILE`: the audit as one self-contained page for people.
+
+The verdict and every violation with its evidence come first, then plots (plotly, with its
+JavaScript inlined, so the page opens with no network): blocks and transactions over time,
+the block interval distribution, the view changes (which view, at which stable checkpoint, by
+whom), each validator's share of commit certificates and checkpoints (an offline or lagging
+validator stands out), and the signed messages verified. Spark aggregates; only the small
+results reach the driver. The JSON report (`--report`) stays the one for machines.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from pyspark.sql import functions as F
+
+from spark_etl.audit.report import AuditResult
+from spark_etl.errors import UsageError
+from spark_etl.tables import Dataset
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.6em; } .sound { color: #1a7f37; } .unsound { color: #c62828; }
+table { border-collapse: collapse; width: 100%; font-size: 0.9em; }
+td, th { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } .figure { margin: 1.5em 0; }
+"""
+
+
+def write_html_report(data: Dataset, result: AuditResult, path: Path) -> None:
+    figures = [
+        _blocks_over_time(data), _block_intervals(data), _view_changes(data),
+        _validator_shares(data, result), _signatures(data, result),
+    ]
+    body = [_verdict(result)]
+    for index, figure in enumerate(figures):
+        body.append(figure.to_html(full_html=False, include_plotlyjs=False,
+                                   div_id=f"figure-{index}", default_height="420px"))
+    page = (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>pbft-chain audit</title><style>{STYLE}</style>"
+            f"<script>{get_plotlyjs()}</script></head><body>\n"
+            + "\n".join(f'<div class="figure">{part}</div>' if i else part
+                        for i, part in enumerate(body))
+            + "\n</body></html>\n")
+    try:
+        path.write_text(page)
+    except OSError as exc:
+        raise UsageError(f"--html {path}: {exc.strerror}") from None
+
+
+def _verdict(result: AuditResult) -> str:
+    v = result.validators
+    scope = (f"{sum(result.blocks.values())} blocks from {len(result.blocks)} node(s), "
+             f"{result.transactions} transactions, {result.signatures} signed messages "
+             f"verified (N = {v.size}, f = {v.max_faulty}, Q = {v.quorum}, chain id "
+             f"{v.chain_id})")
+    if result.ok:
+        return (f'<h1 class="sound">Sound: no violations</h1><p>{html.escape(scope)}: the '
+                "chain and its certificates are sound.</p>")
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in (
+            x.rule, "-" if x.block_number is None else str(x.block_number), x.node or "-",
+            x.detail)) + "</tr>"
+        for x in result.violations)
+    counts = ", ".join(f"{html.escape(rule)} {n}" for rule, n in result.by_rule().items())
+    return (f'<h1 class="unsound">Unsound: {len(result.violations)} violation(s)</h1>'
+            f"<p>{html.escape(scope)}. By rule: {counts}.</p><table><tr><th>rule</th>"
+            f"<th>block</th><th>node</th><th>evidence</th></tr>{rows}</table>")
+
+
+def _one_node_blocks(data: Dataset) -> list[tuple[int, int, int]]:
+    """(number, timestamp, transactions) of every block, each number once."""
+    rows = (data.blocks.groupBy("number")
+            .agg(F.first("timestamp").alias("timestamp"),
+                 F.first("transaction_count").alias("transactions"))
+            .orderBy("number").collect())
+    return [(r["number"], r["timestamp"], r["transactions"]) for r in rows]
+
+
+def _blocks_over_time(data: Dataset) -> go.Figure:
+    blocks = _one_node_blocks(data)
+    per_second: Counter[int] = Counter()
+    transactions: Counter[int] = Counter()
+    for _, timestamp, count in blocks:
+        per_second[timestamp] += 1
+        transactions[timestamp] += count
+    seconds = sorted(per_second)
+    figure = go.Figure([
+        go.Scatter(x=[_time(s) for s in seconds], y=[per_second[s] for s in seconds],
+                   name="blocks", mode="lines+markers"),
+        go.Scatter(x=[_time(s) for s in seconds], y=[transactions[s] for s in seconds],
+                   name="transactions", mode="lines+markers", yaxis="y2"),
+    ])
+    figure.update_layout(title="Blocks and transactions per second of block time",
+                         yaxis={"title": "blocks"},
+                         yaxis2={"title": "transactions", "overlaying": "y", "side": "right"})
+    return figure
+
+
+def _block_intervals(data: Dataset) -> go.Figure:
+    blocks = _one_node_blocks(data)
+    intervals = [b[1] - a[1] for a, b in zip(blocks, blocks[1:], strict=False)]
+    figure = go.Figure([go.Histogram(x=intervals, name="blocks")])
+    figure.update_layout(title="Block interval (seconds between consecutive block times)",
+                         xaxis={"title": "seconds"}, yaxis={"title": "blocks"})
+    return figure
+
+
+def _view_changes(data: Dataset) -> go.Figure:
+    rows = (data.view_changes.groupBy("view", "primary")
+            .agg(F.max("stable_seq_no").alias("checkpoint"),
+                 F.countDistinct("signer").alias("senders"))
+            .orderBy("view").collect())
+    figure = go.Figure([go.Scatter(
+        x=[r["checkpoint"] for r in rows], y=[r["view"] for r in rows], mode="markers+text",
+        text=[f"{r['senders']} VIEW-CHANGEs, primary {r['primary'][:10]}" for r in rows],
+        textposition="top center", name="installed views")])
+    figure.update_layout(title=f"View changes: {len(rows)} installed view(s) (the reasons: "
+                               "each node's pbft_view_changes_total)",
+                         xaxis={"title": "stable checkpoint (block)"},
+                         yaxis={"title": "view"})
+    return figure
+
+
+def _validator_shares(data: Dataset, result: AuditResult) -> go.Figure:
+    addresses = result.validators.addresses
+    commits = {r["signer"]: r["count"] for r in
+               data.commit_certificates.groupBy("signer").count().collect()}
+    checkpoints = {r["replica"]: r["count"] for r in
+                   data.checkpoints.where(F.col("replica").isNotNull())
+                   .groupBy("replica").count().collect()}
+    names = [f"{i}: {a[:10]}" for i, a in enumerate(addresses)]
+    figure = go.Figure([
+        go.Bar(x=names, y=[commits.get(a, 0) for a in addresses], name="COMMITs in certificates"),
+        go.Bar(x=names, y=[checkpoints.get(i, 0) for i in range(len(addresses))],
+               name="CHECKPOINTs kept"),
+    ])
+    figure.update_layout(title="Each validator's share of commit certificates and checkpoints",
+                         barmode="group", yaxis={"title": "signed messages"})
+    return figure
+
+
+def _signatures(data: Dataset, result: AuditResult) -> go.Figure:
+    kinds = {
+        "COMMIT": data.commit_certificates.select("signature").distinct().count(),
+        "CHECKPOINT": data.checkpoints.where(F.col("signature").isNotNull())
+        .select("signature").distinct().count(),
+        "VIEW-CHANGE": data.view_changes.select("message").distinct().count(),
+        "NEW-VIEW": data.view_changes.select("new_view").distinct().count(),
+    }
+    figure = go.Figure([go.Bar(x=list(kinds), y=list(kinds.values()))])
+    figure.update_layout(title=f"Signed messages verified: {result.signatures} distinct, "
+                               f"{result.to_json()['signatures_per_second']:,} per second",
+                         yaxis={"title": "distinct messages"})
+    return figure
+
+
+def _time(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S")
