@@ -45,6 +45,7 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
+from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import LostRecordsError, PbftError, StoreError
 from pbft_engine.messages import KeySigner, KeyVerifier
 from pbft_engine.metrics import PbftMetrics, replica_mode
@@ -53,6 +54,7 @@ from pbft_engine.store import LevelDBConsensusStore
 from pbft_engine.sync import BlockSync
 from pbft_engine.tasks import BackgroundTasks
 from pbft_engine.validator_state import ValidatorStateFile
+from storage import StorageFailure
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +136,7 @@ class PbftEngine(ConsensusEngine):
         if self.replica.amnesia is not None:
             self.log.warning(
                 "this validator's consensus records are gone: it follows the cluster and votes "
-                "again once its stable checkpoint passes %d and its view passes %d (%s)",
+                "again once its stable checkpoint reaches %d and its view reaches %d (%s)",
                 self.replica.amnesia.seq_no, self.replica.amnesia.view, self.state_file.path)
         self.sync = BlockSync(
             self.context, self.store, self.engine_params.validators,
@@ -193,8 +195,7 @@ class PbftEngine(ConsensusEngine):
         for action in actions:
             if isinstance(action, Persist):
                 if action.signing_bound is not None:  # before the records that rely on it
-                    assert self.state_file is not None
-                    self.state_file.write(action.signing_bound)
+                    self._write_signing_bound(action.signing_bound)
                 self.store.apply(action.ops)  # synced, before anything of this step is sent
             elif isinstance(action, Broadcast):
                 self.context.broadcast(action.data)
@@ -221,6 +222,17 @@ class PbftEngine(ConsensusEngine):
                 self.sync.want_block(action.seq_no, action.digest)
             elif isinstance(action, Alarm):
                 self._alarm(action)
+
+    def _write_signing_bound(self, bound: SigningBound) -> None:
+        """A failed write stops the node as a failed database write does (nothing of this
+        step is sent: a vote must never leave uncovered by the file)."""
+        assert self.state_file is not None
+        try:
+            self.state_file.write(bound)
+        except StoreError as exc:
+            failure = StorageFailure(str(exc))
+            self.context.database.on_failure(failure)
+            raise failure from None
 
     def _alarm(self, alarm: Alarm) -> None:
         self.alarms.append(alarm)

@@ -4,7 +4,9 @@ copies checked against their digest, and a slow replica left to finish its own w
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -32,7 +34,7 @@ from pbft_engine.core import (
 )
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.engine import PbftEngine
-from pbft_engine.errors import LostRecordsError
+from pbft_engine.errors import LostRecordsError, StoreError
 from pbft_engine.messages import (
     Checkpoint,
     Commit,
@@ -44,6 +46,8 @@ from pbft_engine.messages import (
     encode_commit_certificate,
 )
 from pbft_engine.store import MemoryConsensusStore
+from pbft_engine.validator_state import ValidatorStateFile
+from storage import StorageFailure
 from tests.simulation.cluster import Cluster
 from tests.unit.pbft.helpers import (
     AUTH,
@@ -328,3 +332,30 @@ def test_a_proven_head_commits_the_next_block_here_and_a_failed_fetch_keeps_bloc
     disk.run(replica.step(BlockValidated(2, second, True)))
     actions = disk.run(replica.step(PeerCommitted(7, keccak(b"head"), b"")))
     assert any(isinstance(a, FetchCommitted) for a in actions)  # too far ahead: catch up
+
+
+def test_the_validator_state_file_round_trips_and_refuses_what_is_not_its_own(
+    tmp_path: Path,
+) -> None:
+    mine = ValidatorStateFile(tmp_path, SIGNERS[ME].address)
+    assert mine.read() is None  # a new validator
+    mine.write(SigningBound(3, 160))
+    assert mine.read() == SigningBound(3, 160)
+    assert json.loads(mine.path.read_text())["address"] == "0x" + SIGNERS[ME].address.hex()
+    with pytest.raises(StoreError, match="belongs to validator"):
+        ValidatorStateFile(tmp_path, SIGNERS[0].address).read()
+    mine.path.write_text("{not json")
+    with pytest.raises(StoreError, match="restore it from a backup"):
+        mine.read()
+
+
+def test_a_state_file_that_cannot_be_written_stops_the_node_before_the_vote_leaves(
+    tmp_path: Path,
+) -> None:
+    failures: list[Exception] = []
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.state_file = ValidatorStateFile(tmp_path / "gone", SIGNERS[ME].address)
+    engine.context = SimpleNamespace(database=SimpleNamespace(on_failure=failures.append))
+    with pytest.raises(StorageFailure):
+        engine._perform([Persist((), SigningBound(0, H)), Broadcast(b"a vote")])
+    assert len(failures) == 1 and "cannot write" in str(failures[0])
