@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TESTNET_DIR ?= .testnet
 VALIDATORS ?= 4
 
-.PHONY: setup run test lint browser unit integration bench profile clean
+.PHONY: setup run test lint tools unit integration bench profile clean
 
 setup: $(VENV)/.installed
 
@@ -22,13 +22,16 @@ run: setup
 		$(VENV)/bin/pbft-node testnet init --validators $(VALIDATORS) --dir $(TESTNET_DIR)
 	$(VENV)/bin/pbft-node testnet run --dir $(TESTNET_DIR)
 
-test: setup lint browser
+test: setup lint tools
 	$(PY) -m pytest -q
 
-# headless Chromium renders the audit's HTML report in its test (Debian's package)
-browser:
+# Debian packages two tests use: headless Chromium renders the audit's HTML report, and
+# promtool checks the Prometheus configuration, alert rules and dashboard queries
+tools:
 	@command -v chromium >/dev/null || (apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
+	@command -v promtool >/dev/null || (apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus)
 
 lint: setup
 	$(VENV)/bin/ruff check .

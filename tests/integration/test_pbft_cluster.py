@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -150,3 +151,24 @@ def test_the_monitoring_files_name_only_what_a_node_serves(cluster: Cluster) -> 
     modes = {s.labels["mode"] for f in families if f.name == "pbft_mode" for s in f.samples}
     selected = {mode for query in queries for mode in MODE_SELECTOR.findall(query)}
     assert selected and selected <= modes, sorted(selected - modes)
+
+
+def test_promtool_accepts_the_configuration_the_rules_and_every_dashboard_query(
+    cluster: Cluster, tmp_path: Path,
+) -> None:
+    """Prometheus's own checker (Debian's prometheus package; `make test` installs it): the
+    scrape configuration with its rule file, and each dashboard query as a recording rule."""
+    monitoring = cluster.directory / "monitoring"
+    checked = subprocess.run(["promtool", "check", "config", "prometheus.yml"],
+                             cwd=monitoring, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 7 rules found" in checked.stdout
+    dashboard = json.loads((monitoring / "grafana-dashboard.json").read_text())
+    rules = [{"record": f"dashboard:query{i}", "expr": target["expr"]}
+             for i, target in enumerate(t for p in dashboard["panels"] for t in p["targets"])]
+    queries = tmp_path / "queries.yml"
+    queries.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    checked = subprocess.run(["promtool", "check", "rules", str(queries)],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in checked.stdout
