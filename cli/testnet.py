@@ -190,11 +190,12 @@ def run_testnet(directory: Path) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _stop_children(children)
+        stop_processes(children)
     return exit_code
 
 
-def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
+def stop_processes(children: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each one still running, then wait (30 s each) and kill what does not exit."""
     for child in children:
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)

@@ -33,8 +33,9 @@ th { background: #f3f3f3; } .figure { margin: 1.5em 0; }
 
 
 def write_html_report(data: Dataset, result: AuditResult, path: Path) -> None:
+    blocks = _one_node_blocks(data)
     figures = [
-        _blocks_over_time(data), _block_intervals(data), _view_changes(data),
+        _blocks_over_time(blocks), _block_intervals(blocks), _view_changes(data),
         _validator_shares(data, result), _signatures(data, result),
     ]
     body = [_verdict(result)]
@@ -82,8 +83,7 @@ def _one_node_blocks(data: Dataset) -> list[tuple[int, int, int]]:
     return [(r["number"], r["timestamp"], r["transactions"]) for r in rows]
 
 
-def _blocks_over_time(data: Dataset) -> go.Figure:
-    blocks = _one_node_blocks(data)
+def _blocks_over_time(blocks: list[tuple[int, int, int]]) -> go.Figure:
     per_second: Counter[int] = Counter()
     transactions: Counter[int] = Counter()
     for _, timestamp, count in blocks:
@@ -102,8 +102,7 @@ def _blocks_over_time(data: Dataset) -> go.Figure:
     return figure
 
 
-def _block_intervals(data: Dataset) -> go.Figure:
-    blocks = _one_node_blocks(data)
+def _block_intervals(blocks: list[tuple[int, int, int]]) -> go.Figure:
     intervals = [b[1] - a[1] for a, b in zip(blocks, blocks[1:], strict=False)]
     figure = go.Figure([go.Histogram(x=intervals, name="blocks")])
     figure.update_layout(title="Block interval (seconds between consecutive block times)",

@@ -17,6 +17,7 @@ import pyspark
 import pytest
 from pyspark.sql import SparkSession
 
+from cli.testnet import stop_processes
 from spark_etl import schemas
 from spark_etl.tables import Dataset
 from tests.etl.chain_factory import ServedChain
@@ -67,14 +68,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         wait_for(lambda: _alive_workers(ui) == 1, DEADLINE, "a worker registered")
         yield f"spark://127.0.0.1:{port}"
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_processes(processes)
 
 
 def _rows(spark: SparkSession, out: Path) -> dict[str, list[str]]:
