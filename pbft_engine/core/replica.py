@@ -988,7 +988,7 @@ class Replica:
                 or any(slot.validating for slot in self.certs.values()))
 
     def _check_high_checkpoints(self) -> None:
-        if self.fetching is not None or self._busy() or not self.high_checkpoints:
+        if not self.high_checkpoints or self.fetching is not None or self._busy():
             return
         tally = Counter((c.body.seq_no, c.body.value) for c in self.high_checkpoints.values())
         weak = [key for key, count in tally.items() if count >= self.params.weak_quorum]
