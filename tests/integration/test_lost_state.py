@@ -113,19 +113,21 @@ def _wait_receipt(cluster: Cluster, tx_hash: str, deadline: float) -> None:
 
 
 def test_view_changes_over_large_blocks_carry_digests(cluster: Cluster) -> None:
-    """Blocks of ~1 MB of zero-byte calldata (as large as the default time budget builds
-    here), several of them prepared above the stable checkpoint, then kill -9 the primary:
-    the next view commits, its VIEW-CHANGEs stay a few kB (they carried every prepared block:
+    """Blocks of zero-byte calldata (each holds at least one 127 KiB transfer, up to what the
+    default time budget builds on this machine), five or more of them prepared above the
+    stable checkpoint, then kill -9 the primary: the next view commits, its VIEW-CHANGEs are
+    smaller than one transfer, so they carry no block body (they carried every prepared one:
     six of the ~3 MB blocks a faster builder fills to the gas limit pass the 16 MiB frame
-    cap), and no frame was too large to send."""
+    cap), and no frame was too large to send. How big the blocks grow depends on the
+    machine's speed, so only the lower bound each block guarantees is asserted."""
     cluster.start()
     _wait_receipt(cluster, _send_large(cluster, range(8), 12), 180)
     while cluster.head(1) - cluster.status(1)["stableCheckpoint"] < 5:
         _wait_receipt(cluster, _send_large(cluster, range(8, 9), 6), 60)
     w3 = cluster.nodes[1].web3()
     stable = cluster.status(1)["stableCheckpoint"]
-    above = sum(w3.eth.get_block(n).size for n in range(stable + 1, cluster.head(1) + 1))
-    assert above > 4 * 1024 * 1024, above
+    sizes = [w3.eth.get_block(n).size for n in range(stable + 1, cluster.head(1) + 1)]
+    assert len(sizes) >= 5 and min(sizes) > TX_DATA, sizes
     assert cluster.stop(0, signal.SIGKILL) == -signal.SIGKILL
     cluster.commit(via=1, sender=9)
     installed = rpc(cluster.nodes[1], "pbft_getViewChanges", "0x1", "0xff")
@@ -133,7 +135,7 @@ def test_view_changes_over_large_blocks_carry_digests(cluster: Cluster) -> None:
     for view_change in installed[0]["viewChanges"]:
         message = bytes.fromhex(view_change["message"][2:])
         assert len(decode_signed_bytes(message, ViewChange).body.pset) >= 5
-        assert len(message) < 64 * 1024, len(message)
+        assert len(message) < TX_DATA, len(message)
     for index in (1, 2, 3):
         assert cluster.metrics(index).get("p2p_dropped_frames_total|too_large", 0) == 0
     cluster.assert_consistent()
