@@ -446,22 +446,24 @@ def _first_new_view_commit(
 
 
 def _etl(ctx: Context, net: BenchNet) -> None:
-    """Benchmark 5: `pbft-etl export` of the 4-validator chain (from node 0), then
-    `pbft-etl audit` of the export, each as its own process on Spark local[*]."""
+    """Benchmark 5 and issue 17: `pbft-etl export` of the 4-validator chain (from node 0),
+    `pbft-etl audit` of the export, and `pbft-etl run` (both in one Spark session), each as
+    its own process on Spark local[*]; the same three on the chain's first blocks (what a
+    command costs whatever the chain); ethereum-etl exporting the same blocks from node 0."""
     out, report = ctx.workdir / "etl", ctx.workdir / "audit.json"
-    started = time.monotonic()
-    printed = _pbft_etl("export", "--rpc", net.rpc_urls([0])[0], "--out", str(out))
-    export_wall = time.monotonic() - started
+    export_wall, printed = _timed_etl("export", "--rpc", net.rpc_urls([0])[0], "--out", str(out))
     match = EXPORT_SUMMARY.search(printed)
     if match is None:
         raise BenchError(f"pbft-etl export printed no summary: {printed.strip()[-200:]}")
     blocks, seconds = int(match[1]), float(match[2])
     rows = sum(int(part.rsplit(" ", 1)[1]) for part in match[3].split(", "))
-    _pbft_etl("audit", "--data", str(out), "--genesis", net.cluster.description["genesis"],
-              "--report", str(report))
+    genesis = net.cluster.description["genesis"]
+    audit_wall, _ = _timed_etl("audit", "--data", str(out), "--genesis", genesis,
+                               "--report", str(report))
     audit = json.loads(report.read_text())
     ctx.results.details["etl"] = {"blocks": blocks, "rows": rows, "export_seconds": seconds,
-                                  "export_wall_seconds": export_wall, "audit": {
+                                  "export_wall_seconds": export_wall,
+                                  "audit_wall_seconds": audit_wall, "audit": {
                                       k: audit[k] for k in AUDIT_FIELDS}}
     ctx.results.add(Row(
         "5", f"ETL export, {blocks:,} blocks / {audit['transactions']:,} txs", rows / seconds,
@@ -474,6 +476,61 @@ def _etl(ctx: Context, net: BenchNet) -> None:
     ctx.results.add(Row(
         "5", "audit recovery step per core (wall time)", audit["signatures_per_second"] / CORES,
         "sig/s", note="the Spark job's fixed cost included"))
+    _etl_beside_ethereum_etl(ctx, net, blocks - 1, export_wall, audit_wall)
+    _etl_beside_ethereum_etl(ctx, net, SMALL_CHAIN_BLOCKS - 1)
+
+
+SMALL_CHAIN_BLOCKS = 5  # issue 17's "4-block chain" (and its genesis)
+
+
+def _etl_beside_ethereum_etl(ctx: Context, net: BenchNet, last: int,
+                             export_wall: float | None = None,
+                             audit_wall: float | None = None) -> None:
+    """Wall times of pbft-etl's export, audit and run of blocks 0..last from node 0, each a
+    new process with Spark's start-up, beside ethereum-etl exporting the same blocks."""
+    url, genesis = net.rpc_urls([0])[0], net.cluster.description["genesis"]
+    scope = f"blocks 0-{last:,}"
+    if export_wall is None or audit_wall is None:
+        out = ctx.workdir / f"etl-0-{last}"
+        export_wall, _ = _timed_etl("export", "--rpc", url, "--out", str(out), "--to", str(last))
+        audit_wall, _ = _timed_etl("audit", "--data", str(out), "--genesis", genesis)
+    run_wall, printed = _timed_etl("run", "--rpc", url, "--out", str(ctx.workdir / "etl-run"),
+                                   "--to", str(last), "--genesis", genesis)
+    match = EXPORT_SUMMARY.search(printed)
+    if match is None:
+        raise BenchError(f"pbft-etl run printed no export summary: {printed.strip()[-200:]}")
+    rows = sum(int(part.rsplit(" ", 1)[1]) for part in match[3].split(", "))
+    details: dict[str, Any] = {"export_wall_seconds": export_wall,
+                               "audit_wall_seconds": audit_wall, "run_wall_seconds": run_wall,
+                               "pbft_etl_rows": rows}
+    ctx.results.details[f"etl-vs-ethereum-etl-{last}"] = details
+    if reads.ETHEREUM_ETL.exists():
+        theirs, their_seconds = reads.ethereum_etl_export(url, 0, last,
+                                                          ctx.workdir / f"ethereum-etl-0-{last}")
+        details.update(ethereum_etl_rows=theirs, ethereum_etl_seconds=their_seconds)
+        ctx.results.add(Row(
+            "17", f"ethereum-etl export, {scope} from node 0", their_seconds, "s",
+            note=f"{theirs:,} rows ({theirs / their_seconds:,.0f} rows/s): blocks, "
+            "transactions, receipts, logs; three commands, as its README runs them"))
+        reference: dict[str, Any] = {"reference": their_seconds,
+                                     "reference_name": "ethereum-etl, same blocks"}
+    else:
+        ctx.results.add(Row("17", f"ethereum-etl export, {scope}", None, "s",
+                            note=reads.NOT_INSTALLED))
+        reference = {}
+    for command, wall in (("export", export_wall), ("audit", audit_wall),
+                          ("run (export + audit, one session)", run_wall)):
+        ctx.results.add(Row(
+            "17", f"pbft-etl {command}, {scope}", wall, "s", **reference,
+            note=f"{rows:,} rows ({rows / wall:,.0f} rows/s), also certificates and "
+            "checkpoints; a new process with Spark's start-up"))
+
+
+def _timed_etl(*args: str) -> tuple[float, str]:
+    """`pbft-etl ARGS`: (wall seconds, stdout)."""
+    started = time.monotonic()
+    printed = _pbft_etl(*args)
+    return time.monotonic() - started, printed
 
 
 def _pbft_etl(*args: str) -> str:

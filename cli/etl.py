@@ -21,7 +21,7 @@ from spark_etl.audit.validators import read_genesis, read_validators_file, resol
 from spark_etl.errors import EtlError, UsageError, from_spark_failure
 from spark_etl.export import DEFAULT_RANGE_SIZE, ExportOptions, export
 from spark_etl.rpc import RetryPolicy, parse_rpc_url
-from spark_etl.session import spark_session
+from spark_etl.session import finish_session, recording_classes, spark_session
 from spark_etl.tables import Dataset, is_local_path
 
 EXIT_VIOLATIONS = 1
@@ -131,7 +131,7 @@ def _export_to(args: argparse.Namespace) -> str:
         range_size=args.range_size,
         policy=RetryPolicy(attempts=args.retries + 1),
     )
-    summary = export(spark_session(args.master), options, _stderr)
+    summary = export(spark_session(args.master, record_classes=True), options, _stderr)
     tables = ", ".join(f"{name} {count}" for name, count in summary.rows.items())
     print(f"exported {summary.blocks} blocks to {out} in {summary.seconds:.1f} s "
           f"({summary.blocks / max(summary.seconds, 1e-9):.0f} blocks/s); rows: {tables or '-'}; "
@@ -152,7 +152,7 @@ def _export_and_audit(args: argparse.Namespace) -> int:
 def _audit_data(args: argparse.Namespace, location: str) -> int:
     addresses = read_validators_file(args.validators) if args.validators else None
     genesis: ValidatorSet | None = read_genesis(args.genesis) if args.genesis else None
-    data = Dataset.read(spark_session(args.master), location)
+    data = Dataset.read(spark_session(args.master, record_classes=True), location)
     result = run_audit(data, resolve_validators(data.export_manifest, addresses, genesis))
     print(result.summary(), end="")
     if args.html is not None:
@@ -182,6 +182,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE if isinstance(failure, UsageError) else EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    finally:
+        _finish()
+
+
+def _finish() -> None:
+    """Let a JVM that records the class archive write it (once per JVM and Spark install)."""
+    archive = recording_classes()
+    if archive is not None:
+        _stderr(f"recording Spark's classes to {archive} for faster start-ups (once)")
+    finish_session()
 
 
 if __name__ == "__main__":

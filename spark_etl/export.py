@@ -29,7 +29,13 @@ from spark_etl.source import (
     ReadOptions,
     Span,
 )
-from spark_etl.tables import is_local_path, split_bundle, table_path, write_table
+from spark_etl.tables import (
+    is_local_path,
+    local_frame,
+    split_bundle,
+    table_path,
+    write_table,
+)
 
 DEFAULT_RANGE_SIZE = 1_000
 Progress = Callable[[str], None]
@@ -229,7 +235,7 @@ def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
     finally:
         bundle.unpersist()
     manifest = manifest_rows(counts, infos, options.range_size)
-    write_table(spark.createDataFrame(manifest, schemas.EXPORT_MANIFEST.schema), options.out,
+    write_table(local_frame(spark, manifest, schemas.EXPORT_MANIFEST.schema), options.out,
                 schemas.EXPORT_MANIFEST)
     summary.add(counts)
 

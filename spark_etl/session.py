@@ -1,5 +1,6 @@
 """The SparkSession of a `pbft-etl` command: local[*] unless --master (or spark-submit)
-says otherwise, with the `pbft_chain` data source registered."""
+says otherwise, with the `pbft_chain` data source registered, and its driver JVM started
+from the class archive (`class_archive`) when this process starts that JVM."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from subprocess import TimeoutExpired
 
+from pyspark import SparkContext
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
+from spark_etl.class_archive import EXIT_DEADLINE, ClassArchive
 from spark_etl.source import ChainDataSource
 
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
@@ -22,18 +27,81 @@ SETTINGS = {
 }
 
 
+_recording: ClassArchive | None = None  # the archive this process's JVM records at exit
+
+
 def spark_session(master: str | None = None, app_name: str = "pbft-etl",
-                  settings: Mapping[str, str] | None = None) -> SparkSession:
+                  settings: Mapping[str, str] | None = None, *,
+                  record_classes: bool = False) -> SparkSession:
     """A session for the ETL. Without --master, spark-submit's master or local[*]; a local
     session runs its Python workers on this interpreter (the one with spark_etl installed).
-    `settings` add to or override SETTINGS."""
+    `settings` add to or override SETTINGS. A JVM this call starts maps the class archive;
+    with `record_classes` and no archive yet, it records one (`finish_session` publishes it)."""
+    global _recording
     if master is None or master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    configured = {**SETTINGS, **(settings or {})}
+    archive = ClassArchive.for_this_install() if _starts_jvm() else None
+    option = archive.java_option(record_classes) if archive is not None else None
+    try:
+        spark = _build(master, app_name, configured, option)
+    except PySparkRuntimeError as exc:
+        if archive is None or option is None or exc.getCondition() != "JAVA_GATEWAY_EXITED":
+            raise
+        archive.discard()  # a damaged archive kills the JVM at start: once more without it
+        archive.discard_recording()
+        option = None
+        spark = _build(master, app_name, configured, None)
+    if archive is not None and option is not None and "ArchiveClassesAtExit" in option:
+        _recording = archive
+    spark.dataSource.register(ChainDataSource)
+    return spark
+
+
+def _starts_jvm() -> bool:
+    """Whether a session made now starts this process's JVM (not spark-submit's, not one
+    already running)."""
+    return SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+
+
+def _build(master: str | None, app_name: str, settings: Mapping[str, str],
+           java_option: str | None) -> SparkSession:
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in {**SETTINGS, **(settings or {})}.items():
+    for key, value in settings.items():
+        if key == "spark.driver.extraJavaOptions" and java_option is not None:
+            value = f"{value} {java_option}"
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.dataSource.register(ChainDataSource)
-    return spark
+    return builder.getOrCreate()
+
+
+def recording_classes() -> Path | None:
+    """The archive this process's JVM will write when `finish_session` ends it, if any."""
+    return _recording.path if _recording is not None else None
+
+
+def finish_session() -> None:
+    """If this process's JVM records the class archive: stop Spark, let the JVM write the
+    archive and exit (it exits when its stdin closes), and publish the archive."""
+    global _recording
+    archive, _recording = _recording, None
+    if archive is None:
+        return
+    session = SparkSession.getActiveSession()
+    if session is not None:
+        session.stop()
+    gateway = SparkContext._gateway
+    process = getattr(gateway, "proc", None)
+    if process is None or process.stdin is None:
+        archive.discard_recording()
+        return
+    process.stdin.close()
+    try:
+        status = process.wait(EXIT_DEADLINE)
+    except TimeoutExpired:
+        process.kill()
+        status = -1
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    archive.publish(status)

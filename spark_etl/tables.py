@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
 
 from spark_etl import schemas
 from spark_etl.errors import DataError
@@ -22,6 +26,20 @@ def split_bundle(bundle: DataFrame) -> dict[str, DataFrame]:
         exploded = bundle.select(F.explode(table.name).alias("row"), *RANGE_KEYS)
         tables[table.name] = exploded.select("row.*", *RANGE_KEYS)
     return tables
+
+
+def to_record_batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+    )
+
+
+def local_frame(spark: SparkSession, rows: list[tuple[Any, ...]], schema: StructType) -> DataFrame:
+    """A DataFrame of rows built on the driver, through Arrow: unlike createDataFrame of
+    Python rows, no Python worker has to convert them (about 1 s on a command's first job)."""
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    return spark.createDataFrame(pa.Table.from_batches([to_record_batch(rows, arrow_schema)]))
 
 
 def table_path(root: str, table: Table) -> str:

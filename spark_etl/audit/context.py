@@ -15,7 +15,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from pbft_engine.quorum import max_faulty, quorum, view_change_quorum
-from spark_etl.tables import Dataset
+from spark_etl.tables import Dataset, to_record_batch
 
 
 @dataclass(frozen=True)
@@ -96,13 +96,6 @@ def union_all(first: DataFrame, *others: DataFrame) -> DataFrame:
 
 
 RowFunction = Callable[[dict[str, Any]], Iterable[tuple[Any, ...]]]
-
-
-def to_record_batch(rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.RecordBatch:
-    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
-    )
 
 
 def flat_map_rows(frame: DataFrame, function: RowFunction, schema: StructType) -> DataFrame:

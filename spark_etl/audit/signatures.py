@@ -44,8 +44,9 @@ from pbft_engine.messages import (
     ViewChange,
     decode_signed_bytes,
 )
-from spark_etl.audit.context import Audit, to_record_batch
+from spark_etl.audit.context import Audit
 from spark_etl.hexcodec import from_hex, to_hex
+from spark_etl.tables import to_record_batch
 
 TYPE_NAMES = {
     "PrePrepare": "pre-prepare",
