@@ -273,9 +273,11 @@ def four_validators(ctx: Context) -> None:
 
 
 def _burst_load(ctx: Context, net: BenchNet, name: str) -> Throughput:
-    """3,000 transfers submitted at once (no window) to the default testnet."""
+    """3,000 transfers submitted at once (no window) to the default testnet (from fewer
+    senders, more each, with --quick's fewer accounts)."""
+    senders = min(BURST_SENDERS, ctx.sizes.accounts)
     outcome = run_load(net, ctx.workdir, name, workload="transfer",
-                       senders=BURST_SENDERS, per_sender=BURST // BURST_SENDERS, window=BURST)
+                       senders=senders, per_sender=BURST // senders, window=BURST)
     burst = Throughput.of(outcome)
     ctx.results.details[name] = burst.to_json()
     return burst
@@ -452,11 +454,7 @@ def _etl(ctx: Context, net: BenchNet) -> None:
     command costs whatever the chain); ethereum-etl exporting the same blocks from node 0."""
     out, report = ctx.workdir / "etl", ctx.workdir / "audit.json"
     export_wall, printed = _timed_etl("export", "--rpc", net.rpc_urls([0])[0], "--out", str(out))
-    match = EXPORT_SUMMARY.search(printed)
-    if match is None:
-        raise BenchError(f"pbft-etl export printed no summary: {printed.strip()[-200:]}")
-    blocks, seconds = int(match[1]), float(match[2])
-    rows = sum(int(part.rsplit(" ", 1)[1]) for part in match[3].split(", "))
+    blocks, seconds, rows = _export_summary(printed)
     genesis = net.cluster.description["genesis"]
     audit_wall, _ = _timed_etl("audit", "--data", str(out), "--genesis", genesis,
                                "--report", str(report))
@@ -494,12 +492,10 @@ def _etl_beside_ethereum_etl(ctx: Context, net: BenchNet, last: int,
         out = ctx.workdir / f"etl-0-{last}"
         export_wall, _ = _timed_etl("export", "--rpc", url, "--out", str(out), "--to", str(last))
         audit_wall, _ = _timed_etl("audit", "--data", str(out), "--genesis", genesis)
-    run_wall, printed = _timed_etl("run", "--rpc", url, "--out", str(ctx.workdir / "etl-run"),
-                                   "--to", str(last), "--genesis", genesis)
-    match = EXPORT_SUMMARY.search(printed)
-    if match is None:
-        raise BenchError(f"pbft-etl run printed no export summary: {printed.strip()[-200:]}")
-    rows = sum(int(part.rsplit(" ", 1)[1]) for part in match[3].split(", "))
+    run_wall, printed = _timed_etl("run", "--rpc", url, "--out",
+                                   str(ctx.workdir / f"etl-run-0-{last}"), "--to", str(last),
+                                   "--genesis", genesis)
+    _, _, rows = _export_summary(printed)
     details: dict[str, Any] = {"export_wall_seconds": export_wall,
                                "audit_wall_seconds": audit_wall, "run_wall_seconds": run_wall,
                                "pbft_etl_rows": rows}
@@ -524,6 +520,16 @@ def _etl_beside_ethereum_etl(ctx: Context, net: BenchNet, last: int,
             "17", f"pbft-etl {command}, {scope}", wall, "s", **reference,
             note=f"{rows:,} rows ({rows / wall:,.0f} rows/s), also certificates and "
             "checkpoints; a new process with Spark's start-up"))
+
+
+def _export_summary(printed: str) -> tuple[int, float, int]:
+    """(blocks, seconds, rows) from what `pbft-etl export` or `run` printed; an export that
+    fetched nothing (its --out held every range) is a benchmark error."""
+    match = EXPORT_SUMMARY.search(printed)
+    if match is None or match[3] == "-":
+        raise BenchError(f"pbft-etl exported nothing: {printed.strip()[-200:]}")
+    rows = sum(int(part.rsplit(" ", 1)[1]) for part in match[3].split(", "))
+    return int(match[1]), float(match[2]), rows
 
 
 def _timed_etl(*args: str) -> tuple[float, str]:
