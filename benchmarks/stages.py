@@ -33,8 +33,8 @@ from benchmarks.load import (
 from benchmarks.report import Results, Row
 from benchmarks.testnet import BenchNet, Sampler
 from cli.testnet import TESTNET_PBFT_PARAMS
-from tests.integration.cluster import rpc
-from tests.integration.conftest import wait_for
+from testkit.cluster import rpc
+from testkit.nodes import wait_for
 
 CHAIN_ID = 1337
 MIB = 2**20

@@ -21,7 +21,7 @@ from benchmarks.accounts import genesis_alloc
 from chain.genesis import parse_genesis
 from chain.node import CHAINDATA, initialize_datadir
 from chain.registry import available_engines
-from tests.integration.cluster import Cluster
+from testkit.cluster import Cluster
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SAMPLE_INTERVAL = 0.2  # seconds between CPU and memory samples of the nodes

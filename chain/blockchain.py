@@ -43,7 +43,7 @@ from rlp.sedes import CountableList
 from chain.errors import BlockValidationError, ChainError
 from chain.genesis import Genesis
 from chain.read_store import ReadStore, TxRecord, block_records
-from chain.rlp_depth import check_rlp_depth
+from encoding.rlp import check_rlp_depth
 from storage import Database, Keyspace, KeyspaceDB, OverlayDB, WriteBatch
 
 log = logging.getLogger(__name__)

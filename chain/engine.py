@@ -16,8 +16,11 @@ from eth_keys.datatypes import PrivateKey
 from prometheus_client import CollectorRegistry
 
 from chain.blockchain import ExecutedBlock
+from chain.rpc.errors import InvalidParams as InvalidParams  # for engines' RPC methods
 from storage import Database, Keyspace, WriteBatch
 
+# An engine's JSON-RPC method; it raises InvalidParams for a bad argument (the client gets
+# -32602 with the message).
 RpcHandler = Callable[..., Awaitable[Any]]
 
 

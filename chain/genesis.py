@@ -17,6 +17,8 @@ from eth.constants import ZERO_HASH32
 from eth_utils import is_hex_address, to_canonical_address
 
 from chain.errors import GenesisError
+from encoding import EncodingError
+from encoding.hexcodec import parse_number
 
 DEFAULT_GAS_LIMIT = 30_000_000
 DEFAULT_BASE_FEE = 1_000_000_000
@@ -70,20 +72,10 @@ class Genesis:
 
 def parse_quantity(value: Any, what: str) -> int:
     """A JSON number, a decimal string or a 0x-hex string, as geth accepts in genesis files."""
-    if isinstance(value, bool):
-        raise GenesisError(f"{what}: expected a number, got {value!r}")
-    if isinstance(value, int):
-        result = value
-    elif isinstance(value, str):
-        try:
-            result = int(value, 16) if value.lower().startswith("0x") else int(value, 10)
-        except ValueError:
-            raise GenesisError(f"{what}: {value!r} is not a decimal or 0x-hex number") from None
-    else:
-        raise GenesisError(f"{what}: expected a number, got {type(value).__name__}")
-    if result < 0:
-        raise GenesisError(f"{what}: must not be negative")
-    return result
+    try:
+        return parse_number(value, what)
+    except EncodingError as exc:
+        raise GenesisError(str(exc)) from None
 
 
 def parse_data(value: Any, what: str) -> bytes:

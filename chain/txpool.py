@@ -24,7 +24,7 @@ from eth_keys.exceptions import BadSignature
 from eth_utils import ValidationError
 
 from chain.errors import TxPoolError
-from chain.rlp_depth import RlpTooDeep, check_rlp_depth
+from encoding.rlp import RlpTooDeep, check_rlp_depth
 
 PRICE_BUMP_PERCENT = 10
 MAX_TRANSACTION_DEPTH = 8  # an access list or authorization list nests three levels

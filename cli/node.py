@@ -12,6 +12,7 @@ from pathlib import Path
 
 from eth_keys import keys
 
+from bft_client import BftClientError
 from chain.errors import ChainError
 from chain.genesis import load_genesis_file
 from chain.node import Node, initialize_datadir
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (CliError, ChainError, StorageError) as exc:
+    except (CliError, ChainError, StorageError, BftClientError) as exc:
         print(f"pbft-node: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

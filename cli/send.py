@@ -1,5 +1,5 @@
 """`pbft-node send`: sign a transaction, submit it, and wait for f+1 validators to agree on its
-receipt (chain/bft_client.py does the work; this is arguments and output)."""
+receipt (the bft_client package does the work; this is arguments and output)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from eth_keys import keys
 from eth_utils import is_hex_address
 
-from chain.bft_client import BftClient, ConfirmedReceipt, Timeouts, TxRequest
+from bft_client import BftClient, ConfirmedReceipt, Timeouts, TxRequest
 from cli.errors import CliError
 from cli.keys import list_keyfiles, read_password, unlock_keyfile
 from cli.testnet import load_testnet

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from chain.blockchain import ExecutedBlock, block_hash_of
-from chain.engine import ConsensusEngine, EngineContext, RpcHandler, TimerHandle
+from chain.engine import ConsensusEngine, EngineContext, InvalidParams, RpcHandler, TimerHandle
 from chain.errors import BlockValidationError, EngineError
-from chain.rpc.errors import InvalidParams
-from chain.rpc.hexcodec import parse_quantity
+from encoding import EncodingError
+from encoding.hexcodec import parse_quantity
 from pbft_engine.core import (
     Action,
     Alarm,
@@ -363,7 +363,10 @@ class PbftEngine(ConsensusEngine):
 
 
 def _seq_no(value: Any, what: str) -> int:
-    return parse_quantity(value, what, bits=64)
+    try:
+        return parse_quantity(value, what, bits=64)
+    except EncodingError as exc:
+        raise InvalidParams(f"invalid argument: {exc}") from None
 
 
 def _range(first: Any, last: Any, what: str) -> tuple[int, int]:

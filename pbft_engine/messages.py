@@ -28,12 +28,12 @@ from eth_keys import KeyAPI
 from eth_keys.backends import CoinCurveECCBackend
 from eth_keys.exceptions import BadSignature, ValidationError
 
-from chain.rlp_depth import RlpTooDeep, check_rlp_depth
+from encoding import EncodingError
+from encoding.rlp import MAX_UINT64, RlpTooDeep, check_rlp_depth, decode_uint, encode_uint
 from pbft_engine.errors import CertificateError, MessageError, SignatureError
 from pbft_engine.quorum import quorum
 
 DOMAIN = b"pbft-chain/consensus/v1"
-MAX_UINT64 = 2**64 - 1
 MAX_REPLICAS = 2**16
 MAX_MESSAGE_DEPTH = 24  # NEW-VIEW, the deepest message, nests about a dozen lists
 HASH_SIZE = 32
@@ -56,20 +56,11 @@ class MessageType(IntEnum):
 # --- field codecs -------------------------------------------------------------------------
 
 
-def encode_uint(value: int) -> bytes:
-    """A canonical RLP integer: big-endian, no leading zero bytes, 0 is the empty string."""
-    return value.to_bytes((value.bit_length() + 7) // 8, "big")
-
-
 def _uint(item: object, bound: int = MAX_UINT64) -> int:
-    if not isinstance(item, bytes):
-        raise MessageError("expected an integer, got a list")
-    if item[:1] == b"\x00":
-        raise MessageError("integer with a leading zero byte is not canonical")
-    value = int.from_bytes(item, "big")
-    if value > bound:
-        raise MessageError(f"integer {value} out of range")
-    return value
+    try:
+        return decode_uint(item, bound)
+    except EncodingError as exc:
+        raise MessageError(str(exc)) from None
 
 
 def _replica(item: object) -> int:

@@ -40,7 +40,8 @@ from eth_utils import keccak
 from chain.blockchain import ExecutedBlock, block_hash_of
 from chain.engine import EngineContext, TimerHandle
 from chain.errors import BlockValidationError
-from chain.rlp_depth import RlpTooDeep, check_rlp_depth
+from encoding import EncodingError
+from encoding.rlp import RlpTooDeep, check_rlp_depth, decode_uint
 from pbft_engine.core import (
     BlockReceived,
     Event,
@@ -69,7 +70,6 @@ MAX_BLOCKS_PER_REQUEST = 32
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # below the transport's frame cap
 REQUEST_TIMEOUT_S = 10.0
 MAX_WANTED_BLOCKS = 256  # bodies asked for at once (a window holds fewer)
-MAX_UINT64 = 2**64 - 1
 MAX_SYNC_DEPTH = 4  # BLOCKS: [kind, id, [[block, certificate], ...]]
 HEADER_NUMBER_INDEX = 8  # an Ethereum header's fields: ..., difficulty, number, ...
 
@@ -186,9 +186,10 @@ def _exactly(fields: list[Any], count: int) -> list[Any]:
 
 
 def _uint(item: Any) -> int:
-    if not isinstance(item, bytes) or len(item) > 8 or item[:1] == b"\x00":
-        raise MessageError("block sync: not a canonical 64-bit integer")
-    return int.from_bytes(item, "big")
+    try:
+        return decode_uint(item)
+    except EncodingError:
+        raise MessageError("block sync: not a canonical 64-bit integer") from None
 
 
 def _bytes(item: Any) -> bytes:

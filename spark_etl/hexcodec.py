@@ -6,6 +6,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from encoding import EncodingError
+from encoding.hexcodec import read_quantity
 from spark_etl.errors import ExtractError
 
 MAX_LONG = 2**63 - 1
@@ -14,12 +16,10 @@ DECIMAL_LIMIT = 10**38  # DECIMAL(38,0) holds 0 .. 10**38 - 1
 
 def quantity(value: Any, what: str) -> int:
     """A JSON-RPC quantity ("0x1a") as an int."""
-    if not isinstance(value, str) or not value.startswith("0x"):
-        raise ExtractError(f"{what}: expected a hex quantity, got {value!r}")
     try:
-        return int(value, 16)
-    except ValueError:
-        raise ExtractError(f"{what}: {value!r} is not a hex quantity") from None
+        return read_quantity(value, what)
+    except EncodingError as exc:
+        raise ExtractError(str(exc)) from None
 
 
 def long(value: Any, what: str) -> int:

@@ -27,8 +27,8 @@ from typing import Any
 
 from eth_account import Account
 
-from tests.integration.cluster import GWEI, Cluster, rpc
-from tests.integration.conftest import wait_for
+from testkit.cluster import GWEI, Cluster, rpc
+from testkit.nodes import wait_for
 from tests.integration.partition import Partitions
 
 SENDERS = 8  # dev accounts 0-7 send; account 9 receives

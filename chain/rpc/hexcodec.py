@@ -1,47 +1,39 @@
-"""Hex encodings of JSON-RPC: quantities (no leading zeros) and data (lower-case)."""
+"""Hex encodings of JSON-RPC (`encoding.hexcodec`, geth's strict rules for arguments), with a
+bad argument as the invalid-params error a client is sent."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from chain.rpc.errors import InvalidParams
+from encoding import EncodingError, hexcodec
+from encoding.hexcodec import MAX_UINT256
+from encoding.hexcodec import to_data as data
+from encoding.hexcodec import to_quantity as quantity
 
-_QUANTITY = re.compile(r"^0x(0|[1-9a-fA-F][0-9a-fA-F]*)$")
-_DATA = re.compile(r"^0x([0-9a-fA-F]{2})*$")
-MAX_UINT256 = 2**256 - 1
+__all__ = ["MAX_UINT256", "data", "parse_address", "parse_data", "parse_hash",
+           "parse_quantity", "parse_storage_slot", "quantity"]
 
 
-def quantity(value: int) -> str:
-    return hex(value)
-
-
-def data(value: bytes) -> str:
-    return "0x" + value.hex()
+@contextmanager
+def _argument() -> Iterator[None]:
+    try:
+        yield
+    except EncodingError as exc:
+        raise InvalidParams(f"invalid argument: {exc}") from None
 
 
 def parse_quantity(value: Any, what: str = "quantity", *, bits: int = 256) -> int:
-    if not isinstance(value, str):
-        raise InvalidParams(f"invalid argument: {what} must be a hex string, got {value!r}")
-    if value in ("0x", "0X"):
-        raise InvalidParams(f'invalid argument: {what}: hex string "0x" has no digits')
-    if not _QUANTITY.match(value):
-        if re.match(r"^0x0[0-9a-fA-F]+$", value):
-            raise InvalidParams(f"invalid argument: {what}: hex number with leading zero digits")
-        raise InvalidParams(f"invalid argument: {what}: {value!r} is not a hex quantity")
-    number = int(value, 16)
-    if number >= 2**bits:
-        raise InvalidParams(f"invalid argument: {what}: hex number > {bits} bits")
-    return number
+    with _argument():
+        return hexcodec.parse_quantity(value, what, bits=bits)
 
 
 def parse_data(value: Any, what: str = "data", *, length: int | None = None) -> bytes:
-    if not isinstance(value, str) or not _DATA.match(value):
-        raise InvalidParams(f"invalid argument: {what}: {value!r} is not 0x-prefixed hex bytes")
-    raw = bytes.fromhex(value[2:])
-    if length is not None and len(raw) != length:
-        raise InvalidParams(f"invalid argument: {what}: expected {length} bytes, got {len(raw)}")
-    return raw
+    with _argument():
+        return hexcodec.parse_data(value, what, length=length)
 
 
 def parse_address(value: Any, what: str = "address") -> bytes:

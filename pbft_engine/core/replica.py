@@ -14,6 +14,7 @@ from typing import Any
 
 import rlp
 
+from encoding.rlp import encode_uint
 from pbft_engine.core.actions import (
     Action,
     Alarm,
@@ -96,7 +97,6 @@ from pbft_engine.messages import (
     decode_commit_certificate,
     decode_signed_bytes,
     encode_commit_certificate,
-    encode_uint,
     verify_commit_certificate,
 )
 

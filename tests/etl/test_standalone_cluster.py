@@ -20,10 +20,10 @@ from pyspark.sql import SparkSession
 from cli.testnet import stop_processes
 from spark_etl import schemas
 from spark_etl.tables import Dataset
+from testkit.nodes import free_port, wait_for
 from tests.etl.chain_factory import ServedChain
 from tests.etl.conftest import etl
 from tests.etl.fake_node import serving
-from tests.integration.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 

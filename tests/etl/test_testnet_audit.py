@@ -17,8 +17,8 @@ from pyspark.sql import functions as F
 
 from spark_etl.rpc import JsonRpcClient
 from spark_etl.tables import Dataset
+from testkit.cluster import Cluster, rpc
 from tests.etl.conftest import etl
-from tests.integration.cluster import Cluster, rpc
 from tests.integration.conftest import load_contract
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.integration.cluster import Cluster
-from tests.integration.conftest import free_port_range
+from testkit.cluster import Cluster
+from testkit.nodes import free_port_range
 
 T = TypeVar("T")
 CHUNK = 65536

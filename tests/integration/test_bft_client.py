@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.cluster import Cluster
-from tests.integration.conftest import pbft_node
+from testkit.cluster import Cluster
+from testkit.nodes import pbft_node
 from tests.integration.test_cli import assert_one_line_error
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 from eth_account import Account
 from web3 import Web3
 
-from tests.integration.conftest import free_port, make_testnet, pbft_node, wait_for
+from testkit.nodes import free_port, make_testnet, pbft_node, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.cluster import Cluster
+from testkit.nodes import wait_for
 from tests.integration import crashing_node
-from tests.integration.cluster import Cluster
-from tests.integration.conftest import wait_for
 from tests.integration.datadir_check import check_datadir
 from tests.soak import Load, settle_all
 

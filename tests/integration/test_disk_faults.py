@@ -20,8 +20,8 @@ import pytest
 from eth_account import Account
 from web3 import Web3
 
-from tests.integration.cluster import GWEI
-from tests.integration.conftest import RunningNode, make_testnet, pbft_node, wait_for
+from testkit.cluster import GWEI
+from testkit.nodes import RunningNode, make_testnet, pbft_node, wait_for
 from tests.integration.test_cli import REPO, assert_one_line_error
 
 pytestmark = pytest.mark.integration

@@ -28,8 +28,8 @@ import pytest
 import requests
 from eth_account import Account
 
-from tests.integration.cluster import Cluster, rpc
-from tests.integration.conftest import RunningNode, wait_for
+from testkit.cluster import Cluster, rpc
+from testkit.nodes import RunningNode, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import pytest
 from eth_account import Account
 
 from pbft_engine.messages import ViewChange, decode_signed_bytes
-from tests.integration.cluster import GWEI, Cluster, rpc
-from tests.integration.conftest import pbft_node, wait_for
+from testkit.cluster import GWEI, Cluster, rpc
+from testkit.nodes import pbft_node, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.cluster import Cluster, rpc
-from tests.integration.conftest import free_port, pbft_node, wait_for
+from testkit.cluster import Cluster, rpc
+from testkit.nodes import free_port, pbft_node, wait_for
 
 
 def test_transactions_to_every_node_commit_everywhere(cluster: Cluster) -> None:

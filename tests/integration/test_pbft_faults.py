@@ -21,8 +21,8 @@ from eth_utils import keccak
 from chain.transport import Channel
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
 from pbft_engine.messages import Authenticator, KeySigner, KeyVerifier, PrePrepare, WireMessage
-from tests.integration.cluster import Cluster, rpc
-from tests.integration.conftest import pbft_node, wait_for
+from testkit.cluster import Cluster, rpc
+from testkit.nodes import pbft_node, wait_for
 
 pytestmark = pytest.mark.integration
 

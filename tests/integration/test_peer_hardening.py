@@ -28,8 +28,8 @@ from pbft_engine.messages import (
     WireMessage,
     signing_hash,
 )
-from tests.integration.cluster import Cluster
-from tests.integration.conftest import wait_for
+from testkit.cluster import Cluster
+from testkit.nodes import wait_for
 from tests.integration.test_pbft_faults import FAST
 from tests.unit.test_rlp_depth import nested as nested_rlp
 

@@ -9,7 +9,7 @@ from typing import Any
 from eth_account import Account
 from web3 import Web3
 
-from tests.integration.conftest import RunningNode, make_testnet
+from testkit.nodes import RunningNode, make_testnet
 
 GWEI = 10**9
 

@@ -15,7 +15,8 @@ from eth_hash.auto import keccak
 from web3 import AsyncWeb3, Web3
 from web3.providers.persistent import WebSocketProvider
 
-from tests.integration.conftest import RunningNode, load_contract
+from testkit.nodes import RunningNode
+from tests.integration.conftest import load_contract
 from tests.spec import assert_valid_result, has_schema
 
 GWEI = 10**9

@@ -30,7 +30,7 @@ from web3 import Web3
 from chain.rpc.limits import BatchLimits, RpcLimits
 from chain.rpc.subscriptions import MAX_SUBSCRIPTIONS_PER_CONNECTION
 from chain.txpool import PoolLimits
-from tests.integration.conftest import RunningNode, run_dev_node, wait_for
+from testkit.nodes import RunningNode, run_dev_node, wait_for
 
 LIMITS = RpcLimits(read_timeout=1.0, idle_timeout=3.0, max_connections=32)
 READ_TIMEOUT, IDLE_TIMEOUT = LIMITS.read_timeout, LIMITS.idle_timeout

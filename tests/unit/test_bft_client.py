@@ -1,4 +1,4 @@
-"""chain.bft_client against scripted validators: f+1 distinct matching receipts confirm, one
+"""bft_client against scripted validators: f+1 distinct matching receipts confirm, one
 validator counts once, different receipts never add up, the re-send timer reaches every
 validator, and the errors say what each validator answered."""
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from eth_keys import keys
 
-from chain.bft_client import (
+from bft_client import (
     BftClient,
     BftClientError,
     ConfirmedReceipt,
@@ -26,6 +26,7 @@ from chain.bft_client import (
     TransactionRejected,
     TxRequest,
     fault_tolerance,
+    sign_transaction,
 )
 from chain.blockchain import ChainVM
 
@@ -291,3 +292,18 @@ def test_send_transaction_fills_signs_and_confirms() -> None:
     assert (tx.max_priority_fee_per_gas, tx.max_fee_per_gas) == (tip, 2 * base_fee + tip)
     assert tx.to == bytes.fromhex(V3[2:])
     assert result.tx_hash == "0x" + tx.hash.hex()
+
+
+@pytest.mark.parametrize("to", [V3, None])
+def test_signed_transactions_are_byte_identical_to_py_evm_s(to: str | None) -> None:
+    """The client signs without the node's VM; its encoding is py-evm's, byte for byte (a
+    transfer, and a contract creation whose `to` is empty)."""
+    key = keys.PrivateKey(b"\x07" * 32)
+    request = TxRequest(to=to, value=10**18, data=b"\x60\x00" * 40, gas=90_000, nonce=300,
+                        max_fee_per_gas=3 * 10**9, max_priority_fee_per_gas=10**9,
+                        chain_id=1337)
+    unsigned = ChainVM.get_transaction_builder().new_unsigned_dynamic_fee_transaction(
+        chain_id=1337, nonce=300, max_priority_fee_per_gas=10**9, max_fee_per_gas=3 * 10**9,
+        gas=90_000, to=bytes.fromhex(to[2:]) if to else b"", value=10**18,
+        data=b"\x60\x00" * 40, access_list=())
+    assert sign_transaction(key, request) == unsigned.as_signed_transaction(key).encode()

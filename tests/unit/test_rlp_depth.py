@@ -7,7 +7,7 @@ import time
 import pytest
 import rlp
 
-from chain.rlp_depth import RlpTooDeep, check_rlp_depth
+from encoding.rlp import RlpTooDeep, check_rlp_depth
 
 
 def nested(depth: int) -> bytes:

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chain.transport import Transport
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
 from pbft_engine.messages import verify_commit_certificate
-from tests.integration.conftest import RunningNode, make_testnet, wait_for
+from testkit.nodes import RunningNode, make_testnet, wait_for
 
 GWEI = 10**9
 RECEIPT_DEADLINE = 60.0

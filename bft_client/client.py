@@ -16,193 +16,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
-import aiohttp
+import rlp
 from eth_hash.auto import keccak
 from eth_keys.datatypes import PrivateKey
 from eth_utils import is_hex_address, to_canonical_address, to_checksum_address
 
-from chain.blockchain import ChainVM
-from chain.errors import ChainError
+from bft_client.errors import (
+    BftClientError,
+    NoAgreement,
+    RpcReplyError,
+    RpcUnreachable,
+    TransactionRejected,
+)
+from bft_client.tally import ReceiptKey, ReplyTally, fault_tolerance, quantity, receipt_key
+from bft_client.transport import HttpTransport, RpcTransport
 
-MAX_REPLY_BYTES = 4 * 1024 * 1024  # a receipt with many logs fits; a hostile node cannot flood
 MIN_CALL_TIMEOUT = 0.1  # the shortest time a call gets, even right before the deadline
 ALREADY_KNOWN = "already known"  # the pool's answer for a transaction it holds (not an error)
-
-
-class BftClientError(ChainError):
-    """The client cannot confirm the transaction; the message says what each node answered."""
-
-
-class RpcUnreachable(BftClientError):
-    """A node that did not answer (refused, timed out, not JSON-RPC)."""
-
-
-class RpcReplyError(BftClientError):
-    """A node that answered with a JSON-RPC error."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class TransactionRejected(BftClientError):
-    """The node the transaction was submitted to refused it (bad nonce, funds, fees ...)."""
-
-
-class NoAgreement(BftClientError):
-    """No f+1 validators reported the same receipt before the deadline."""
-
-
-class RpcTransport(Protocol):
-    async def call(self, url: str, method: str, params: list[Any], timeout: float) -> Any:
-        """The result of `method`, or RpcUnreachable / RpcReplyError."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-class HttpTransport:
-    """JSON-RPC over HTTP POST with aiohttp; replies are capped at MAX_REPLY_BYTES."""
-
-    def __init__(self) -> None:
-        self._session: aiohttp.ClientSession | None = None
-        self._ids = itertools.count(1)
-
-    async def call(self, url: str, method: str, params: list[Any], timeout: float) -> Any:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params}
-        try:
-            async with self._session.post(
-                url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as response:
-                payload = await response.content.read(MAX_REPLY_BYTES + 1)
-        except TimeoutError:
-            raise RpcUnreachable(f"unreachable: no answer within {timeout:g}s") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise RpcUnreachable(f"unreachable: {exc or type(exc).__name__}") from None
-        return _result(payload, method)
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
-def _result(payload: bytes, method: str) -> Any:
-    if len(payload) > MAX_REPLY_BYTES:
-        raise RpcUnreachable(f"{method}: reply larger than {MAX_REPLY_BYTES} bytes")
-    try:
-        reply = json.loads(payload)
-    except ValueError:
-        raise RpcUnreachable(f"{method}: the reply is not JSON-RPC") from None
-    if not isinstance(reply, dict):
-        raise RpcUnreachable(f"{method}: the reply is not a JSON-RPC object")
-    error = reply.get("error")
-    if isinstance(error, dict):
-        code = error.get("code")
-        raise RpcReplyError(code if isinstance(code, int) else 0, str(error.get("message", "")))
-    if "result" not in reply:
-        raise RpcUnreachable(f"{method}: the reply has neither result nor error")
-    return reply["result"]
-
-
-def quantity(value: Any, what: str) -> int:
-    """A JSON-RPC hex quantity from a node's reply."""
-    if not isinstance(value, str) or not value.startswith("0x"):
-        raise BftClientError(f"{what}: {value!r} is not a hex quantity")
-    try:
-        return int(value, 16)
-    except ValueError:
-        raise BftClientError(f"{what}: {value!r} is not a hex quantity") from None
-
-
-def fault_tolerance(validators: int) -> int:
-    """f: how many of N validators may be faulty."""
-    return (validators - 1) // 3
-
-
-@dataclass(frozen=True)
-class ReceiptKey:
-    """What f+1 validators must agree on."""
-
-    block_hash: str
-    status: int
-    gas_used: int
-
-    def __str__(self) -> str:
-        return f"block {self.block_hash} status {self.status} gas {self.gas_used}"
-
-
-def receipt_key(receipt: Any, tx_hash: str) -> ReceiptKey:
-    """The agreement key of a receipt for `tx_hash`; BftClientError if it is not one."""
-    if not isinstance(receipt, dict):
-        raise BftClientError(f"malformed receipt {receipt!r}")
-    if str(receipt.get("transactionHash", "")).lower() != tx_hash:
-        raise BftClientError(f"a receipt for another transaction {receipt.get('transactionHash')}")
-    block_hash = receipt.get("blockHash")
-    if not isinstance(block_hash, str) or len(block_hash) != 66:
-        raise BftClientError(f"a receipt without a block hash: {block_hash!r}")
-    return ReceiptKey(
-        block_hash.lower(),
-        quantity(receipt.get("status"), "receipt status"),
-        quantity(receipt.get("gasUsed"), "receipt gasUsed"),
-    )
-
-
-class ReplyTally:
-    """Each validator's latest receipt (one vote each) and, for the others, what they said."""
-
-    def __init__(self, validators: Sequence[str], needed: int) -> None:
-        self.validators = tuple(validators)
-        self.needed = needed
-        self._receipts: dict[str, tuple[ReceiptKey, dict[str, Any]]] = {}
-        self._notes: dict[str, str] = {}
-
-    def record_receipt(self, validator: str, key: ReceiptKey, receipt: dict[str, Any]) -> None:
-        self._receipts[validator] = (key, receipt)
-        self._notes.pop(validator, None)
-
-    def record_note(self, validator: str, note: str) -> None:
-        """A non-receipt answer; it does not erase a receipt the validator reported earlier."""
-        if validator not in self._receipts:
-            self._notes[validator] = note
-
-    def agreement(self) -> tuple[ReceiptKey, tuple[str, ...]] | None:
-        """The receipt key reported by at least `needed` distinct validators, and by whom."""
-        supporters: dict[ReceiptKey, list[str]] = {}
-        for validator in self.validators:
-            if validator in self._receipts:
-                supporters.setdefault(self._receipts[validator][0], []).append(validator)
-        for key, agreeing in supporters.items():
-            if len(agreeing) >= self.needed:
-                return key, tuple(agreeing)
-        return None
-
-    def receipt_of(self, validator: str) -> dict[str, Any]:
-        return self._receipts[validator][1]
-
-    def disagreeing(self, key: ReceiptKey) -> dict[str, ReceiptKey]:
-        return {v: k for v, (k, _) in self._receipts.items() if k != key}
-
-    def describe(self) -> str:
-        """One line: what every validator answered last."""
-        answers = []
-        for validator in self.validators:
-            if validator in self._receipts:
-                answers.append(f"{validator}: {self._receipts[validator][0]}")
-            else:
-                answers.append(f"{validator}: {self._notes.get(validator, 'no answer')}")
-        return "; ".join(answers)
+DYNAMIC_FEE_TYPE = b"\x02"  # EIP-1559's transaction type
 
 
 @dataclass(frozen=True)
@@ -251,20 +88,14 @@ class ConfirmedReceipt:
 
 
 def sign_transaction(key: PrivateKey, request: TxRequest) -> bytes:
-    """The raw (typed, EIP-1559) transaction; every field of `request` must be filled."""
-    builder = ChainVM.get_transaction_builder()
-    unsigned = builder.new_unsigned_dynamic_fee_transaction(
-        chain_id=request.chain_id,
-        nonce=request.nonce,
-        max_priority_fee_per_gas=request.max_priority_fee_per_gas,
-        max_fee_per_gas=request.max_fee_per_gas,
-        gas=request.gas,
-        to=to_canonical_address(request.to) if request.to else b"",
-        value=request.value,
-        data=request.data,
-        access_list=(),
-    )
-    return unsigned.as_signed_transaction(key).encode()
+    """The raw EIP-1559 transaction (type 2, EIP-2718 envelope); every field of `request`
+    must be filled. Signed over keccak(0x02 || rlp(fields)), as EIP-1559 specifies."""
+    fields = [request.chain_id, request.nonce, request.max_priority_fee_per_gas,
+              request.max_fee_per_gas, request.gas,
+              to_canonical_address(request.to) if request.to else b"", request.value,
+              request.data, []]
+    signature = key.sign_msg_hash(keccak(DYNAMIC_FEE_TYPE + rlp.encode(fields)))
+    return DYNAMIC_FEE_TYPE + rlp.encode([*fields, signature.v, signature.r, signature.s])
 
 
 def _checked_validators(validators: Mapping[str, str]) -> dict[str, str]:

@@ -1,12 +1,34 @@
-"""A linear check of how deeply RLP data nests, run before decoding anything a peer or client
-sent. pyrlp decodes recursively and copies as it descends: a list nested 10,000 deep (30 KB)
-takes seconds, 50,000 deep (a 150 KB frame) minutes, all on the event loop. Our messages nest
-at most a dozen levels, so anything deeper is refused before pyrlp sees it."""
+"""RLP as our messages use it: canonical integers, and a linear check of how deeply RLP data
+nests, run before decoding anything a peer or client sent. pyrlp decodes recursively and
+copies as it descends: a list nested 10,000 deep (30 KB) takes seconds, 50,000 deep (a 150 KB
+frame) minutes, all on the event loop. Our messages nest at most a dozen levels, so anything
+deeper is refused before pyrlp sees it."""
 
 from __future__ import annotations
 
+from encoding import EncodingError
 
-class RlpTooDeep(ValueError):
+MAX_UINT64 = 2**64 - 1
+
+
+def encode_uint(value: int) -> bytes:
+    """A canonical RLP integer: big-endian, no leading zero bytes, 0 is the empty string."""
+    return value.to_bytes((value.bit_length() + 7) // 8, "big")
+
+
+def decode_uint(item: object, bound: int = MAX_UINT64) -> int:
+    """A canonical RLP integer (as `encode_uint` writes it) of at most `bound`."""
+    if not isinstance(item, bytes):
+        raise EncodingError("expected an integer, got a list")
+    if item[:1] == b"\x00":
+        raise EncodingError("integer with a leading zero byte is not canonical")
+    value = int.from_bytes(item, "big")
+    if value > bound:
+        raise EncodingError(f"integer {value} out of range")
+    return value
+
+
+class RlpTooDeep(EncodingError):
     """The data nests lists deeper than allowed (or its headers overrun it)."""
 
 

@@ -1,0 +1,160 @@
+"""Real node processes on loopback: free ports, `pbft-node testnet init`, a running node and
+waiting on a condition with a deadline (for the integration tests and the benchmarks)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from web3 import Web3
+
+T = TypeVar("T")
+STARTUP_DEADLINE = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_port_range(count: int, avoid: Collection[int] = ()) -> int:
+    """The first of `count` consecutive free ports, outside `avoid` (testnet nodes use
+    base + index) and below the kernel's ephemeral range, where connections take ports."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 32_000 - count)
+        ports = range(base, base + count)
+        if any(p in avoid for p in ports):
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in ports:
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def wait_for(condition: Callable[[], T], deadline: float, what: str) -> T:
+    """Poll `condition` until it returns a truthy value, or fail after `deadline` seconds."""
+    end = time.monotonic() + deadline
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def pbft_node(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "cli.node", *args], capture_output=True, text=True, timeout=120
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"pbft-node {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
+@dataclass
+class RunningNode:
+    description: dict[str, Any]
+    node: dict[str, Any]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def rpc_url(self) -> str:
+        return self.node["rpc_url"]
+
+    @property
+    def ws_url(self) -> str:
+        return self.node["ws_url"]
+
+    def web3(self) -> Web3:
+        return Web3(Web3.HTTPProvider(self.rpc_url, request_kwargs={"timeout": 30}))
+
+    def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.node["command"], stdout=log, stderr=log)
+
+    def wait_ready(self) -> None:
+        w3 = self.web3()
+
+        def ready() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"node exited early:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                return w3.is_connected()
+            except Exception:
+                return False
+
+        wait_for(ready, STARTUP_DEADLINE, "the node's JSON-RPC")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            code = self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        self.process = None
+        return code
+
+
+def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str) -> dict[str, Any]:
+    """`pbft-node testnet init` on free ports; pbft_flags such as "--checkpoint-interval", "4"."""
+    http = free_port_range(validators)
+    p2p = free_port_range(validators, avoid=range(http, http + validators))
+    metrics = free_port_range(
+        validators, avoid={*range(http, http + validators), *range(p2p, p2p + validators)})
+    pbft_node(
+        "testnet",
+        "init",
+        "--validators",
+        str(validators),
+        "--dir",
+        str(directory),
+        "--base-http-port",
+        str(http),
+        "--base-p2p-port",
+        str(p2p),
+        "--base-metrics-port",
+        str(metrics),
+        *pbft_flags,
+    )
+    return json.loads((directory / "testnet.json").read_text())
+
+
+def run_dev_node(directory: Path, http_settings: str = "") -> Iterator[RunningNode]:
+    """A one-validator dev testnet in `directory`, its node running until the generator is
+    resumed, then stopped cleanly. `http_settings` (TOML lines) go into its config's [http]."""
+    description = make_testnet(directory)
+    entry = description["nodes"][0]
+    config = Path(entry["command"][-1])
+    config.write_text(config.read_text().replace("[http]\n", f"[http]\n{http_settings}\n"))
+    node = RunningNode(description, entry, directory / "node0.log")
+    node.start()
+    yield node
+    code = node.stop()
+    assert code == 0, f"node did not shut down cleanly:\n{node.log_path.read_text()[-3000:]}"
