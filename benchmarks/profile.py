@@ -38,7 +38,7 @@ STAGES = [
     ("commit: write, refresh, prune", r"commit_block|on_committed"),
     ("pool: next batch", r"TxPool\.executable"),
     ("PBFT engine: steps, synced persists", r"pbft_engine"),
-    ("transport", r"chain/transport\.py"),
+    ("transport", r"chain/p2p/"),
 ]
 
 

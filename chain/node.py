@@ -21,10 +21,10 @@ from chain.engine import ConsensusEngine, EngineContext, TimerHandle
 from chain.errors import NodeError, TxPoolError
 from chain.genesis import Genesis, load_genesis_bytes
 from chain.metrics import CallbackCollector, MetricsServer, NodeMetrics, labelled_counter
+from chain.p2p import Channel, Transport
 from chain.read_store import TxRecord, encode_block
 from chain.registry import available_engines, load_engine_class
 from chain.rpc.limits import RpcLimits
-from chain.transport import Channel, Transport
 from chain.txpool import AccountReader, PoolLimits, TxPool, decode_raw_transaction
 from storage import Database, Keyspace, StorageFailure, WriteBatch
 

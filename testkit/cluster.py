@@ -17,7 +17,7 @@ from eth_account import Account
 from eth_keys.datatypes import PrivateKey
 from prometheus_client.parser import text_string_to_metric_families
 
-from chain.transport import Transport
+from chain.p2p import Transport
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
 from pbft_engine.messages import verify_commit_certificate
 from testkit.nodes import RunningNode, make_testnet, wait_for

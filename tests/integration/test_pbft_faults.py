@@ -18,7 +18,7 @@ import pytest
 from eth_keys.datatypes import PrivateKey
 from eth_utils import keccak
 
-from chain.transport import Channel
+from chain.p2p import Channel
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
 from pbft_engine.messages import Authenticator, KeySigner, KeyVerifier, PrePrepare, WireMessage
 from testkit.cluster import Cluster, rpc

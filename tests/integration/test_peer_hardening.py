@@ -13,7 +13,7 @@ import pytest
 import rlp
 from eth_utils import keccak
 
-from chain.transport import Channel, Transport
+from chain.p2p import Channel, Transport
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
 from pbft_engine.messages import (
     Authenticator,
