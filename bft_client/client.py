@@ -1,9 +1,10 @@
 """The BFT client: a transaction counts as done when f+1 validators report the same receipt.
 
-DESIGN.md section 4, "the f+1 reply rule": the client signs a transaction, submits it to one
-node, then polls every validator for its receipt until f+1 distinct validators (f = (N-1)//3)
-report the same (block hash, status, gas used); at most f validators are faulty, so at least
-one of them is correct and the transaction really committed in that block. If that does not
+The f+1 reply rule (docs/ARCHITECTURE.md, section 2): the client signs a transaction, submits
+it to one node, then polls every validator for its receipt until f+1 distinct validators
+(f = (N-1)//3) report the same (block hash, status, gas used); at most f validators are
+faulty, so at least one of them is correct and the transaction really committed in that
+block. If that does not
 happen within `Timeouts.resend_after` seconds the raw transaction is re-sent to every validator
 (the node it went to may be down or faulty), again after twice as long, and so on, until
 `Timeouts.deadline`.

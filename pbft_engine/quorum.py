@@ -1,4 +1,5 @@
-"""Quorum arithmetic for N replicas (DESIGN.md section 4), shared by the core and the ETL check."""
+"""Quorum arithmetic for N replicas (Castro & Liskov; docs/ARCHITECTURE.md), shared by the core
+and the ETL check."""
 
 
 def max_faulty(n: int) -> int:

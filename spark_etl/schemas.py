@@ -3,7 +3,7 @@
 Column names follow ethereum-etl / BigQuery `crypto_ethereum` where the column exists there.
 Hashes, addresses and byte strings are lower-case 0x hex. A 256-bit quantity X is two
 columns: X as DECIMAL(38,0) (null when it does not fit) and X_lossless, its decimal string.
-The README's "Audit ETL" tables are rendered from these declarations (`markdown()`).
+The tables of docs/etl.md are rendered from these declarations (`markdown()`).
 """
 
 from __future__ import annotations
@@ -274,8 +274,8 @@ VIOLATIONS = StructType(
 
 
 def markdown() -> str:
-    """The tables as README markdown: one section per table, column | type | meaning (the
-    partition columns, the same in every table, are described once in the README)."""
+    """The tables as docs/etl.md markdown: one section per table, column | type | meaning (the
+    partition columns, the same in every table, are described once on that page)."""
     parts = []
     for table in TABLES:
         lines = [f"`{table.name}`: {table.meaning}.", "", "| column | type | meaning |",

@@ -1,6 +1,6 @@
 """LevelDB storage: one database per data directory, prefixed keyspaces, atomic batches.
 
-Imports nothing of ours (DESIGN.md section 2).
+Imports nothing of ours (docs/ARCHITECTURE.md, section 1).
 """
 
 from storage.errors import DataDirLockedError, StorageError, StorageFailure

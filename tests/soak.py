@@ -4,7 +4,7 @@ acknowledged transaction must be committed on every node (lost = 0) and the node
 at every height (forks = 0). The load generator behaves like a correct client: a transaction
 not committed within a few seconds is re-sent to every live node.
 
-    .venv/bin/python -m tests.soak --minutes 30            # the long run (README)
+    .venv/bin/python -m tests.soak --minutes 30            # the long run (docs/testing.md)
     .venv/bin/python -m tests.soak --minutes 1 --seed 7    # a short one (CI runs one)
 
 It prints a JSON report: faults injected, transactions acknowledged, committed, lost, forks,

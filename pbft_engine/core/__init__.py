@@ -1,4 +1,5 @@
-"""The pure PBFT core: `Replica.step(event) -> [action]`. No I/O, no clock (DESIGN.md section 2)."""
+"""The pure PBFT core: `Replica.step(event) -> [action]`. No I/O, no clock
+(docs/ARCHITECTURE.md, section 4)."""
 
 from pbft_engine.core.actions import (
     Action,

@@ -1,6 +1,6 @@
-"""Issue 14 on real nodes, with the defaults of `testnet init`: the README's rebuild of a
-validator (it follows, then votes again), a validator whose records and state file are gone,
-and a view change over large prepared blocks."""
+"""Issue 14 on real nodes, with the defaults of `testnet init`: the rebuild of a validator
+(docs/operations.md; it follows, then votes again), a validator whose records and state file
+are gone, and a view change over large prepared blocks."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def _rebuild(cluster: Cluster, index: int) -> Path:
-    """The README's procedure: move chaindata aside, init again (validator_state.json stays)."""
+    """docs/operations.md's rebuild: chaindata moved aside, init again (the state file stays)."""
     datadir = Path(cluster.nodes[index].node["datadir"])
     shutil.move(datadir / "chaindata", datadir / "chaindata.damaged")
     pbft_node("init", "--genesis", str(cluster.directory / "genesis.json"),
