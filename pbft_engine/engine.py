@@ -49,8 +49,8 @@ from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import LostRecordsError, PbftError, StoreError
 from pbft_engine.messages import KeySigner, KeyVerifier
 from pbft_engine.metrics import PbftMetrics, replica_mode
-from pbft_engine.records_view import MAX_RANGE, ConsensusRecords
-from pbft_engine.store import LevelDBConsensusStore
+from pbft_engine.record_store import LevelDBConsensusStore
+from pbft_engine.rpc_records import MAX_RANGE, ConsensusRecords
 from pbft_engine.sync import BlockSync
 from pbft_engine.tasks import BackgroundTasks
 from pbft_engine.validator_state import ValidatorStateFile

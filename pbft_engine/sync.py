@@ -15,13 +15,7 @@ the NEW-VIEW it missed. VIEW-CHANGE and NEW-VIEW name blocks by digest only: a r
 lacks a body asks every peer for it (`FetchBlock`), again each poll interval, until a copy
 whose header hashes to the digest arrives (`BlockReceived`).
 
-Wire format (canonical RLP lists, first item the kind):
-  GET_STATUS  [0]
-  STATUS      [1, head number, head hash, head's commit certificate, signed NEW-VIEW or b""]
-  GET_BLOCKS  [2, request id, first number, count]
-  BLOCKS      [3, request id, [[block, commit certificate], ...]]
-  GET_BLOCK   [4, seqNo, digest]
-  BLOCK       [5, seqNo, digest, block]
+The messages and their encoding: `pbft_engine.sync_messages`.
 """
 
 from __future__ import annotations
@@ -30,9 +24,6 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any
 
 import rlp
 from eth_utils import keccak
@@ -40,8 +31,6 @@ from eth_utils import keccak
 from chain.blockchain import ExecutedBlock, block_hash_of
 from chain.engine import EngineContext, TimerHandle
 from chain.errors import BlockValidationError
-from encoding import EncodingError
-from encoding.rlp import RlpTooDeep, check_rlp_depth, decode_uint
 from pbft_engine.core import (
     BlockReceived,
     Event,
@@ -61,174 +50,30 @@ from pbft_engine.messages import (
     decode_signed_bytes,
     verify_commit_certificate,
 )
-from pbft_engine.store import LevelDBConsensusStore
+from pbft_engine.record_store import LevelDBConsensusStore
+from pbft_engine.sync_messages import (
+    MAX_BLOCKS_PER_REQUEST,
+    Block,
+    Blocks,
+    GetBlock,
+    GetBlocks,
+    GetStatus,
+    Status,
+    decode_sync,
+    encode_sync,
+)
 from pbft_engine.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
-MAX_BLOCKS_PER_REQUEST = 32
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # below the transport's frame cap
 REQUEST_TIMEOUT_S = 10.0
 MAX_WANTED_BLOCKS = 256  # bodies asked for at once (a window holds fewer)
-MAX_SYNC_DEPTH = 4  # BLOCKS: [kind, id, [[block, certificate], ...]]
 HEADER_NUMBER_INDEX = 8  # an Ethereum header's fields: ..., difficulty, number, ...
 
 
 class SyncError(PbftError):
     """A peer could not serve a range, or served something that does not verify."""
-
-
-class SyncKind(IntEnum):
-    GET_STATUS = 0
-    STATUS = 1
-    GET_BLOCKS = 2
-    BLOCKS = 3
-    GET_BLOCK = 4
-    BLOCK = 5
-
-
-@dataclass(frozen=True)
-class GetStatus:
-    def fields(self) -> list[Any]:
-        return []
-
-
-@dataclass(frozen=True)
-class Status:
-    head_number: int
-    head_hash: bytes
-    certificate: bytes  # empty for genesis
-    new_view: bytes  # the signed NEW-VIEW of the sender's current view, or empty
-
-    def fields(self) -> list[Any]:
-        return [self.head_number, self.head_hash, self.certificate, self.new_view]
-
-
-@dataclass(frozen=True)
-class GetBlocks:
-    request_id: int
-    first: int
-    count: int
-
-    def fields(self) -> list[Any]:
-        return [self.request_id, self.first, self.count]
-
-
-@dataclass(frozen=True)
-class Blocks:
-    request_id: int
-    blocks: tuple[tuple[bytes, bytes], ...]  # (encoded block, commit certificate)
-
-    def fields(self) -> list[Any]:
-        return [self.request_id, [list(pair) for pair in self.blocks]]
-
-
-@dataclass(frozen=True)
-class GetBlock:
-    seq_no: int
-    digest: bytes
-
-    def fields(self) -> list[Any]:
-        return [self.seq_no, self.digest]
-
-
-@dataclass(frozen=True)
-class Block:
-    seq_no: int
-    digest: bytes
-    block: bytes
-
-    def fields(self) -> list[Any]:
-        return [self.seq_no, self.digest, self.block]
-
-
-SyncMessage = GetStatus | Status | GetBlocks | Blocks | GetBlock | Block
-_KINDS: dict[type, SyncKind] = {
-    GetStatus: SyncKind.GET_STATUS, Status: SyncKind.STATUS,
-    GetBlocks: SyncKind.GET_BLOCKS, Blocks: SyncKind.BLOCKS,
-    GetBlock: SyncKind.GET_BLOCK, Block: SyncKind.BLOCK,
-}
-
-
-def encode_sync(message: SyncMessage) -> bytes:
-    return rlp.encode([_KINDS[type(message)], *message.fields()])
-
-
-def decode_sync(data: bytes) -> SyncMessage:
-    """A block-sync message; MessageError for anything malformed."""
-    try:
-        check_rlp_depth(data, MAX_SYNC_DEPTH)
-        item = rlp.decode(data, strict=True)
-    except RlpTooDeep as exc:
-        raise MessageError(f"block sync: {exc}") from None
-    except (rlp.exceptions.RLPException, RecursionError) as exc:
-        raise MessageError(f"block sync: not RLP ({type(exc).__name__})") from None
-    if not isinstance(item, list) or not item or not isinstance(item[0], bytes):
-        raise MessageError("block sync: not a message")
-    kind, fields = _uint(item[0]), item[1:]
-    decoders: dict[int, Callable[[list[Any]], SyncMessage]] = {
-        SyncKind.GET_STATUS: lambda f: GetStatus(),
-        SyncKind.STATUS: _decode_status,
-        SyncKind.GET_BLOCKS: lambda f: GetBlocks(*(_uint(x) for x in _exactly(f, 3))),
-        SyncKind.BLOCKS: _decode_blocks,
-        SyncKind.GET_BLOCK: _decode_get_block,
-        SyncKind.BLOCK: _decode_block,
-    }
-    if kind not in decoders:
-        raise MessageError(f"block sync: unknown message kind {kind}")
-    return decoders[kind](fields)
-
-
-def _exactly(fields: list[Any], count: int) -> list[Any]:
-    if len(fields) != count:
-        raise MessageError(f"block sync: expected {count} fields, got {len(fields)}")
-    return fields
-
-
-def _uint(item: Any) -> int:
-    try:
-        return decode_uint(item)
-    except EncodingError:
-        raise MessageError("block sync: not a canonical 64-bit integer") from None
-
-
-def _bytes(item: Any) -> bytes:
-    if not isinstance(item, bytes):
-        raise MessageError("block sync: expected a byte string")
-    return item
-
-
-def _digest(item: Any) -> bytes:
-    if len(_bytes(item)) != 32:
-        raise MessageError("block sync: a block hash has 32 bytes")
-    return item
-
-
-def _decode_get_block(fields: list[Any]) -> GetBlock:
-    seq_no, digest = _exactly(fields, 2)
-    return GetBlock(_uint(seq_no), _digest(digest))
-
-
-def _decode_block(fields: list[Any]) -> Block:
-    seq_no, digest, block = _exactly(fields, 3)
-    return Block(_uint(seq_no), _digest(digest), _bytes(block))
-
-
-def _decode_status(fields: list[Any]) -> Status:
-    number, head_hash, certificate, new_view = _exactly(fields, 4)
-    return Status(_uint(number), _digest(head_hash), _bytes(certificate), _bytes(new_view))
-
-
-def _decode_blocks(fields: list[Any]) -> Blocks:
-    request_id, pairs = _exactly(fields, 2)
-    if not isinstance(pairs, list) or len(pairs) > MAX_BLOCKS_PER_REQUEST:
-        raise MessageError("block sync: too many blocks in one answer")
-    blocks = []
-    for pair in pairs:
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise MessageError("block sync: a block comes with its certificate")
-        blocks.append((_bytes(pair[0]), _bytes(pair[1])))
-    return Blocks(_uint(request_id), tuple(blocks))
 
 
 def certified_block_hash(

@@ -63,7 +63,7 @@ StoreOp = Put | Delete | DeleteRange
 
 
 class RecordReader(ABC):
-    """Read access to the persisted records, in key order (implemented in pbft_engine.store)."""
+    """Read access to the persisted records, in key order (pbft_engine.record_store has them)."""
 
     @abstractmethod
     def items(

@@ -22,7 +22,7 @@ from typing import Any
 from chain.blockchain import Blockchain
 from cli.node import main
 from pbft_engine.core.records import DeleteRange, StoreName, StoreOp
-from pbft_engine.store import LevelDBConsensusStore
+from pbft_engine.record_store import LevelDBConsensusStore
 from storage import WriteBatch
 
 POINTS = ("commit", "gc")

@@ -28,7 +28,7 @@ from pbft_engine.messages import (
     decode_signed_bytes,
     verify_commit_certificate,
 )
-from pbft_engine.store import LevelDBConsensusStore
+from pbft_engine.record_store import LevelDBConsensusStore
 
 
 @dataclass(frozen=True)

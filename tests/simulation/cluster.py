@@ -62,7 +62,7 @@ from pbft_engine.messages import (
     decode_signed_bytes,
     verify_commit_certificate,
 )
-from pbft_engine.store import MemoryConsensusStore
+from pbft_engine.record_store import MemoryConsensusStore
 from tests.simulation.ledger import (
     GENESIS_HASH,
     GENESIS_ROOT,

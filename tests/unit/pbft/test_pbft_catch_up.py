@@ -31,17 +31,15 @@ from pbft_engine.messages import (
     decode_signed_bytes,
     encode_commit_certificate,
 )
-from pbft_engine.sync import (
+from pbft_engine.sync import BlockSync, SyncError, certified_block_hash
+from pbft_engine.sync_messages import (
     MAX_BLOCKS_PER_REQUEST,
     Block,
     Blocks,
-    BlockSync,
     GetBlock,
     GetBlocks,
     GetStatus,
     Status,
-    SyncError,
-    certified_block_hash,
     decode_sync,
     encode_sync,
 )

@@ -45,7 +45,7 @@ from pbft_engine.messages import (
     WireMessage,
     encode_commit_certificate,
 )
-from pbft_engine.store import MemoryConsensusStore
+from pbft_engine.record_store import MemoryConsensusStore
 from pbft_engine.validator_state import ValidatorStateFile
 from storage import StorageFailure
 from tests.simulation.cluster import Cluster

@@ -9,7 +9,7 @@ from eth_hash.auto import keccak
 
 from pbft_engine.core import Persist, Replica, StoreName
 from pbft_engine.core.records import Delete, DeleteRange, Put, u64
-from pbft_engine.store import LevelDBConsensusStore, MemoryConsensusStore
+from pbft_engine.record_store import LevelDBConsensusStore, MemoryConsensusStore
 from storage import Database
 from tests.simulation.cluster import Cluster
 from tests.unit.pbft.helpers import commit, drop_from, tx_hashes
