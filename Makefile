@@ -33,8 +33,10 @@ tools:
 	@command -v promtool >/dev/null || (apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus)
 
+# ruff everywhere; mypy, strict, on the packages pyproject.toml's [tool.mypy] lists
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 unit: setup
 	$(PY) -m pytest -q tests/unit
@@ -61,4 +63,4 @@ profile: setup
 	$(PY) -m benchmarks.profile --validators 4 --out benchmarks/results/profile-n4
 
 clean:
-	rm -rf $(VENV) $(ETL_VENV) $(TESTNET_DIR) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ETL_VENV) $(TESTNET_DIR) .pytest_cache .ruff_cache .mypy_cache

@@ -91,7 +91,7 @@ class ConfirmedReceipt:
 def sign_transaction(key: PrivateKey, request: TxRequest) -> bytes:
     """The raw EIP-1559 transaction (type 2, EIP-2718 envelope); every field of `request`
     must be filled. Signed over keccak(0x02 || rlp(fields)), as EIP-1559 specifies."""
-    fields = [request.chain_id, request.nonce, request.max_priority_fee_per_gas,
+    fields: list[object] = [request.chain_id, request.nonce, request.max_priority_fee_per_gas,
               request.max_fee_per_gas, request.gas,
               to_canonical_address(request.to) if request.to else b"", request.value,
               request.data, []]

@@ -65,7 +65,8 @@ class PbftMetrics:
         for name in MODES:
             mode.add_metric([name], float(replica_mode(replica) == name))
         families.append(mode)
-        messages = {("in", t): n for t, n in replica.received.items()}
+        messages: dict[tuple[str, ...], float] = {
+            ("in", t): n for t, n in replica.received.items()}
         messages.update({("out", t): n for t, n in replica.sent.items()})
         families += [
             labelled_counter("pbft_view_changes",

@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import rlp
 from eth_utils import keccak
@@ -333,7 +334,7 @@ class BlockSync:
                     raise SyncError(f"block {number} executes to another hash")
                 ops = [Put(StoreName.COMMIT_CERTIFICATES, u64(number), certificate)]
                 await self.context.commit_block(
-                    executed, extra_writes=lambda batch, ops=ops: self.store.write(batch, ops))
+                    executed, extra_writes=partial(self.store.write, ops=ops))
             imported.append(executed)
         return imported
 

@@ -147,9 +147,10 @@ def _bytes(item: Any) -> bytes:
 
 
 def _digest(item: Any) -> bytes:
-    if len(_bytes(item)) != 32:
+    digest = _bytes(item)
+    if len(digest) != 32:
         raise MessageError("block sync: a block hash has 32 bytes")
-    return item
+    return digest
 
 
 def _decode_get_block(fields: list[Any]) -> GetBlock:

@@ -781,13 +781,19 @@ class Replica:
     def _mark_validated(self, view: int, seq_no: int) -> None:
         slot = self.certs[(view, seq_no)]
         slot.validated = True
-        if self.me != self.params.primary(view) and self._may_vote(view, seq_no):
-            prepare = self._sign(Prepare(view, seq_no, slot.digest, self.me))
-            slot.prepares[self.me] = prepare
-            self._put(StoreName.CERT_STORE,
-                      cert_key(seq_no, view, prepare.body.TYPE, self.me), prepare.encode())
-            self._broadcast(prepare)
+        digest = slot.digest  # validated: the slot has its pre-prepare
+        if digest is not None and self.me != self.params.primary(view) and self._may_vote(
+                view, seq_no):
+            self._cast_vote(slot.prepares, Prepare(view, seq_no, digest, self.me))
         self._check_prepared(view, seq_no)
+
+    def _cast_vote(self, votes: dict[int, Signed[Any]], body: Prepare | Commit) -> None:
+        """Sign our PREPARE or COMMIT, keep it in its slot and the certStore, send it."""
+        vote = self._sign(body)
+        votes[self.me] = vote
+        self._put(StoreName.CERT_STORE, cert_key(body.seq_no, body.view, body.TYPE, self.me),
+                  vote.encode())
+        self._broadcast(vote)
 
     def _check_prepared(self, view: int, seq_no: int) -> None:
         """Prepared: our validated pre-prepare and Q-1 matching prepares -> COMMIT."""
@@ -802,19 +808,17 @@ class Replica:
             proof = PreparedProof(slot.pre_prepare, tuple(prepares))
             self.pset[seq_no] = proof
             self._put(StoreName.PSET, u64(seq_no), rlp.encode(proof.fields()))
-            commit = self._sign(Commit(view, seq_no, slot.digest, self.me))
-            slot.commits[self.me] = commit
-            self._put(StoreName.CERT_STORE,
-                      cert_key(seq_no, view, commit.body.TYPE, self.me), commit.encode())
-            self._broadcast(commit)
+            self._cast_vote(slot.commits, Commit(view, seq_no, slot.pre_prepare.body.digest,
+                                                 self.me))
         self._check_committed(slot, seq_no)
 
     def _check_committed(self, slot: Slot, seq_no: int) -> None:
-        commits = slot.matching(slot.commits)
-        if len(commits) < self.params.quorum or seq_no in self.certified:
+        commits = slot.matching(slot.commits)  # none match a slot without its pre-prepare
+        digest = slot.digest
+        if digest is None or len(commits) < self.params.quorum or seq_no in self.certified:
             return
         certificate = encode_commit_certificate(commits)
-        self.certified[seq_no] = (slot.digest, certificate)
+        self.certified[seq_no] = (digest, certificate)
         self._put(StoreName.COMMIT_CERTIFICATES, u64(seq_no), certificate)
         self._advance()
         if self.active and seq_no == self.last_exec + 1:
