@@ -19,7 +19,7 @@ from spark_etl.audit.context import ValidatorSet
 from spark_etl.audit.html import write_html_report
 from spark_etl.audit.validators import read_genesis, read_validators_file, resolve_validators
 from spark_etl.errors import EtlError, UsageError, from_spark_failure
-from spark_etl.export import DEFAULT_RANGE_SIZE, ExportOptions, export
+from spark_etl.export import DEFAULT_RANGE_SIZE, ExportOptions, blocks_per_second, export
 from spark_etl.rpc import RetryPolicy, parse_rpc_url
 from spark_etl.session import finish_session, recording_classes, spark_session
 from spark_etl.tables import Dataset, is_local_path
@@ -133,8 +133,9 @@ def _export_to(args: argparse.Namespace) -> str:
     )
     summary = export(spark_session(args.master, record_classes=True), options, _stderr)
     tables = ", ".join(f"{name} {count}" for name, count in summary.rows.items())
+    rate = blocks_per_second(summary.blocks, summary.seconds)
     print(f"exported {summary.blocks} blocks to {out} in {summary.seconds:.1f} s "
-          f"({summary.blocks / max(summary.seconds, 1e-9):.0f} blocks/s); rows: {tables or '-'}; "
+          f"({rate} blocks/s); rows: {tables or '-'}; "
           f"{summary.skipped} range(s) were already exported")
     return out
 

@@ -257,6 +257,12 @@ def _ranges(first: int, last: int, range_size: int) -> int:
     return last // range_size - first // range_size + 1
 
 
+def blocks_per_second(blocks: int, seconds: float) -> str:
+    """A rate as people read it: one decimal below 10 (a small chain is not "0 blocks/s")."""
+    rate = blocks / max(seconds, 1e-9)
+    return f"{rate:.1f}" if rate < 10 else f"{rate:.0f}"
+
+
 def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> ExportSummary:
     started = time.monotonic()
     infos = [probe(url, options.policy) for url in options.nodes]
@@ -277,7 +283,7 @@ def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> E
         export_wave(spark, options, wave, by_url, summary)
         elapsed = time.monotonic() - started
         progress(f"{summary.blocks}/{total} blocks ({100 * summary.blocks // max(total, 1)}%), "
-                 f"{summary.blocks / elapsed:.0f} blocks/s")
+                 f"{blocks_per_second(summary.blocks, elapsed)} blocks/s")
     export_consensus_records(spark, options, infos)
     summary.seconds = time.monotonic() - started
     return summary
