@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, assert_never
 
 from chain.blockchain import ExecutedBlock, block_hash_of
 from chain.engine import ConsensusEngine, EngineContext, InvalidParams, RpcHandler, TimerHandle
@@ -193,35 +193,41 @@ class PbftEngine(ConsensusEngine):
 
     def _perform(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, Persist):
+            self._perform_one(action)
+
+    def _perform_one(self, action: Action) -> None:
+        match action:
+            case Persist():
                 if action.signing_bound is not None:  # before the records that rely on it
                     self._write_signing_bound(action.signing_bound)
                 self.store.apply(action.ops)  # synced, before anything of this step is sent
-            elif isinstance(action, Broadcast):
+            case Broadcast():
                 self.context.broadcast(action.data)
-            elif isinstance(action, SendTo):
+            case SendTo():
                 self.context.send(self.engine_params.validators[action.replica], action.data)
-            elif isinstance(action, SetTimer):
+            case SetTimer():
                 self._set_timer(action)
-            elif isinstance(action, CancelTimer):
+            case CancelTimer():
                 handle = self._timers.pop((action.kind, action.key), None)
                 if handle is not None:
                     handle.cancel()
-            elif isinstance(action, BuildBlock):
+            case BuildBlock():
                 self.metrics.block_started(action.seq_no)
                 self._tasks.spawn(self._build(action), "block build")
-            elif isinstance(action, ValidateBlock):
+            case ValidateBlock():
                 self.metrics.block_started(action.seq_no)
                 self._tasks.spawn(self._validate(action), "block validation")
-            elif isinstance(action, CommitBlock):
+            case CommitBlock():
                 self._tasks.spawn(self._commit(action), "block commit")
-            elif isinstance(action, FetchCommitted):
+            case FetchCommitted():
                 self._tasks.spawn(self._fetch(action), "catch-up")
-            elif isinstance(action, FetchBlock):
+            case FetchBlock():
                 assert self.sync is not None
                 self.sync.want_block(action.seq_no, action.digest)
-            elif isinstance(action, Alarm):
+            case Alarm():
                 self._alarm(action)
+            case _:
+                assert_never(action)
 
     def _write_signing_bound(self, bound: SigningBound) -> None:
         """A failed write stops the node as a failed database write does (nothing of this

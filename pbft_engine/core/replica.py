@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import rlp
 
@@ -351,26 +351,34 @@ class Replica:
         return self._run(self._resume)
 
     def step(self, event: Event) -> list[Action]:
-        handler = self._handlers.get(type(event))
-        if handler is None:
-            raise TypeError(f"not a replica event: {event!r}")
-        return self._run(lambda: handler(event))
+        return self._run(lambda: self._handle(event))
 
-    @property
-    def _handlers(self) -> dict[type, Callable[[Any], None]]:
-        return {
-            MessageReceived: self._on_message,
-            RequestReceived: self._on_request,
-            RequestDropped: self._on_request_dropped,
-            TimerFired: self._on_timer,
-            BlockBuilt: self._on_block_built,
-            BlockValidated: self._on_block_validated,
-            BlockCommitted: self._on_block_committed,
-            FetchCompleted: self._on_fetch_completed,
-            FetchFailed: self._on_fetch_failed,
-            PeerCommitted: self._on_peer_committed,
-            BlockReceived: self._on_block_received,
-        }
+    def _handle(self, event: Event) -> None:
+        match event:
+            case MessageReceived():
+                self._on_message(event)
+            case RequestReceived():
+                self._on_request(event)
+            case RequestDropped():
+                self._on_request_dropped(event)
+            case TimerFired():
+                self._on_timer(event)
+            case BlockBuilt():
+                self._on_block_built(event)
+            case BlockValidated():
+                self._on_block_validated(event)
+            case BlockCommitted():
+                self._on_block_committed(event)
+            case FetchCompleted():
+                self._on_fetch_completed(event)
+            case FetchFailed():
+                self._on_fetch_failed(event)
+            case PeerCommitted():
+                self._on_peer_committed(event)
+            case BlockReceived():
+                self._on_block_received(event)
+            case _:
+                assert_never(event)
 
     def _run(self, work: Callable[[], None]) -> list[Action]:
         self._ops, self._out = [], []

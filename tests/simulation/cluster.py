@@ -19,11 +19,13 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, assert_never
 
 from eth_hash.auto import keccak
 
 from pbft_engine.core import (
+    Action,
     Alarm,
     BlockBuilt,
     BlockCommitted,
@@ -319,43 +321,47 @@ class Cluster:
 
     # --- the adapter side ---------------------------------------------------------------
 
-    def perform(self, node: Node, actions: list[Any]) -> None:
-        persisted = False
+    def perform(self, node: Node, actions: list[Action]) -> None:
+        assert sum(isinstance(a, Persist) for a in actions) <= 1, "one Persist per step"
         for action in actions:
-            if isinstance(action, Persist):
-                assert not persisted, "one Persist per step"
-                if action.signing_bound is not None:
-                    node.signing_bound = action.signing_bound
-                node.store.apply(action.ops)
-                persisted = True
-            elif isinstance(action, Broadcast):
-                self._send(node, None, action.data)
-            elif isinstance(action, SendTo):
-                self._send(node, action.replica, action.data)
-            elif isinstance(action, SetTimer):
-                node.timers[(action.kind, action.key)] = self.now + action.duration_ms
-                self._schedule(action.duration_ms, node, (action.kind, action.key))
-            elif isinstance(action, CancelTimer):
-                node.timers.pop((action.kind, action.key), None)
-            elif isinstance(action, Alarm):
-                node.alarms.append(action)
-            elif isinstance(action, FetchBlock):
-                self._schedule(0, node, _BlockAsk(action.seq_no, action.digest))
-            else:
-                self._block_action(node, action)
+            match action:
+                case Persist():
+                    if action.signing_bound is not None:
+                        node.signing_bound = action.signing_bound
+                    node.store.apply(action.ops)
+                case Broadcast():
+                    self._send(node, None, action.data)
+                case SendTo():
+                    self._send(node, action.replica, action.data)
+                case SetTimer():
+                    node.timers[(action.kind, action.key)] = self.now + action.duration_ms
+                    self._schedule(action.duration_ms, node, (action.kind, action.key))
+                case CancelTimer():
+                    node.timers.pop((action.kind, action.key), None)
+                case Alarm():
+                    node.alarms.append(action)
+                case FetchBlock():
+                    self._schedule(0, node, _BlockAsk(action.seq_no, action.digest))
+                case BuildBlock() | ValidateBlock() | CommitBlock() | FetchCommitted():
+                    self._block_action(node, action)
+                case _:
+                    assert_never(action)
 
-    def _block_action(self, node: Node, action: Any) -> None:
+    def _block_action(self, node: Node,
+                      action: BuildBlock | ValidateBlock | CommitBlock | FetchCommitted) -> None:
+        """Block work goes to the node's one executor, in order."""
         job: Job
-        if isinstance(action, BuildBlock):
-            job = lambda: self._build(node, action)  # noqa: E731
-        elif isinstance(action, ValidateBlock):
-            job = lambda: self._validate(node, action)  # noqa: E731
-        elif isinstance(action, CommitBlock):
-            job = lambda: self._commit(node, action)  # noqa: E731
-        elif isinstance(action, FetchCommitted):
-            job = lambda: self._fetch(node, action.target_seq_no)  # noqa: E731
-        else:
-            raise AssertionError(f"unknown action {action!r}")
+        match action:
+            case BuildBlock():
+                job = partial(self._build, node, action)
+            case ValidateBlock():
+                job = partial(self._validate, node, action)
+            case CommitBlock():
+                job = partial(self._commit, node, action)
+            case FetchCommitted():
+                job = partial(self._fetch, node, action.target_seq_no)
+            case _:
+                assert_never(action)
         node.jobs.append(job)
         if not node.busy:
             self._start_next_job(node)
