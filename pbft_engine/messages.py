@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast, overload
 
 import rlp
 from eth_hash.auto import keccak
@@ -103,7 +103,7 @@ class PhaseMessage:
                 encode_uint(self.replica)]
 
     @classmethod
-    def from_fields(cls, items: object) -> PhaseMessage:
+    def from_fields(cls, items: object) -> Self:
         view, seq_no, digest, replica = _list(items, 4)
         return cls(_uint(view), _uint(seq_no), _hash(digest), _replica(replica))
 
@@ -258,19 +258,21 @@ class NewView:
         )
 
 
-Body = PrePrepare | Prepare | Commit | Checkpoint | ViewChange | NewView
-B = TypeVar("B", PrePrepare, Prepare, Commit, Checkpoint, ViewChange, NewView)
+# PRE-PREPARE, PREPARE and COMMIT are PhaseMessages
+Body = PhaseMessage | Checkpoint | ViewChange | NewView
+B = TypeVar("B", bound=Body)
+B_co = TypeVar("B_co", bound=Body, covariant=True)
 
-BODY_TYPES: dict[MessageType, type[Any]] = {
+BODY_TYPES: dict[MessageType, type[Body]] = {
     cls.TYPE: cls for cls in (PrePrepare, Prepare, Commit, Checkpoint, ViewChange, NewView)
 }
 
 
 @dataclass(frozen=True)
-class Signed(Generic[B]):
+class Signed(Generic[B_co]):
     """A message body and the signature of its sender over `signing_hash(body, chain_id)`."""
 
-    body: B
+    body: B_co
     signature: bytes
 
     def to_rlp(self) -> list[Any]:
@@ -280,8 +282,13 @@ class Signed(Generic[B]):
         return rlp.encode(self.to_rlp())
 
 
-def decode_signed(item: object, expected: type[B] | None = None) -> Signed[Any]:
-    """A signed message from its decoded RLP structure (no signature check)."""
+@overload
+def decode_signed(item: object, expected: type[B]) -> Signed[B]: ...
+@overload
+def decode_signed(item: object, expected: None = None) -> Signed[Body]: ...
+def decode_signed(item: object, expected: type[Any] | None = None) -> Signed[Any]:
+    """A signed message from its decoded RLP structure (no signature check); `expected`
+    names the one kind allowed, and types the result."""
     type_code, fields, signature = _list(item, 3)
     try:
         body_type = BODY_TYPES[MessageType(_uint(type_code))]
@@ -308,7 +315,11 @@ def _rlp_decode(data: bytes) -> Any:
     return item
 
 
-def decode_signed_bytes(data: bytes, expected: type[B] | None = None) -> Signed[Any]:
+@overload
+def decode_signed_bytes(data: bytes, expected: type[B]) -> Signed[B]: ...
+@overload
+def decode_signed_bytes(data: bytes, expected: None = None) -> Signed[Body]: ...
+def decode_signed_bytes(data: bytes, expected: type[Any] | None = None) -> Signed[Any]:
     """A signed message from `Signed.encode()` bytes (as kept in stores and certificates)."""
     try:
         return decode_signed(_rlp_decode(data), expected)
@@ -316,26 +327,36 @@ def decode_signed_bytes(data: bytes, expected: type[B] | None = None) -> Signed[
         raise MessageError("message nested too deeply") from None
 
 
+def signed_as(signed: Signed[Body], kind: type[B]) -> Signed[B] | None:
+    """`signed`, typed by its body's kind; None when the body is of another kind."""
+    return cast("Signed[B]", signed) if isinstance(signed.body, kind) else None
+
+
 @dataclass(frozen=True)
-class WireMessage:
+class WireMessage(Generic[B_co]):
     """What travels between validators: a signed message and the unsigned blocks it refers to."""
 
-    signed: Signed[Any]
+    signed: Signed[B_co]
     blocks: tuple[bytes, ...] = ()
 
     def encode(self) -> bytes:
         return rlp.encode([*self.signed.to_rlp(), list(self.blocks)])
 
-    @classmethod
-    def decode(cls, data: bytes) -> WireMessage:
+    @staticmethod
+    def decode(data: bytes) -> WireMessage[Body]:
         try:
             item = _list(_rlp_decode(data), 4)
             blocks = _list(item[3])
             if not all(isinstance(block, bytes) for block in blocks):
                 raise MessageError("blocks must be byte strings")
-            return cls(decode_signed(item[:3]), tuple(blocks))
+            return WireMessage(decode_signed(item[:3]), tuple(blocks))
         except RecursionError:
             raise MessageError("message nested too deeply") from None
+
+
+def wire_as(wire: WireMessage[Body], kind: type[B]) -> WireMessage[B] | None:
+    """`wire`, typed by its message's kind; None when the message is of another kind."""
+    return cast("WireMessage[B]", wire) if isinstance(wire.signed.body, kind) else None
 
 
 # --- signing ------------------------------------------------------------------------------
@@ -406,7 +427,7 @@ class Authenticator:
     def sign(self, body: B, signer: Signer) -> Signed[B]:
         return Signed(body, signer.sign_hash(signing_hash(body, self.chain_id)))
 
-    def verify(self, signed: Signed[Any]) -> None:
+    def verify(self, signed: Signed[Body]) -> None:
         """The recovered signer must be a validator and the replica the body claims to be."""
         replica = signed.body.replica
         if replica >= len(self.validators):
@@ -419,7 +440,7 @@ class Authenticator:
     def quorum(self) -> int:
         return quorum(len(self.validators))
 
-    def check_quorum(self, messages: Sequence[Signed[Any]], what: str) -> frozenset[int]:
+    def check_quorum(self, messages: Sequence[Signed[Body]], what: str) -> frozenset[int]:
         """Every message valid, from distinct replicas, and at least Q of them."""
         replicas = [m.body.replica for m in messages]
         if len(set(replicas)) != len(replicas):

@@ -11,9 +11,26 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
+from typing import assert_never
+
+from pbft_engine.messages import Body, Checkpoint, NewView, PhaseMessage, ViewChange
 
 # Signed VIEW-CHANGE / NEW-VIEW records use this seqNo so no watermark range ever deletes them.
 VIEW_MESSAGE_SEQ_NO = 2**64 - 1
+
+
+def message_slot(body: Body) -> tuple[int, int]:
+    """The (view, seqNo) a message is signed for, as the signed and evidence keys take them:
+    a CHECKPOINT has no view (0), a VIEW-CHANGE or NEW-VIEW no seqNo (VIEW_MESSAGE_SEQ_NO)."""
+    match body:
+        case PhaseMessage():
+            return body.view, body.seq_no
+        case Checkpoint():
+            return 0, body.seq_no
+        case ViewChange() | NewView():
+            return body.view, VIEW_MESSAGE_SEQ_NO
+        case _:
+            assert_never(body)
 
 
 class StoreName(Enum):

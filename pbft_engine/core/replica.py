@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import Any, TypeVar, assert_never, cast
 
 import rlp
 
@@ -57,6 +57,7 @@ from pbft_engine.core.records import (
     StoreOp,
     cert_key,
     evidence_key,
+    message_slot,
     read_u64,
     signed_key,
     u16,
@@ -80,6 +81,8 @@ from pbft_engine.errors import (
 )
 from pbft_engine.messages import (
     Authenticator,
+    B,
+    Body,
     Checkpoint,
     Commit,
     MessageType,
@@ -97,8 +100,12 @@ from pbft_engine.messages import (
     decode_commit_certificate,
     decode_signed_bytes,
     encode_commit_certificate,
+    signed_as,
     verify_commit_certificate,
+    wire_as,
 )
+
+V = TypeVar("V", Prepare, Commit)  # a vote
 
 # The hash a block's bytes claim (its digest), or None for bytes that are no block. Blocks
 # travel unsigned: every copy taken from a message is checked against the digest it is for.
@@ -205,10 +212,11 @@ class Replica:
         self.checkpoints: dict[int, dict[int, Signed[Checkpoint]]] = {}
         self.high_checkpoints: dict[int, Signed[Checkpoint]] = {}  # latest above H per replica
         self.certified: dict[int, tuple[bytes, bytes]] = {}  # seqNo -> digest, certificate
-        self.signed: dict[bytes, Signed[Any]] = {}  # signed_key -> what we signed
-        self.view_changes: dict[int, WireMessage] = {}  # latest VIEW-CHANGE per replica
+        self.signed: dict[bytes, Signed[Body]] = {}  # signed_key -> what we signed
+        self.view_changes: dict[int, WireMessage[ViewChange]] = {}  # latest per replica
         self.last_new_view: Signed[NewView] | None = None
-        self.future: dict[tuple[int, int, int], WireMessage] = {}  # (replica, type, seqNo)
+        # (replica, type, seqNo)
+        self.future: dict[tuple[int, int, int], WireMessage[PhaseMessage]] = {}
         self.evidence: set[bytes] = set()
         self.requests: dict[bytes, None] = {}  # executable transactions waiting, oldest first
         self.passed_over = 0  # commits since the oldest waiting request became the oldest
@@ -316,17 +324,20 @@ class Replica:
         self.seq_no = max([self.last_exec, self.low_watermark, *own])
         return state is not None
 
-    def _load_cert_message(self, message: Signed[Any]) -> None:
+    def _load_cert_message(self, message: Signed[Body]) -> None:
+        """A PRE-PREPARE, PREPARE or COMMIT of the certStore back into its slot."""
         body = message.body
+        if not isinstance(body, PhaseMessage):
+            raise StoreError(f"the certStore holds a {body.TYPE.name}")
         slot = self._slot(body.view, body.seq_no)
-        if isinstance(body, PrePrepare):
-            slot.pre_prepare = message
+        if (pre_prepare := signed_as(message, PrePrepare)) is not None:
+            slot.pre_prepare = pre_prepare
             slot.validated = body.replica == self.me
-        elif isinstance(body, Prepare):
-            slot.prepares[body.replica] = message
+        elif (prepare := signed_as(message, Prepare)) is not None:
+            slot.prepares[body.replica] = prepare
             slot.validated |= body.replica == self.me
-        else:
-            slot.commits[body.replica] = message
+        elif (commit := signed_as(message, Commit)) is not None:
+            slot.commits[body.replica] = commit
             slot.validated |= body.replica == self.me
 
     # --- the step interface -----------------------------------------------------------
@@ -405,10 +416,10 @@ class Replica:
         self.halted = True
         self._out.append(Alarm(kind, detail))
 
-    def _broadcast(self, signed: Signed[Any], blocks: tuple[bytes, ...] = ()) -> None:
+    def _broadcast(self, signed: Signed[Body], blocks: tuple[bytes, ...] = ()) -> None:
         self._send(WireMessage(signed, blocks))
 
-    def _send(self, wire: WireMessage, to: int | None = None) -> None:
+    def _send(self, wire: WireMessage[Body], to: int | None = None) -> None:
         self.sent[wire.signed.body.TYPE.name.lower()] += 1
         data = wire.encode()
         self._out.append(Broadcast(data) if to is None else SendTo(to, data))
@@ -426,16 +437,16 @@ class Replica:
                   int(self.amnesia is not None), amnesia.view, amnesia.seq_no]
         self._put(StoreName.META, META_STATE, rlp.encode([encode_uint(x) for x in fields]))
 
-    def _sign(self, body: Any) -> Signed[Any]:
+    def _sign(self, body: B) -> Signed[B]:
         """Sign `body`, never two different bodies for one (type, view, seqNo), across restarts."""
-        seq_no = getattr(body, "seq_no", VIEW_MESSAGE_SEQ_NO)
-        key = signed_key(seq_no, body.TYPE, getattr(body, "view", 0))
+        view, seq_no = message_slot(body)
+        key = signed_key(seq_no, body.TYPE, view)
         existing = self.signed.get(key)
         if existing is not None:
             if existing.body != body:
                 raise SafetyError(f"refusing to sign a second {body.TYPE.name} for {key.hex()}")
-            return existing
-        self._cover(getattr(body, "view", 0), 0 if seq_no == VIEW_MESSAGE_SEQ_NO else seq_no)
+            return cast("Signed[B]", existing)  # an equal body: the same kind
+        self._cover(view, 0 if seq_no == VIEW_MESSAGE_SEQ_NO else seq_no)
         signed = self.auth.sign(body, self.signer)
         self.signed[key] = signed
         self._put(StoreName.SIGNED, key, signed.encode())
@@ -486,10 +497,10 @@ class Replica:
         if self.outstanding_blocks.pop((seq_no, digest), None) is not None:
             self._ops.append(Delete(StoreName.OUTSTANDING_BLOCKS, u64(seq_no) + digest))
 
-    def _record_evidence(self, first: Signed[Any], second: Signed[Any] | None) -> None:
+    def _record_evidence(self, first: Signed[Body], second: Signed[Body] | None) -> None:
         body = first.body
-        key = evidence_key(body.replica, body.TYPE, getattr(body, "view", 0),
-                           getattr(body, "seq_no", VIEW_MESSAGE_SEQ_NO))
+        view, seq_no = message_slot(body)
+        key = evidence_key(body.replica, body.TYPE, view, seq_no)
         self._drop("equivocation")
         if key not in self.evidence:
             self.evidence.add(key)
@@ -662,18 +673,17 @@ class Replica:
         self.received[wire.signed.body.TYPE.name.lower()] += 1
         self._dispatch(wire)
 
-    def _dispatch(self, wire: WireMessage) -> None:
-        body = wire.signed.body
-        if isinstance(body, PhaseMessage):
-            self._on_phase_message(wire)
-        elif isinstance(body, Checkpoint):
-            self._on_checkpoint(wire.signed)
-        elif isinstance(body, ViewChange):
-            self._on_view_change(wire)
-        else:
-            self._on_new_view(wire)
+    def _dispatch(self, wire: WireMessage[Body]) -> None:
+        if (phase := wire_as(wire, PhaseMessage)) is not None:
+            self._on_phase_message(phase)
+        elif (checkpoint := signed_as(wire.signed, Checkpoint)) is not None:
+            self._on_checkpoint(checkpoint)
+        elif (view_change := wire_as(wire, ViewChange)) is not None:
+            self._on_view_change(view_change)
+        elif (new_view := wire_as(wire, NewView)) is not None:
+            self._on_new_view(new_view)
 
-    def _on_phase_message(self, wire: WireMessage) -> None:
+    def _on_phase_message(self, wire: WireMessage[PhaseMessage]) -> None:
         body = wire.signed.body
         if not self._in_window(body.seq_no):
             self._drop("outside the watermarks")
@@ -681,15 +691,18 @@ class Replica:
             self._buffer_future(wire)
         elif body.view < self.view:
             self._drop("old view")
-        elif isinstance(body, PrePrepare):
-            self._on_pre_prepare(wire)
-        elif body.replica == self.primary and isinstance(body, Prepare):
-            self._record_evidence(wire.signed, None)  # a primary never prepares
-            self._start_view_change(self.view + 1, "evidence")
-        else:
-            self._on_vote(wire.signed)
+        elif (pre_prepare := wire_as(wire, PrePrepare)) is not None:
+            self._on_pre_prepare(pre_prepare)
+        elif (prepare := signed_as(wire.signed, Prepare)) is not None:
+            if body.replica == self.primary:
+                self._record_evidence(prepare, None)  # a primary never prepares
+                self._start_view_change(self.view + 1, "evidence")
+            else:
+                self._on_vote(prepare, self._slot(body.view, body.seq_no).prepares)
+        elif (commit := signed_as(wire.signed, Commit)) is not None:
+            self._on_vote(commit, self._slot(body.view, body.seq_no).commits)
 
-    def _buffer_future(self, wire: WireMessage) -> None:
+    def _buffer_future(self, wire: WireMessage[PhaseMessage]) -> None:
         """Keep (bounded: one per replica, type and seqNo) messages for a view not yet entered."""
         body = wire.signed.body
         key = (body.replica, body.TYPE, body.seq_no)
@@ -697,8 +710,8 @@ class Replica:
         if held is None or held.signed.body.view <= body.view:
             self.future[key] = wire
 
-    def _on_pre_prepare(self, wire: WireMessage) -> None:
-        pre_prepare: Signed[PrePrepare] = wire.signed
+    def _on_pre_prepare(self, wire: WireMessage[PrePrepare]) -> None:
+        pre_prepare = wire.signed
         body = pre_prepare.body
         if body.replica != self.primary or len(wire.blocks) != 1:
             self._drop("pre-prepare not from the primary or without its block")
@@ -743,10 +756,9 @@ class Replica:
         for wire in replay:
             self._dispatch(wire)
 
-    def _on_vote(self, vote: Signed[Any]) -> None:
+    def _on_vote(self, vote: Signed[V], votes: dict[int, Signed[V]]) -> None:
+        """A PREPARE or COMMIT, into its slot's `votes` (prepares or commits)."""
         body = vote.body
-        slot = self._slot(body.view, body.seq_no)
-        votes = slot.prepares if isinstance(body, Prepare) else slot.commits
         held = votes.get(body.replica)
         if held is not None:
             if held.body != body:
@@ -795,7 +807,7 @@ class Replica:
             self._cast_vote(slot.prepares, Prepare(view, seq_no, digest, self.me))
         self._check_prepared(view, seq_no)
 
-    def _cast_vote(self, votes: dict[int, Signed[Any]], body: Prepare | Commit) -> None:
+    def _cast_vote(self, votes: dict[int, Signed[V]], body: V) -> None:
         """Sign our PREPARE or COMMIT, keep it in its slot and the certStore, send it."""
         vote = self._sign(body)
         votes[self.me] = vote
@@ -1093,11 +1105,13 @@ class Replica:
         value, _ = Counter(c.body.value for c in votes.values()).most_common(1)[0]
         return tuple(c for _, c in sorted(votes.items()) if c.body.value == value)
 
-    def _own_view_change(self) -> WireMessage:
+    def _own_view_change(self) -> WireMessage[ViewChange]:
         """VIEW-CHANGE and NEW-VIEW carry digests, not blocks (as in the paper): their size
         does not grow with the blocks, so they always fit a frame; bodies are fetched."""
-        return WireMessage(
-            self.signed[signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE, self.view)])
+        own = signed_as(self.signed[signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE,
+                                               self.view)], ViewChange)
+        assert own is not None  # the key is a VIEW-CHANGE's
+        return WireMessage(own)
 
     def _resend_view_change(self) -> None:
         wire = self._own_view_change()
@@ -1106,8 +1120,8 @@ class Replica:
         self._set_timer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view),
                         self.params.new_view_timeout_ms)
 
-    def _on_view_change(self, wire: WireMessage) -> None:
-        signed: Signed[ViewChange] = wire.signed
+    def _on_view_change(self, wire: WireMessage[ViewChange]) -> None:
+        signed = wire.signed
         body = signed.body
         if body.view < self.view or (body.view == self.view and self.active):
             if self.last_new_view is not None:  # the sender missed our NEW-VIEW
@@ -1162,12 +1176,12 @@ class Replica:
     def _matches(self, block: bytes, digest: bytes) -> bool:
         return bool(block) and self.block_digest(block) == digest
 
-    def _new_view_wire(self) -> WireMessage:
+    def _new_view_wire(self) -> WireMessage[NewView]:
         assert self.last_new_view is not None
         return WireMessage(self.last_new_view)
 
-    def _on_new_view(self, wire: WireMessage) -> None:
-        signed: Signed[NewView] = wire.signed
+    def _on_new_view(self, wire: WireMessage[NewView]) -> None:
+        signed = wire.signed
         body = signed.body
         if body.view < self.view or (body.view == self.view and self.active):
             self._drop("stale new-view")
