@@ -1,4 +1,6 @@
-"""Checkpoints, watermarks, garbage collection, falling behind."""
+"""Checkpoints, watermarks, garbage collection, falling behind (Castro & Liskov, OSDI 1999,
+section 4.3: stable checkpoints with 2f+1 proofs, h and H = h + k, discarding the log below
+h)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ def grow(cluster: Cluster, blocks: int, tag: str = "grow", nodes: list | None = 
 
 
 def test_checkpoint_every_k_moves_h_and_collects_every_store() -> None:
+    """Section 4.3: a stable checkpoint moves h and discards every message below it."""
     cluster = Cluster(4, checkpoint_interval=4, log_multiplier=2)
     grow(cluster, 10)
     for node in cluster.nodes:
@@ -38,6 +41,7 @@ def test_checkpoint_every_k_moves_h_and_collects_every_store() -> None:
 
 
 def test_primary_stops_at_the_high_watermark() -> None:
+    """Section 4.3: no sequence number above H until a checkpoint becomes stable."""
     cluster = Cluster(4, checkpoint_interval=2, log_multiplier=2, request_timeout_ms=100_000)
     cluster.filters.append(drop_type(MessageType.CHECKPOINT))  # nothing ever becomes stable
     for i in range(6):

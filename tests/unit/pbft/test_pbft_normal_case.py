@@ -1,4 +1,6 @@
-"""Normal case: PRE-PREPARE / PREPARE / COMMIT, and what replicas drop."""
+"""Normal case: PRE-PREPARE / PREPARE / COMMIT, and what replicas drop (Castro & Liskov,
+OSDI 1999, section 4.2: the acceptance conditions of a pre-prepare, the prepared and
+committed-local predicates)."""
 
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ def _inject(cluster: Cluster, target: int, signer_index: int, body: object) -> b
 
 
 def test_prepare_from_primary_is_ignored_and_is_evidence() -> None:
+    """Section 4.2: the primary sends PRE-PREPARE, never PREPARE."""
     cluster = Cluster(4)
     replica = cluster.nodes[1].replica
     _inject(cluster, 1, 0, Prepare(0, 1, keccak(b"x"), 0))
@@ -90,6 +93,7 @@ def test_sender_mismatch_and_non_member_dropped() -> None:
 
 
 def test_digest_mismatch_does_not_count() -> None:
+    """Section 4.2: prepares and commits count only if they match the pre-prepare's digest."""
     cluster = Cluster(4)
     cluster.filters.append(lambda src, dst, wire: not (
         wire.signed.body.TYPE is MessageType.PREPARE and src == 3))
@@ -101,6 +105,7 @@ def test_digest_mismatch_does_not_count() -> None:
 
 
 def test_outside_watermarks_and_other_views_dropped() -> None:
+    """Section 4.2: a replica accepts messages only for its view and h < n <= H."""
     cluster = Cluster(4)
     replica = cluster.nodes[1].replica
     _inject(cluster, 1, 2, Prepare(0, replica.high_watermark + 1, keccak(b"x"), 2))

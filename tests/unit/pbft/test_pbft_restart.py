@@ -1,4 +1,5 @@
-"""Restart: restoreState from the persisted stores."""
+"""Restart: restoreState from the persisted stores (Fabric v0.6's `restoreState`; a replica
+never signs two different messages for one view, seqNo and phase)."""
 
 from __future__ import annotations
 

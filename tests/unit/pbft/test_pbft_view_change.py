@@ -1,4 +1,6 @@
-"""View change and NEW-VIEW."""
+"""View change and NEW-VIEW (Castro & Liskov, OSDI 1999, section 4.4: the P set, NEW-VIEW's
+O computed from min-s and max-s and checked by every backup) and its liveness rules (section
+4.5.2)."""
 
 from __future__ import annotations
 
@@ -112,6 +114,7 @@ def test_xset_is_built_in_a_deterministic_order() -> None:
 
 
 def test_new_view_timeout_escalates_and_doubles_up_to_the_cap() -> None:
+    """Section 4.5.2: each view change without progress doubles the timeout (capped)."""
     cluster = Cluster(4, request_timeout_ms=300, new_view_timeout_ms=500,
                       new_view_timeout_cap_ms=2_000)
     cluster.filters += [drop_from(0), drop_type(MessageType.NEW_VIEW)]
@@ -141,6 +144,7 @@ def test_new_view_timeout_moves_past_a_silent_next_primary() -> None:
 
 
 def test_a_single_timed_out_replica_cannot_force_a_view_change() -> None:
+    """Section 4.5.2: one replica that asks for a view change cannot move the others."""
     cluster = Cluster(4, request_timeout_ms=100_000)
     tx = keccak(b"waiting")
     cluster.submit(tx)
@@ -173,6 +177,7 @@ def test_view_change_traffic_stops_after_the_new_view() -> None:
 
 
 def test_f_plus_1_higher_view_changes_pull_a_replica_along() -> None:
+    """Section 4.5.2: f+1 VIEW-CHANGEs for higher views make a replica join the smallest."""
     cluster = Cluster(4)
     replica = cluster.nodes[3].replica
     replica.step(MessageReceived(signed_wire(cluster, ViewChange(3, 0, (), (), (), 1))))
