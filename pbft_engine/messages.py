@@ -1,7 +1,10 @@
 """PBFT wire messages: canonical RLP, domain-separated secp256k1 signatures, certificate checks.
 
 Importable on its own: the audit ETL uses it to verify commit certificates. It depends only on
-rlp, eth-hash, eth-keys (coincurve backend) and pbft_engine's `errors` and `quorum` modules.
+rlp, eth-hash, eth-keys (coincurve backend), `encoding` and pbft_engine's `errors` and `quorum`
+modules. Why one module of ~500 lines: every message kind, its strict decoder, the signing
+rule and the certificate checks are the one wire contract the audit imports alone; split,
+the ETL would load the pieces anyway.
 
 Encoding (every integer is a canonical RLP big-endian integer, every hash 32 bytes):
 
@@ -9,9 +12,10 @@ Encoding (every integer is a canonical RLP big-endian integer, every hash 32 byt
     wire message    = [type, body, signature, blocks]  (blocks: unsigned block bodies)
     signed bytes    = keccak256(DOMAIN || chain_id (8 bytes BE) || type (1 byte) || rlp(body))
 
-The signature (65 bytes r || s || v) is never part of the signed bytes. Blocks travel next to
-PRE-PREPARE, VIEW-CHANGE and NEW-VIEW unsigned: the signed body carries the digest (block hash)
-and the adapter checks that a block hashes to it before the replica uses it.
+The signature (65 bytes r || s || v) is never part of the signed bytes. A block travels next to
+its PRE-PREPARE unsigned: the signed body carries the digest (block hash) and a copy is used
+only if it hashes to it. VIEW-CHANGE and NEW-VIEW name blocks by digest and carry none (a
+missing body is fetched by digest, pbft_engine.sync).
 """
 
 from __future__ import annotations
