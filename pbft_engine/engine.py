@@ -1,9 +1,9 @@
 """The PBFT engine adapter: chain's `ConsensusEngine` around the pure `Replica`.
 
 It feeds peer messages, pool arrivals, timers and block outcomes into `Replica.step` and carries
-out the actions in order: a step's `Persist` is one synced LevelDB batch written before any
-message of that step leaves; block work (build, validate, commit) runs through the node's
-context off the event loop and comes back as the matching event.
+out its `Ready`: the step's `Persist` is one synced LevelDB batch written before any message
+of that step leaves, then the actions in order; block work (build, validate, commit) runs
+through the node's context off the event loop and comes back as the matching event.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from pbft_engine.core import (
     FetchFailed,
     MessageReceived,
     Persist,
+    Ready,
     Replica,
     RequestDropped,
     RequestReceived,
@@ -184,23 +185,26 @@ class PbftEngine(ConsensusEngine):
         if replica is None:
             return
         before = (replica.view, replica.active, replica.fetching)
-        actions = replica.step(event)
+        ready = replica.step(event)
         if (replica.view, replica.active, replica.fetching) != before:
             self.log.info("consensus state changed (was view=%d active=%s fetching=%s)", *before)
-        self._perform(actions)
+        self._perform(ready)
 
-    # Actions, in order.
+    # A step's writes, then its actions in order.
 
-    def _perform(self, actions: list[Action]) -> None:
-        for action in actions:
+    def _perform(self, ready: Ready) -> None:
+        if ready.persist is not None:
+            self._persist(ready.persist)
+        for action in ready.actions:
             self._perform_one(action)
+
+    def _persist(self, persist: Persist) -> None:
+        if persist.signing_bound is not None:  # before the records that rely on it
+            self._write_signing_bound(persist.signing_bound)
+        self.store.apply(persist.ops)  # synced, before anything of this step is sent
 
     def _perform_one(self, action: Action) -> None:
         match action:
-            case Persist():
-                if action.signing_bound is not None:  # before the records that rely on it
-                    self._write_signing_bound(action.signing_bound)
-                self.store.apply(action.ops)  # synced, before anything of this step is sent
             case Broadcast():
                 self.context.broadcast(action.data)
             case SendTo():

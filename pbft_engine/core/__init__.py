@@ -1,4 +1,5 @@
-"""The pure PBFT core: `Replica.step(event) -> [action]`. No I/O, no clock
+"""The pure PBFT core: `Replica.step(event) -> Ready` (what to persist, then the actions).
+No I/O, no clock
 (docs/ARCHITECTURE.md, section 4)."""
 
 from pbft_engine.core.actions import (
@@ -11,6 +12,7 @@ from pbft_engine.core.actions import (
     FetchBlock,
     FetchCommitted,
     Persist,
+    Ready,
     SendTo,
     SetTimer,
     ValidateBlock,
@@ -39,7 +41,7 @@ __all__ = [
     "Broadcast",
     "BuildBlock", "CancelTimer", "ChainHead", "CommitBlock", "Delete", "DeleteRange",
     "EngineParams", "Event", "FetchBlock", "FetchCommitted", "FetchCompleted", "FetchFailed",
-    "MessageReceived", "PeerCommitted", "Persist", "Put", "RecordReader", "Replica",
+    "MessageReceived", "PeerCommitted", "Persist", "Put", "Ready", "RecordReader", "Replica",
     "ReplicaStatus",
     "RequestDropped", "RequestReceived", "SendTo", "SetTimer", "StoreName", "StoreOp",
     "TimerFired", "TimerKind", "ValidateBlock",

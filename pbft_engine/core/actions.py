@@ -1,8 +1,9 @@
-"""Actions: what `Replica.step` asks the adapter to do, in order.
+"""Actions: what `Replica.step` asks the adapter to do, as one `Ready`.
 
-Contract for the adapter: perform the actions of one step in list order. A step has at most
-one `Persist` and it comes first: write all its operations in ONE synced WriteBatch before
-performing any later action (every message sent depends on it). Block actions are answered
+Contract for the adapter (etcd's `Ready`: HardState before Messages): write the step's
+`persist`, if any, in ONE synced WriteBatch (its signing bound first, outside the database),
+then perform its `actions` in order (every message sent depends on the write). Block actions
+are answered
 with the matching event (`BuildBlock` -> `BlockBuilt`, `ValidateBlock` -> `BlockValidated`,
 `CommitBlock` -> `BlockCommitted`, `FetchCommitted` -> `FetchCompleted` | `FetchFailed`,
 `FetchBlock` -> `BlockReceived`).
@@ -10,7 +11,7 @@ with the matching event (`BuildBlock` -> `BlockBuilt`, `ValidateBlock` -> `Block
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pbft_engine.core.events import TimerKind
 from pbft_engine.core.records import StoreOp
@@ -116,8 +117,7 @@ class Alarm:
 
 
 Action = (
-    Persist
-    | Broadcast
+    Broadcast
     | SendTo
     | SetTimer
     | CancelTimer
@@ -128,3 +128,12 @@ Action = (
     | FetchBlock
     | Alarm
 )
+
+
+@dataclass(frozen=True)
+class Ready:
+    """One step's outcome, persist-before-send as a type: `persist` is written before any of
+    `actions` is performed."""
+
+    persist: Persist | None = None
+    actions: list[Action] = field(default_factory=list)

@@ -25,6 +25,7 @@ from pbft_engine.core.actions import (
     FetchBlock,
     FetchCommitted,
     Persist,
+    Ready,
     SendTo,
     SetTimer,
     ValidateBlock,
@@ -357,11 +358,11 @@ class Replica:
             self.amnesia is not None,
         )
 
-    def start(self) -> list[Action]:
+    def start(self) -> Ready:
         """The first step after construction or restore: re-arm timers, resend, resume."""
         return self._run(self._resume)
 
-    def step(self, event: Event) -> list[Action]:
+    def step(self, event: Event) -> Ready:
         return self._run(lambda: self._handle(event))
 
     def _handle(self, event: Event) -> None:
@@ -391,7 +392,7 @@ class Replica:
             case _:
                 assert_never(event)
 
-    def _run(self, work: Callable[[], None]) -> list[Action]:
+    def _run(self, work: Callable[[], None]) -> Ready:
         self._ops, self._out = [], []
         if not self.halted:
             try:
@@ -401,8 +402,8 @@ class Replica:
         ops, out, raised = self._ops, self._out, self._bound_raised
         self._ops, self._out, self._bound_raised = [], [], False
         if not (ops or raised):
-            return out
-        return [Persist(tuple(ops), self.signing_bound if raised else None), *out]
+            return Ready(None, out)
+        return Ready(Persist(tuple(ops), self.signing_bound if raised else None), out)
 
     # --- small helpers ----------------------------------------------------------------
 

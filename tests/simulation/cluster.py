@@ -25,7 +25,6 @@ from typing import Any, assert_never
 from eth_hash.auto import keccak
 
 from pbft_engine.core import (
-    Action,
     Alarm,
     BlockBuilt,
     BlockCommitted,
@@ -43,7 +42,7 @@ from pbft_engine.core import (
     FetchFailed,
     MessageReceived,
     PeerCommitted,
-    Persist,
+    Ready,
     Replica,
     RequestDropped,
     RequestReceived,
@@ -321,14 +320,13 @@ class Cluster:
 
     # --- the adapter side ---------------------------------------------------------------
 
-    def perform(self, node: Node, actions: list[Action]) -> None:
-        assert sum(isinstance(a, Persist) for a in actions) <= 1, "one Persist per step"
-        for action in actions:
+    def perform(self, node: Node, ready: Ready) -> None:
+        if ready.persist is not None:  # before anything of the step is sent
+            if ready.persist.signing_bound is not None:
+                node.signing_bound = ready.persist.signing_bound
+            node.store.apply(ready.persist.ops)
+        for action in ready.actions:
             match action:
-                case Persist():
-                    if action.signing_bound is not None:
-                        node.signing_bound = action.signing_bound
-                    node.store.apply(action.ops)
                 case Broadcast():
                     self._send(node, None, action.data)
                 case SendTo():

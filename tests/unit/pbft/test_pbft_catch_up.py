@@ -57,12 +57,12 @@ def test_a_peer_ahead_makes_an_idle_replica_fetch() -> None:
     commit(cluster, tx_hashes(2))
     replica = cluster.nodes[3].replica
     ahead = replica.last_exec + 5
-    assert replica.step(PeerCommitted(replica.last_exec, b"\x01" * 32, b"")) == []
-    actions = replica.step(PeerCommitted(ahead, b"\x02" * 32, b""))
+    assert replica.step(PeerCommitted(replica.last_exec, b"\x01" * 32, b"")).actions == []
+    actions = replica.step(PeerCommitted(ahead, b"\x02" * 32, b"")).actions
     assert FetchCommitted(ahead, b"\x02" * 32, b"") in actions
     assert replica.status().fetching == ahead
     assert not any(isinstance(a, FetchCommitted)
-                   for a in replica.step(PeerCommitted(ahead + 1, b"\x03" * 32, b"")))
+                   for a in replica.step(PeerCommitted(ahead + 1, b"\x03" * 32, b"")).actions)
 
 
 def test_a_replica_executing_a_block_does_not_fetch() -> None:
@@ -70,7 +70,7 @@ def test_a_replica_executing_a_block_does_not_fetch() -> None:
     commit(cluster, tx_hashes(1))
     replica = cluster.nodes[2].replica
     replica.executing = replica.last_exec + 1
-    assert replica.step(PeerCommitted(replica.last_exec + 1, b"\x01" * 32, b"")) == []
+    assert replica.step(PeerCommitted(replica.last_exec + 1, b"\x01" * 32, b"")).actions == []
 
 
 def test_stable_checkpoints_keep_their_proof_forever() -> None:
@@ -162,7 +162,7 @@ def test_a_replica_catching_up_does_not_blame_the_primary_for_its_own_lag() -> N
     replica = cluster.nodes[3].replica
     replica.step(RequestReceived(keccak(b"waiting")))
     replica.step(PeerCommitted(replica.last_exec + 5, b"\x02" * 32, b""))
-    actions = replica.step(TimerFired(TimerKind.REQUEST, b""))
+    actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
     assert SetTimer(TimerKind.REQUEST, b"", cluster.params.request_timeout_ms) in actions
     assert replica.view == 0 and replica.active
     replica.step(FetchFailed(replica.last_exec + 5))  # caught up, or gave up: blame it now

@@ -71,7 +71,7 @@ def test_conflicting_checkpoints_raise_an_alarm_instead_of_forking() -> None:
         cluster.feed(1, MessageReceived(_signed_checkpoint(cluster, signer, 4, keccak(b"x"))))
     assert [a.kind for a in cluster.nodes[1].alarms] == ["checkpoint_conflict"]
     assert replica.halted and replica.low_watermark == 0
-    assert replica.step(MessageReceived(b"anything")) == []
+    assert replica.step(MessageReceived(b"anything")).actions == []
 
 
 def test_fall_behind_detected_from_f_plus_1_high_checkpoints() -> None:
@@ -84,9 +84,10 @@ def test_fall_behind_detected_from_f_plus_1_high_checkpoints() -> None:
     fetches: list[FetchCommitted] = []
     original = cluster.perform
 
-    def spy(node, actions):  # type: ignore[no-untyped-def]
-        fetches.extend(a for a in actions if isinstance(a, FetchCommitted) and node is lagging)
-        original(node, actions)
+    def spy(node, ready):  # type: ignore[no-untyped-def]
+        fetches.extend(a for a in ready.actions
+                       if isinstance(a, FetchCommitted) and node is lagging)
+        original(node, ready)
 
     cluster.perform = spy  # type: ignore[method-assign]
     cut_off[0] = False

@@ -25,6 +25,7 @@ from pbft_engine.core import (
     FetchFailed,
     PeerCommitted,
     Persist,
+    Ready,
     Replica,
     RequestReceived,
     SendTo,
@@ -81,13 +82,12 @@ class Disk:
         self.run(replica.start())
         return replica
 
-    def run(self, actions: list[Action]) -> list[Action]:
-        for action in actions:
-            if isinstance(action, Persist):
-                if action.signing_bound is not None:
-                    self.bound, self.bound_writes = action.signing_bound, self.bound_writes + 1
-                self.store.apply(action.ops)
-        return actions
+    def run(self, ready: Ready) -> list[Action]:
+        if ready.persist is not None:
+            if ready.persist.signing_bound is not None:
+                self.bound, self.bound_writes = ready.persist.signing_bound, self.bound_writes + 1
+            self.store.apply(ready.persist.ops)
+        return ready.actions
 
 
 def votes(actions: list[Action]) -> list[tuple[MessageType, int, int, bytes]]:
@@ -357,5 +357,5 @@ def test_a_state_file_that_cannot_be_written_stops_the_node_before_the_vote_leav
     engine.state_file = ValidatorStateFile(tmp_path / "gone", SIGNERS[ME].address)
     engine.context = SimpleNamespace(database=SimpleNamespace(on_failure=failures.append))
     with pytest.raises(StorageFailure):
-        engine._perform([Persist((), SigningBound(0, H)), Broadcast(b"a vote")])
+        engine._perform(Ready(Persist((), SigningBound(0, H)), [Broadcast(b"a vote")]))
     assert len(failures) == 1 and "cannot write" in str(failures[0])

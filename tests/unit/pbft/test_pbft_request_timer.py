@@ -62,22 +62,23 @@ def commit_block(
     actions of the step that reports the block committed (as `imported`, if given)."""
     block = b"block %d with %d transactions" % (seq_no, len(txs))
     digest = keccak(block)
-    actions = replica.step(from_peer(PrePrepare(0, seq_no, digest, 0), (block,)))
+    actions = replica.step(from_peer(PrePrepare(0, seq_no, digest, 0), (block,))).actions
     assert any(isinstance(a, ValidateBlock) for a in actions)
     replica.step(BlockValidated(seq_no, digest, True))
     for peer in (1, 3):
         replica.step(from_peer(Prepare(0, seq_no, digest, peer)))
     for peer in (0, 1):
-        actions = replica.step(from_peer(Commit(0, seq_no, digest, peer)))
+        actions = replica.step(from_peer(Commit(0, seq_no, digest, peer))).actions
     assert any(isinstance(a, CommitBlock) for a in actions)
-    return replica.step(BlockCommitted(seq_no, imported or digest, keccak(digest), txs))
+    return replica.step(BlockCommitted(seq_no, imported or digest, keccak(digest), txs)).actions
 
 
 def test_a_dropped_request_stops_the_timer() -> None:
     """A replaced, evicted or priced-out transaction no longer holds the primary to account."""
     replica = start_replica()
-    assert request_timer(replica.step(RequestReceived(WAITING))) == PARAMS.request_timeout_ms
-    actions = replica.step(RequestDropped(WAITING))
+    waiting = replica.step(RequestReceived(WAITING)).actions
+    assert request_timer(waiting) == PARAMS.request_timeout_ms
+    actions = replica.step(RequestDropped(WAITING)).actions
     assert CancelTimer(TimerKind.REQUEST, b"") in actions
     replica.step(TimerFired(TimerKind.REQUEST, b""))  # a firing already on its way
     assert replica.view == 0 and replica.active and not replica.view_change_reasons
@@ -115,7 +116,7 @@ def test_a_primary_that_keeps_passing_over_a_request_is_replaced() -> None:
 def view_change_quorum(replica: Replica, view: int) -> list[Action]:
     actions: list[Action] = []
     for peer in [p for p in (1, 2, 3) if p != PARAMS.primary(view)][:2]:
-        actions += replica.step(from_peer(ViewChange(view, 0, (), (), (), peer)))
+        actions += replica.step(from_peer(ViewChange(view, 0, (), (), (), peer))).actions
     return actions
 
 
@@ -139,7 +140,7 @@ def test_timeouts_double_per_view_change_without_a_commit_and_reset_on_commit() 
     assert replica.view_change_reasons == {"join": 1, "new_view_timeout": 2}
     assert PARAMS.escalated(base, 40) == PARAMS.new_view_timeout_cap_ms
     # A block committed meanwhile (fetched from peers) is progress: back to T.
-    actions = replica.step(PeerCommitted(1, keccak(b"block 1"), b""))
+    actions = replica.step(PeerCommitted(1, keccak(b"block 1"), b"")).actions
     assert any(isinstance(a, FetchCommitted) for a in actions)
     replica.step(FetchCompleted(1, keccak(b"block 1"), keccak(b"root"), (WAITING,)))
     assert replica.views_without_commit == 0
@@ -154,7 +155,7 @@ def test_the_request_timeout_doubles_for_the_next_primary() -> None:
     replica.step(RequestReceived(WAITING))
     replica.step(TimerFired(TimerKind.REQUEST, b""))
     votes = tuple(AUTH.sign(ViewChange(1, 0, (), (), (), r), SIGNERS[r]) for r in (0, 2, 3))
-    actions = replica.step(from_peer(NewView(1, votes, (), 1)))
+    actions = replica.step(from_peer(NewView(1, votes, (), 1))).actions
     assert replica.view == 1 and replica.active
     assert request_timer(actions) == 2 * PARAMS.request_timeout_ms
 
@@ -165,9 +166,9 @@ def test_the_replicas_own_validation_time_is_not_held_against_the_primary() -> N
     replica = start_replica()
     replica.step(RequestReceived(WAITING))
     block = b"block 1"
-    actions = replica.step(from_peer(PrePrepare(0, 1, keccak(block), 0), (block,)))
+    actions = replica.step(from_peer(PrePrepare(0, 1, keccak(block), 0), (block,))).actions
     assert request_timer(actions) == PARAMS.request_timeout_ms
-    actions = replica.step(BlockValidated(1, keccak(block), True))
+    actions = replica.step(BlockValidated(1, keccak(block), True)).actions
     assert request_timer(actions) == PARAMS.request_timeout_ms
 
 
@@ -175,7 +176,7 @@ def test_the_primary_runs_no_request_timer() -> None:
     """Only backups time the primary (Castro & Liskov 4.4); a primary that timed itself
     would abandon its own view while its block was still being validated."""
     primary = start_replica(0)
-    assert request_timer(primary.step(RequestReceived(WAITING))) is None
+    assert request_timer(primary.step(RequestReceived(WAITING)).actions) is None
     assert not primary.request_timer_armed
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from eth_hash.auto import keccak
 
-from pbft_engine.core import Persist, Replica, StoreName
+from pbft_engine.core import Replica, StoreName
 from pbft_engine.core.records import Delete, DeleteRange, Put, u64
 from pbft_engine.record_store import LevelDBConsensusStore, MemoryConsensusStore
 from storage import Database
@@ -45,12 +45,10 @@ def test_restart_from_leveldb_reads_back_identical_bytes_and_state(tmp_path: Pat
     leveldb = LevelDBConsensusStore(database)
     original = cluster.perform
 
-    def mirror(node, actions):  # type: ignore[no-untyped-def]
-        if node.index == 1:
-            for action in actions:
-                if isinstance(action, Persist):
-                    leveldb.apply(action.ops)
-        original(node, actions)
+    def mirror(node, ready):  # type: ignore[no-untyped-def]
+        if node.index == 1 and ready.persist is not None:
+            leveldb.apply(ready.persist.ops)
+        original(node, ready)
 
     cluster.perform = mirror  # type: ignore[method-assign]
     for i in range(4):

@@ -121,11 +121,11 @@ def test_new_view_timeout_escalates_and_doubles_up_to_the_cap() -> None:
     timers: list[int] = []
     original = cluster.perform
 
-    def spy(node, actions):  # type: ignore[no-untyped-def]
+    def spy(node, ready):  # type: ignore[no-untyped-def]
         if node.index == 3:
-            timers.extend(a.duration_ms for a in actions
+            timers.extend(a.duration_ms for a in ready.actions
                           if isinstance(a, SetTimer) and a.kind is TimerKind.NEW_VIEW)
-        original(node, actions)
+        original(node, ready)
 
     cluster.perform = spy  # type: ignore[method-assign]
     cluster.submit(keccak(b"tx"))
@@ -158,10 +158,10 @@ def test_duplicate_view_change_never_loops() -> None:
     cluster = Cluster(4)
     replica = cluster.nodes[1].replica
     data = signed_wire(cluster, ViewChange(1, 0, (), (), (), 2))
-    first = replica.step(MessageReceived(data))
+    first = replica.step(MessageReceived(data)).actions
     assert not any(isinstance(a, Broadcast) for a in first)
     for _ in range(20):
-        actions = replica.step(MessageReceived(data))
+        actions = replica.step(MessageReceived(data)).actions
         assert not any(isinstance(a, Broadcast) for a in actions)
     assert replica.dropped["duplicate"] == 20 and replica.view == 0
 
@@ -182,7 +182,8 @@ def test_f_plus_1_higher_view_changes_pull_a_replica_along() -> None:
     replica = cluster.nodes[3].replica
     replica.step(MessageReceived(signed_wire(cluster, ViewChange(3, 0, (), (), (), 1))))
     assert replica.view == 0 and replica.active  # one is not enough
-    actions = replica.step(MessageReceived(signed_wire(cluster, ViewChange(2, 0, (), (), (), 2))))
+    higher = signed_wire(cluster, ViewChange(2, 0, (), (), (), 2))
+    actions = replica.step(MessageReceived(higher)).actions
     assert replica.view == 2 and not replica.active  # the smallest of the f+1 views
     sent = [WireMessage.decode(a.data).signed.body for a in actions if isinstance(a, Broadcast)]
     assert [(type(b), b.view) for b in sent] == [(ViewChange, 2)]
@@ -206,13 +207,14 @@ def test_the_request_timer_restarts_on_progress_so_a_long_queue_is_no_fault() ->
     replica = cluster.nodes[2].replica
     first, second = tx_hashes(2, "queued")
     timer = SetTimer(TimerKind.REQUEST, b"", cluster.params.request_timeout_ms)
-    assert timer in replica.step(RequestReceived(first))
-    assert timer not in replica.step(RequestReceived(second))  # a new arrival never resets it
+    assert timer in replica.step(RequestReceived(first)).actions
+    # a new arrival never resets it
+    assert timer not in replica.step(RequestReceived(second)).actions
 
     def commit_next(*txs: bytes) -> list[object]:
         replica.executing = replica.last_exec + 1
         return replica.step(BlockCommitted(replica.executing, keccak(b"%d" % replica.executing),
-                                           keccak(b"root"), txs))
+                                           keccak(b"root"), txs)).actions
 
     assert timer in commit_next(first)  # progress while `second` waits: the timer restarts
     assert CancelTimer(TimerKind.REQUEST, b"") in commit_next(second)  # nothing waits
