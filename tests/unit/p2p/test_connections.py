@@ -63,6 +63,7 @@ def test_simultaneous_dials_leave_exactly_one_connection() -> None:
 
     run(body())
 
+
 def test_prefer_connection_is_the_same_on_both_ends() -> None:
     low, high = b"\x01" * 20, b"\x02" * 20
 
@@ -80,6 +81,7 @@ def test_prefer_connection_is_the_same_on_both_ends() -> None:
     # Same initiator twice (peer restarted): the newer wins.
     again = connection(low, high, True)
     assert prefer_connection(low_dialed, again) is again
+
 
 def test_restarted_peer_on_same_port_is_reconnected() -> None:
     async def body() -> None:

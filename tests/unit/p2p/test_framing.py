@@ -30,6 +30,7 @@ BAD_FRAMES = {
     "truncated": (100).to_bytes(4, "big") + b"\x00" * 10,
 }
 
+
 @pytest.mark.parametrize("phase", ["before_handshake", "after_handshake"])
 @pytest.mark.parametrize("frame", sorted(BAD_FRAMES))
 def test_bad_frame_closes_connection_without_allocating(
@@ -74,6 +75,7 @@ def test_bad_frame_closes_connection_without_allocating(
         "truncated": "truncated frame (10 of 100 bytes)",
     }[frame]
     assert expected_reason in caplog_transport.text
+
 
 @pytest.mark.parametrize("attack", ["tampered", "replayed"])
 def test_tampered_or_replayed_sealed_frame_closes_connection(

@@ -68,6 +68,7 @@ def test_unknown_key_is_refused(caplog_transport: pytest.LogCaptureFixture) -> N
     assert "unknown_key" in caplog_transport.text
     assert "0x" + address_of(STRANGER_KEY).hex() in caplog_transport.text
 
+
 @pytest.mark.parametrize("forgery", ["impostor", "garbage_signature"])
 def test_claimed_identity_without_valid_signature_is_refused(
     forgery: str, caplog_transport: pytest.LogCaptureFixture
@@ -99,6 +100,7 @@ def test_claimed_identity_without_valid_signature_is_refused(
 
     run(body())
     assert "bad_signature" in caplog_transport.text
+
 
 def test_replayed_handshake_is_refused(caplog_transport: pytest.LogCaptureFixture) -> None:
     async def body() -> None:
@@ -144,6 +146,7 @@ def test_replayed_handshake_is_refused(caplog_transport: pytest.LogCaptureFixtur
     assert "replayed_nonce" in caplog_transport.text
     assert "bad_auth" in caplog_transport.text
 
+
 def test_connection_to_oneself_is_refused(caplog_transport: pytest.LogCaptureFixture) -> None:
     async def body() -> None:
         a_port = free_port()
@@ -160,6 +163,7 @@ def test_connection_to_oneself_is_refused(caplog_transport: pytest.LogCaptureFix
 
     run(body())
     assert "self_connection" in caplog_transport.text
+
 
 def test_peer_leaving_mid_handshake_is_counted_but_not_warned(
     caplog_transport: pytest.LogCaptureFixture
@@ -180,6 +184,7 @@ def test_peer_leaving_mid_handshake_is_counted_but_not_warned(
     (record,) = [r for r in caplog_transport.records if "connection_lost" in r.getMessage()]
     assert record.levelno == logging.INFO
 
+
 def test_signature_is_bound_to_role_transcript_and_address() -> None:
     transcript = b"\x11" * 32
     auth = sign_auth(VALIDATOR_KEYS[0], Role.RESPONDER, transcript)
@@ -194,6 +199,7 @@ def test_signature_is_bound_to_role_transcript_and_address() -> None:
             verify_auth(data, role, other_transcript)
         assert refusal.value.reason == "bad_signature"
 
+
 def test_chain_id_mismatch_is_refused() -> None:
     async def body() -> None:
         endpoints, a_port, _ = two_validator_endpoints()
@@ -207,6 +213,7 @@ def test_chain_id_mismatch_is_refused() -> None:
             await a.stop()
 
     run(body())
+
 
 def test_silent_peer_times_out_both_directions(caplog_transport: pytest.LogCaptureFixture) -> None:
     async def body() -> None:

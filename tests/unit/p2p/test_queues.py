@@ -48,6 +48,7 @@ def test_full_send_queue_to_a_down_peer_drops_and_counts() -> None:
 
     run(body())
 
+
 def test_peer_that_stops_reading_fills_queue_without_blocking() -> None:
     async def body() -> None:
         endpoints, a_port, _ = two_validator_endpoints()

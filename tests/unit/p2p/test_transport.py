@@ -33,6 +33,7 @@ def test_transport_implements_the_interface() -> None:
     assert isinstance(transport, PeerTransport)
     assert {Channel.ENGINE, Channel.TX_GOSSIP, Channel.BLOCK_SYNC} == {0, 1, 2}
 
+
 def test_config_is_validated() -> None:
     with pytest.raises(TransportConfigError):
         TransportConfig(max_frame_size=0)
@@ -44,6 +45,7 @@ def test_config_is_validated() -> None:
         TransportConfig(keepalive_interval=5, idle_timeout=5)
     with pytest.raises(TransportConfigError):
         Transport(VALIDATOR_KEYS[0], CHAIN_ID, {b"short": (HOST, 1)}, HOST, 0, Inbox())
+
 
 def test_four_validators_exchange_on_every_channel_and_broadcast() -> None:
     async def body() -> None:
@@ -98,6 +100,7 @@ def test_four_validators_exchange_on_every_channel_and_broadcast() -> None:
             assert transport.connected_peers() == set()
 
     run(body())
+
 
 def test_send_rejects_unknown_peer_self_and_bad_channel(
     caplog_transport: pytest.LogCaptureFixture,
