@@ -571,10 +571,11 @@ class Replica:
     def _on_timer(self, event: TimerFired) -> None:
         if event.kind is TimerKind.REQUEST:
             self.request_timer_armed = False
-            if self.requests and self.active and self.fetching is not None:
-                # Catching up: the lag is ours, not the primary's; the peers may well have
-                # committed these requests already. A lone VIEW-CHANGE here would leave this
-                # replica waiting in view v+1 until the others change view.
+            if self.requests and self.active and (self.fetching is not None or self._busy()):
+                # Catching up, or still validating or executing the primary's block on a slow
+                # or loaded machine: the lag is ours, not the primary's, and the peers may
+                # well have committed these requests already. A lone VIEW-CHANGE here would
+                # leave this replica waiting in view v+1 until the others change view.
                 self._arm_request_timer()
             elif self.requests and self.active and self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")

@@ -172,6 +172,23 @@ def test_the_replicas_own_validation_time_is_not_held_against_the_primary() -> N
     assert request_timer(actions) == PARAMS.request_timeout_ms
 
 
+def test_a_timer_that_runs_out_while_this_replica_still_validates_is_rearmed() -> None:
+    """A block this replica takes longer to validate than the request timeout (a slow or
+    loaded machine; seen in CI on a 3,000-transfer burst): the timer fires mid-validation,
+    and the replica waits for its own work instead of asking for a view change alone."""
+    replica = start_replica()
+    replica.step(RequestReceived(WAITING))
+    block = b"block 1"
+    actions = replica.step(from_peer(PrePrepare(0, 1, keccak(block), 0), (block,))).actions
+    assert any(isinstance(a, ValidateBlock) for a in actions)
+    actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
+    assert replica.view == 0 and replica.active and not replica.view_change_reasons
+    assert request_timer(actions) == PARAMS.request_timeout_ms
+    replica.step(BlockValidated(1, keccak(block), True))
+    replica.step(TimerFired(TimerKind.REQUEST, b""))  # validated, and still no block: blame
+    assert replica.view == 1 and replica.view_change_reasons == {"request_timeout": 1}
+
+
 def test_the_primary_runs_no_request_timer() -> None:
     """Only backups time the primary (Castro & Liskov 4.4); a primary that timed itself
     would abandon its own view while its block was still being validated."""
