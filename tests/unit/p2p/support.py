@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from chain.p2p.handshake import (
     verify_auth,
 )
 from chain.p2p.wire import HANDSHAKE_FRAME_CAP, Role
+from testkit.nodes import free_port
 
 CHAIN_ID = 1337
 HOST = "127.0.0.1"
@@ -54,12 +54,6 @@ def run(coroutine: Awaitable[Any], timeout: float = 15.0) -> Any:
         return await asyncio.wait_for(coroutine, timeout)
 
     return asyncio.run(bounded())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 class Signal:
@@ -302,3 +296,11 @@ def two_validator_endpoints(b_port: int | None = None) -> tuple[dict, int, int]:
         address_of(VALIDATOR_KEYS[1]): (HOST, b_port),
     }
     return endpoints, a_port, b_port
+
+
+def validator_a() -> tuple[Transport, Inbox, int]:
+    """Validator 0 (A), not started yet, knowing B's address at a port nobody listens on:
+    (transport, its inbox, its port)."""
+    endpoints, a_port, _ = two_validator_endpoints()
+    a, a_inbox = make_transport(VALIDATOR_KEYS[0], endpoints, a_port)
+    return a, a_inbox, a_port

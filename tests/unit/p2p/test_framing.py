@@ -12,14 +12,13 @@ from tests.unit.p2p.support import (
     VALIDATOR_KEYS,
     address_of,
     dropped,
-    make_transport,
     raw_connect,
     raw_handshake,
     read_until_closed,
     refused,
     run,
     sealed_message,
-    two_validator_endpoints,
+    validator_a,
     wait_for,
 )
 
@@ -37,8 +36,7 @@ def test_bad_frame_closes_connection_without_allocating(
     frame: str, phase: str, caplog_transport: pytest.LogCaptureFixture
 ) -> None:
     async def body() -> None:
-        endpoints, a_port, _ = two_validator_endpoints()
-        a, a_inbox = make_transport(VALIDATOR_KEYS[0], endpoints, a_port)
+        a, a_inbox, a_port = validator_a()
         await a.start()
         try:
             if phase == "before_handshake":
@@ -82,8 +80,7 @@ def test_tampered_or_replayed_sealed_frame_closes_connection(
     attack: str, caplog_transport: pytest.LogCaptureFixture
 ) -> None:
     async def body() -> None:
-        endpoints, a_port, _ = two_validator_endpoints()
-        a, a_inbox = make_transport(VALIDATOR_KEYS[0], endpoints, a_port)
+        a, a_inbox, a_port = validator_a()
         await a.start()
         try:
             peer = await raw_handshake(a_port, VALIDATOR_KEYS[1])

@@ -39,14 +39,14 @@ from tests.unit.p2p.support import (
     run,
     stop_all,
     two_validator_endpoints,
+    validator_a,
     wait_for,
 )
 
 
 def test_unknown_key_is_refused(caplog_transport: pytest.LogCaptureFixture) -> None:
     async def body() -> None:
-        endpoints, a_port, _ = two_validator_endpoints()
-        a, a_inbox = make_transport(VALIDATOR_KEYS[0], endpoints, a_port)
+        a, a_inbox, a_port = validator_a()
         # The stranger knows A and dials it with a key A has never heard of.
         stranger_endpoints = {
             address_of(VALIDATOR_KEYS[0]): (HOST, a_port),
@@ -74,8 +74,7 @@ def test_claimed_identity_without_valid_signature_is_refused(
     forgery: str, caplog_transport: pytest.LogCaptureFixture
 ) -> None:
     async def body() -> None:
-        endpoints, a_port, _ = two_validator_endpoints()
-        a, a_inbox = make_transport(VALIDATOR_KEYS[0], endpoints, a_port)
+        a, a_inbox, a_port = validator_a()
         victim_b = address_of(VALIDATOR_KEYS[1])
         await a.start()
         try:
