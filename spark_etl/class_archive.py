@@ -13,6 +13,7 @@ again without it (and the archive removed). The archives live in $XDG_CACHE_HOME
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -83,13 +84,16 @@ class ClassArchive:
 
     def publish(self, exit_status: int) -> None:
         """After the recording JVM exited: keep its archive only if it exited cleanly."""
-        if exit_status == 0 and self.recording.exists():
-            os.replace(self.recording, self.path)
-        else:
-            self.discard_recording()
+        with contextlib.suppress(OSError):  # a cache we cannot write only costs speed
+            if exit_status == 0 and self.recording.exists():
+                os.replace(self.recording, self.path)
+            else:
+                self.recording.unlink(missing_ok=True)
 
     def discard_recording(self) -> None:
-        self.recording.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.recording.unlink(missing_ok=True)
 
     def discard(self) -> None:
-        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
