@@ -29,6 +29,7 @@ from pbft_engine.core import (
     CancelTimer,
     ChainHead,
     CommitBlock,
+    CommitRefused,
     EngineParams,
     Event,
     FetchBlock,
@@ -288,7 +289,13 @@ class PbftEngine(ConsensusEngine):
         async with self._chain_lock:
             executed = self._executed.pop(action.digest, None)
             if executed is None:
-                executed = await self.context.validate_block(action.block)
+                try:
+                    executed = await self.context.validate_block(action.block)
+                except BlockValidationError as exc:
+                    self.log.warning("the copy of certified block %d is false, fetching "
+                                     "another: %s", action.seq_no, exc)
+                    self._step(CommitRefused(action.seq_no, action.digest))
+                    return
             if executed.hash != action.digest:
                 self._alarm(Alarm("commit", f"block {action.seq_no} is not the certified one"))
                 return

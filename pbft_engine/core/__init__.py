@@ -22,6 +22,7 @@ from pbft_engine.core.events import (
     BlockCommitted,
     BlockReceived,
     BlockValidated,
+    CommitRefused,
     Event,
     FetchCompleted,
     FetchFailed,
@@ -38,8 +39,8 @@ from pbft_engine.core.replica import ChainHead, Replica, ReplicaStatus
 
 __all__ = [
     "Action", "Alarm", "BlockBuilt", "BlockCommitted", "BlockReceived", "BlockValidated",
-    "Broadcast",
-    "BuildBlock", "CancelTimer", "ChainHead", "CommitBlock", "Delete", "DeleteRange",
+    "Broadcast", "BuildBlock", "CancelTimer", "ChainHead", "CommitBlock", "CommitRefused",
+    "Delete", "DeleteRange",
     "EngineParams", "Event", "FetchBlock", "FetchCommitted", "FetchCompleted", "FetchFailed",
     "MessageReceived", "PeerCommitted", "Persist", "Put", "Ready", "RecordReader", "Replica",
     "ReplicaStatus",

@@ -76,6 +76,19 @@ class BlockCommitted:
 
 
 @dataclass(frozen=True)
+class CommitRefused:
+    """Reply to `CommitBlock` when the copy held of the certified block does not execute.
+
+    A quorum certified its digest, the hash of its header, so the body that came with that
+    header is false: a fetched copy (bodies travel unsigned) whose transactions are not the
+    ones the header's roots commit to.
+    """
+
+    seq_no: int
+    digest: bytes
+
+
+@dataclass(frozen=True)
 class FetchCompleted:
     """Reply to `FetchCommitted`: certified blocks up to seq_no were verified and imported."""
 
@@ -124,6 +137,7 @@ Event = (
     | BlockBuilt
     | BlockValidated
     | BlockCommitted
+    | CommitRefused
     | FetchCompleted
     | FetchFailed
     | PeerCommitted

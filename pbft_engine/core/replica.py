@@ -35,6 +35,7 @@ from pbft_engine.core.events import (
     BlockCommitted,
     BlockReceived,
     BlockValidated,
+    CommitRefused,
     Event,
     FetchCompleted,
     FetchFailed,
@@ -381,6 +382,8 @@ class Replica:
                 self._on_block_validated(event)
             case BlockCommitted():
                 self._on_block_committed(event)
+            case CommitRefused():
+                self._on_commit_refused(event)
             case FetchCompleted():
                 self._on_fetch_completed(event)
             case FetchFailed():
@@ -901,6 +904,17 @@ class Replica:
         if event.seq_no % self.params.checkpoint_interval == 0:
             self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
         self._after_execution()
+
+    def _on_commit_refused(self, event: CommitRefused) -> None:
+        """The held copy of a certified block did not execute. The quorum certified its
+        header, so the body was false (bodies travel unsigned): forget it and fetch the block
+        again, the peer that served it last (4.4: a missing request is fetched by digest)."""
+        if self.executing != event.seq_no:
+            return
+        self.executing = None
+        self._drop("false copy of a certified block")
+        self._discard_block(event.seq_no, event.digest)
+        self._advance()
 
     def _after_execution(self) -> None:
         """The head moved: take the PRE-PREPAREs held for it, go on, and fetch if peers

@@ -34,6 +34,7 @@ from pbft_engine.core import (
     BuildBlock,
     CancelTimer,
     CommitBlock,
+    CommitRefused,
     EngineParams,
     Event,
     FetchBlock,
@@ -72,15 +73,17 @@ from tests.simulation.ledger import (
     Pool,
     SimChain,
     Tx,
+    block_digest,
     block_txs,
     decode_block,
     make_block,
+    with_body,
 )
 
 __all__ = [
     "CHAIN_ID", "GENESIS_HASH", "GENESIS_ROOT", "MAX_TXS_PER_BLOCK", "ChainBlock", "Cluster",
     "Execution", "FeeMarket", "NetworkFaults", "Node", "SafetyViolation", "SimChain", "Tx",
-    "block_txs", "make_block",
+    "block_digest", "block_txs", "make_block",
 ]
 
 CHAIN_ID = 1337
@@ -382,7 +385,9 @@ class Cluster:
         hashes = tuple(tx.hash for tx in txs)
         block = make_block(action.seq_no, action.parent_hash, hashes,
                            bytes(self.block_padding))
-        built = BlockBuilt(action.seq_no, keccak(block), block, hashes)
+        digest = block_digest(block)
+        assert digest is not None
+        built = BlockBuilt(action.seq_no, digest, block, hashes)
         return (self.execution.block_ms(node.index, len(txs)),
                 lambda: self.feed(node.index, built))
 
@@ -398,6 +403,10 @@ class Cluster:
 
     def _commit(self, node: Node, action: CommitBlock) -> tuple[int, Callable[[], None]]:
         def finish() -> None:
+            if block_digest(action.block) == action.digest and decode_block(action.block) is None:
+                # a lying peer's body under the certified header: the adapter refuses it
+                self.feed(node.index, CommitRefused(action.seq_no, action.digest))
+                return
             if not node.chain.valid(action.seq_no, action.digest, action.block):
                 raise SafetyViolation(f"replica {node.index} committed an invalid block "
                                       f"{action.seq_no}")
@@ -550,14 +559,21 @@ class Cluster:
         if peers and self.rng.random() >= self.faults.drop:
             peer = peers[self.rng.randrange(len(peers))]
             if peer.index in self.byzantine:
-                parent = keccak(b"forged parent")
-                copy: bytes | None = make_block(ask.seq_no, parent, (), b"forged")
+                copy: bytes | None = self._forged_copy(peer, ask)
             else:
                 copy = self._copy_of(peer, ask.seq_no, ask.digest)
             if copy is not None:
                 answer = BlockReceived(ask.seq_no, ask.digest, copy)
                 self._schedule(self._delay() + self._delay(), node, answer)
         self._schedule(self.poll_interval_ms, node, ask)
+
+    def _forged_copy(self, peer: Node, ask: _BlockAsk) -> bytes:
+        """Another block, or (when the liar holds the block) its true header over a false
+        body, which only execution tells apart."""
+        genuine = self._copy_of(peer, ask.seq_no, ask.digest)
+        if genuine is not None and self.rng.random() < 0.5:
+            return with_body(genuine, (keccak(b"forged transaction"),))
+        return make_block(ask.seq_no, keccak(b"forged parent"), (), b"forged")
 
     @staticmethod
     def _copy_of(peer: Node, seq_no: int, digest: bytes) -> bytes | None:
@@ -681,7 +697,7 @@ class Cluster:
         node.jobs.clear()
         node.busy = False
         node.replica = Replica.restore(self.params, index, node.signer, self.verifier,
-                                       node.chain.head, node.store, block_digest=keccak,
+                                       node.chain.head, node.store, block_digest=block_digest,
                                        signing_bound=node.signing_bound)
         node.last_view = max(node.last_view, node.replica.view)
         self.perform(node, node.replica.start())

@@ -66,18 +66,43 @@ class Tx:
 
 
 def make_block(seq_no: int, parent_hash: bytes, tx_hashes: tuple[bytes, ...], salt: bytes) -> bytes:
-    return rlp.encode([seq_no, parent_hash, list(tx_hashes), salt])
+    """A header (number, parent, transactions root, salt) and its body, the transactions. The
+    digest is the header's hash, as a real block's is: a false body can sit under a true
+    header, and only execution (`valid`) finds it."""
+    header = [seq_no, parent_hash, _transactions_root(tx_hashes), salt]
+    return rlp.encode([header, list(tx_hashes)])
+
+
+def with_body(block: bytes, tx_hashes: tuple[bytes, ...]) -> bytes:
+    """The same header over another body: a lying peer's copy that hashes to the digest."""
+    return rlp.encode([rlp.decode(block)[0], list(tx_hashes)])
+
+
+def _transactions_root(tx_hashes: Iterable[bytes]) -> bytes:
+    return keccak(rlp.encode(list(tx_hashes)))
+
+
+def block_digest(block: bytes) -> bytes | None:
+    """The digest a block claims: its header's hash (None for bytes that are no block)."""
+    try:
+        header = rlp.decode(block)[0]
+    except (rlp.exceptions.RLPException, IndexError, TypeError):
+        return None
+    return keccak(rlp.encode(header)) if isinstance(header, list) else None
 
 
 def block_txs(block: bytes) -> tuple[bytes, ...]:
-    return tuple(rlp.decode(block)[2])
+    return tuple(rlp.decode(block)[1])
 
 
 def decode_block(block: bytes) -> tuple[int, bytes, tuple[bytes, ...]] | None:
-    """(number, parent hash, tx hashes), or None for bytes that are no block."""
+    """(number, parent hash, tx hashes), or None for bytes that are no block or whose body is
+    not the one its header commits to."""
     try:
-        number, parent, txs, _ = rlp.decode(block)
+        (number, parent, root, _), txs = rlp.decode(block)
         if not isinstance(txs, list) or not all(isinstance(tx, bytes) for tx in txs):
+            return None
+        if root != _transactions_root(txs):
             return None
         return int.from_bytes(number, "big"), parent, tuple(txs)
     except (rlp.exceptions.RLPException, ValueError, TypeError):
@@ -160,7 +185,7 @@ class SimChain:
         return gas
 
     def valid(self, seq_no: int, digest: bytes, block: bytes) -> bool:
-        if keccak(block) != digest:  # a block travels unsigned: it must hash to the digest
+        if block_digest(block) != digest:  # a block travels unsigned: it must hash to the digest
             return False
         decoded = decode_block(block)
         if decoded is None:
@@ -174,7 +199,8 @@ class SimChain:
         txs = block_txs(block)
         gas_used = self.executes(txs)
         assert gas_used is not None, "append() after valid()"
-        block_hash = keccak(block)
+        block_hash = block_digest(block)
+        assert block_hash is not None
         entry = ChainBlock(block_hash, block, keccak(self.state_root + block_hash), certificate,
                            self.base_fee, gas_used)
         self.blocks.append(entry)

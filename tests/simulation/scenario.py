@@ -55,7 +55,13 @@ from pbft_engine.messages import (
     ViewChange,
     WireMessage,
 )
-from tests.simulation.cluster import Cluster, Execution, NetworkFaults, make_block
+from tests.simulation.cluster import (
+    Cluster,
+    Execution,
+    NetworkFaults,
+    block_digest,
+    make_block,
+)
 from tests.simulation.invariants import (
     LivenessFailure,
     check_accounts,
@@ -287,9 +293,9 @@ class Byzantine:
         body = wire.signed.body
         if not isinstance(body, PrePrepare) or dst % 2 == 0:
             return [(dst, data)]
-        parent = rlp.decode(wire.blocks[0])[1]
+        parent = rlp.decode(wire.blocks[0])[0][1]
         block = make_block(body.seq_no, parent, (), b"equivocation")
-        twin = PrePrepare(body.view, body.seq_no, keccak(block), self.index)
+        twin = PrePrepare(body.view, body.seq_no, block_digest(block), self.index)
         return [(dst, self._sign(twin, (block,)))]
 
 

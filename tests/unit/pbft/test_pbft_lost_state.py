@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from eth_hash.auto import keccak
 
+from chain.errors import BlockValidationError
 from pbft_engine.core import (
     Action,
     Alarm,
@@ -21,6 +22,8 @@ from pbft_engine.core import (
     Broadcast,
     ChainHead,
     CommitBlock,
+    CommitRefused,
+    FetchBlock,
     FetchCommitted,
     FetchFailed,
     PeerCommitted,
@@ -303,6 +306,58 @@ def test_the_adapter_refuses_to_commit_a_block_other_than_the_certified_one() ->
     asyncio.run(engine._commit(action))
     assert committed == [] and [a.kind for a in engine.alarms] == ["commit"]
     assert isinstance(engine.alarms[0], Alarm)
+
+
+def test_a_certified_block_whose_copy_does_not_execute_is_fetched_again() -> None:
+    """A copy that hashes to the certified digest hashes only its header: its body may still be
+    false (bodies travel unsigned). The adapter's refusal frees the replica, which forgets
+    the copy and fetches the block again, then commits the genuine one (4.4)."""
+    disk = Disk()
+    replica = disk.start()
+    digest, message = pre_prepare(1, b"certified")
+    disk.run(replica.step(message))
+    disk.run(replica.step(BlockValidated(1, digest, True)))
+    for peer in (1, 3):
+        disk.run(replica.step(from_peer(Prepare(0, 1, digest, peer))))
+    sent: list[Action] = []
+    for peer in (0, 1):
+        sent += disk.run(replica.step(from_peer(Commit(0, 1, digest, peer))))
+    commit = next(a for a in sent if isinstance(a, CommitBlock))
+    assert replica.executing == 1
+
+    sent = disk.run(replica.step(CommitRefused(1, digest)))
+    assert replica.executing is None and replica.block_for(1, digest) is None
+    assert [a for a in sent if isinstance(a, FetchBlock)] == [FetchBlock(1, digest)]
+    assert replica.dropped["false copy of a certified block"] == 1
+    assert disk.run(replica.step(CommitRefused(1, digest))) == []  # not executing: ignored
+
+    sent = disk.run(replica.step(BlockReceived(1, digest, commit.block)))
+    assert [a for a in sent if isinstance(a, CommitBlock)] == [commit]
+    disk.run(replica.step(BlockCommitted(1, digest, keccak(b"root"), ())))
+    assert replica.last_exec == 1 and not replica.halted
+
+
+def test_the_adapter_reports_a_certified_copy_that_does_not_execute() -> None:
+    """`_commit` of a held copy that fails validation commits nothing and raises nothing: the
+    replica hears `CommitRefused` and fetches another copy."""
+    committed: list[object] = []
+    stepped: list[object] = []
+
+    async def validate_block(data: bytes) -> object:
+        raise BlockValidationError("transaction root mismatch")
+
+    async def commit_block(executed: object) -> None:
+        committed.append(executed)
+
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.context = SimpleNamespace(validate_block=validate_block, commit_block=commit_block)
+    engine._executed, engine._chain_lock, engine.alarms = {}, asyncio.Lock(), []
+    engine.log = SimpleNamespace(warning=lambda *args: None)
+    engine._step = stepped.append  # type: ignore[method-assign]
+    digest = keccak(b"the certified header")
+    asyncio.run(engine._commit(CommitBlock(1, digest, b"a false body", b"certificate")))
+    assert committed == [] and engine.alarms == []
+    assert stepped == [CommitRefused(1, digest)]
 
 
 def test_a_proven_head_commits_the_next_block_here_and_a_failed_fetch_keeps_blocks() -> None:

@@ -9,7 +9,7 @@ from eth_hash.auto import keccak
 from pbft_engine.core import Replica
 from pbft_engine.errors import SafetyError
 from pbft_engine.messages import Prepare
-from tests.simulation.cluster import Cluster
+from tests.simulation.cluster import Cluster, block_digest
 from tests.unit.pbft.helpers import commit, drop_from, tx_hashes
 
 
@@ -70,7 +70,7 @@ def test_never_signs_two_messages_for_one_slot_across_a_restart() -> None:
     commit(cluster, tx_hashes(1))
     node = cluster.nodes[1]
     restored = Replica.restore(cluster.params, 1, node.signer, cluster.verifier,
-                               node.chain.head, node.store, block_digest=keccak)
+                               node.chain.head, node.store, block_digest=block_digest)
     digest = restored.certs[(0, 1)].digest
     assert restored._sign(Prepare(0, 1, digest, 1)).body.digest == digest  # same: re-used
     with pytest.raises(SafetyError):

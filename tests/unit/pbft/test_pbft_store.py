@@ -5,13 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from eth_hash.auto import keccak
-
 from pbft_engine.core import Replica, StoreName
 from pbft_engine.core.records import Delete, DeleteRange, Put, u64
 from pbft_engine.record_store import LevelDBConsensusStore, MemoryConsensusStore
 from storage import Database
-from tests.simulation.cluster import Cluster
+from tests.simulation.cluster import Cluster, block_digest
 from tests.unit.pbft.helpers import commit, drop_from, tx_hashes
 
 CORE = Path(__file__).resolve().parents[3] / "pbft_engine" / "core"
@@ -63,7 +61,7 @@ def test_restart_from_leveldb_reads_back_identical_bytes_and_state(tmp_path: Pat
         for name in StoreName:
             assert list(store.items(name)) == list(node.store.items(name)), name
         restored = Replica.restore(cluster.params, 1, node.signer, cluster.verifier,
-                                   node.chain.head, store, block_digest=keccak)
+                                   node.chain.head, store, block_digest=block_digest)
     live = node.replica
     assert restored.status() == live.status()
     assert restored.view >= 1 and restored.low_watermark == 3

@@ -60,7 +60,7 @@ def test_view_change_keeps_seq_no_continuous() -> None:
     commit(cluster, tx_hashes(2, "after"), nodes=cluster.nodes[1:])
     replica = cluster.nodes[1].replica
     assert replica.view >= 1
-    numbers = [int.from_bytes(rlp.decode(b.block)[0], "big")
+    numbers = [int.from_bytes(rlp.decode(b.block)[0][0], "big")
                for b in cluster.nodes[1].chain.blocks]
     assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 3
     assert replica.seq_no == replica.last_exec == len(numbers)
