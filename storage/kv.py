@@ -72,8 +72,7 @@ class Database:
         return (
             f"{_reason(exc)}; the database is damaged: move {self.path} aside, run "
             f"`pbft-node init --genesis GENESIS --datadir {self.path.parent}` and start the "
-            "node (a validator re-syncs from its peers; keep its validator_state.json), or "
-            "restore a backup"
+            "node (a validator re-syncs from its peers; keep its validator_state.json)"
         )
 
     def write_failed(self, exc: plyvel.Error) -> StorageFailure:

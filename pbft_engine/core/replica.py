@@ -263,7 +263,8 @@ class Replica:
 
     def _restore_signing_bound(self, stored: bool, written: SigningBound | None,
                                fresh: bool) -> None:
-        """Amnesia: an empty store, but the bound says this validator voted before
+        """Amnesia: an empty store, or one older than the bound (restored from a backup),
+        while the bound says this validator voted beyond what the store holds
         (`core.signing_bound` has the rule and why it is safe). The bound is written at the
         first start, so no bound at all on a chain past genesis means it cannot know."""
         if written is None and not (stored or fresh or self.last_exec == 0):
@@ -272,7 +273,12 @@ class Replica:
                 "blocks, and nothing says what this validator signed")
         bound = written or SigningBound()
         if stored:
-            bound = bound.joined(SigningBound(self.view, self.high_watermark))
+            # The bound never passes the view and high watermark of the store written in the
+            # same step (it is written first, then the store): beyond them, records are lost.
+            known = SigningBound(self.view, self.high_watermark)
+            if not known.covers(bound.view, bound.seq_no):
+                self.amnesia = bound if self.amnesia is None else self.amnesia.joined(bound)
+            bound = bound.joined(known)
         elif not fresh and bound != SigningBound():
             self.amnesia = bound
         self.signing_bound = bound

@@ -12,8 +12,12 @@ message leaves) in steps of a whole watermark window, so the file changes about 
 checkpoint interval.
 
 A replica that starts with an empty store and a bound above zero has lost its records
-(amnesia). It follows: it fetches and executes certified blocks and sends CHECKPOINTs, and it
-signs a vote only where `may_vote` / `may_view_change` allow. Why that is safe, with bound
+(amnesia); so has one whose store's view and high watermark fall short of the bound (a
+backup put back: the bound is written before the store in each step, so it never passes them
+otherwise). A backup from the bound's own view and window cannot be told apart, because the
+bound moves a window at a time: the operations guide says never to restore one. Such a
+replica follows: it fetches and executes certified blocks and sends CHECKPOINTs, and it signs
+a vote only where `may_vote` / `may_view_change` allow. Why that is safe, with bound
 (V, S) taken from the file:
 
 - Every PRE-PREPARE, PREPARE and COMMIT it signed before has view <= V and seqNo <= S (the

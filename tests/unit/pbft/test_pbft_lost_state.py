@@ -4,6 +4,7 @@ copies checked against their digest, and a slow replica left to finish its own w
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,30 @@ def test_a_wiped_replica_never_votes_again_where_it_voted() -> None:
     sent += disk.run(wiped.step(TimerFired(TimerKind.REQUEST, b"")))
     assert votes(sent) == []
     assert MessageType.VIEW_CHANGE not in sent_types(sent)  # it may have sent one for view 1
+
+
+def test_a_store_older_than_the_state_file_is_amnesia_too() -> None:
+    """A store restored from a backup taken before the validator moved to view 1: the state
+    file says it may have signed in view 1 (its VIEW-CHANGE), the store does not. It follows,
+    and sends no second VIEW-CHANGE for view 1 (the first may have reported other blocks)."""
+    disk = Disk()
+    replica = disk.start()
+    digest, message = pre_prepare(1, b"prepared in view 0")
+    disk.run(replica.step(message))
+    disk.run(replica.step(BlockValidated(1, digest, True)))
+    assert disk.bound == SigningBound(0, H)
+    backup = copy.deepcopy(disk.store)  # it holds this replica's PREPARE in view 0
+    sent = disk.run(replica.step(RequestReceived(keccak(b"waiting"))))
+    sent += disk.run(replica.step(TimerFired(TimerKind.REQUEST, b"")))
+    assert MessageType.VIEW_CHANGE in sent_types(sent) and disk.bound == SigningBound(1, H)
+    assert Disk(copy.deepcopy(disk.store), disk.bound).start().amnesia is None  # its own store
+
+    disk.store = backup
+    restored = disk.start()
+    assert restored.amnesia == SigningBound(1, H) and restored.status().following
+    sent = disk.run(restored.step(RequestReceived(keccak(b"waiting"))))
+    sent += disk.run(restored.step(TimerFired(TimerKind.REQUEST, b"")))
+    assert MessageType.VIEW_CHANGE not in sent_types(sent)
 
 
 def test_a_wiped_replica_votes_again_beyond_everything_it_may_have_signed() -> None:
