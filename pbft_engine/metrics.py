@@ -65,6 +65,13 @@ class PbftMetrics:
         for name in MODES:
             mode.add_metric([name], float(replica_mode(replica) == name))
         families.append(mode)
+        largest = GaugeMetricFamily(
+            "pbft_largest_sent_message_bytes",
+            "The largest consensus message this replica sent since it started, by type "
+            "(a frame is capped at 16 MiB)", labels=["type"])
+        for kind, size in replica.largest_sent.items():
+            largest.add_metric([kind], size)
+        families.append(largest)
         messages: dict[tuple[str, ...], float] = {
             ("in", t): n for t, n in replica.received.items()}
         messages.update({("out", t): n for t, n in replica.sent.items()})

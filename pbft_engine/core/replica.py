@@ -226,6 +226,7 @@ class Replica:
         self.dropped: Counter[str] = Counter()
         self.received: Counter[str] = Counter()  # verified messages in, by type (metrics)
         self.sent: Counter[str] = Counter()  # messages out, by type; a broadcast counts once
+        self.largest_sent: Counter[str] = Counter()  # bytes of the largest one, by type
         self.signing_bound = SigningBound()  # as last written outside the store
         self._bound_raised = False  # this step raised it: write it before anything leaves
         self.amnesia: SigningBound | None = None  # records lost: sign only beyond this
@@ -430,8 +431,10 @@ class Replica:
         self._send(WireMessage(signed, blocks))
 
     def _send(self, wire: WireMessage[Body], to: int | None = None) -> None:
-        self.sent[wire.signed.body.TYPE.name.lower()] += 1
+        kind = wire.signed.body.TYPE.name.lower()
         data = wire.encode()
+        self.sent[kind] += 1
+        self.largest_sent[kind] = max(self.largest_sent[kind], len(data))
         self._out.append(Broadcast(data) if to is None else SendTo(to, data))
 
     def _in_window(self, seq_no: int) -> bool:
