@@ -287,6 +287,8 @@ class PbftEngine(ConsensusEngine):
 
     async def _commit(self, action: CommitBlock) -> None:
         async with self._chain_lock:
+            if self.context.head().block_number >= action.seq_no:
+                return  # a catch-up imported it meanwhile, and the replica moved on with it
             executed = self._executed.pop(action.digest, None)
             if executed is None:
                 try:

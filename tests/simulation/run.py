@@ -1,6 +1,6 @@
 """Run simulator seeds from the command line.
 
-    .venv/bin/python -m tests.simulation.run --seeds 10000          # seeds 0..9999, N = 1..10
+    .venv/bin/python -m tests.simulation.run --seeds 1000           # seeds 0..999 for N = 1..10
     .venv/bin/python -m tests.simulation.run --seed 42 --n 4        # replay one failing seed
     .venv/bin/python -m tests.simulation.run --seeds 200 --kind censor   # one class only
     .venv/bin/python -m tests.simulation.run --seeds 200 --pool-order ready   # see ledger.py

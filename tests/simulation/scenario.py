@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -90,8 +90,10 @@ BEHAVIOURS = ("crash", "silent", "equivocate", "garbage", "replay", "out_of_wind
 # content can lie): leave out what it prepared (valid: a byzantine member of V may), claim a
 # checkpoint its proof does not prove, invent a prepared certificate, a Q entry from the
 # future; as primary, drop or add an O entry, or offer too few VIEW-CHANGEs.
-VIEW_CHANGE_LIES = ("genuine", "omit", "overclaim", "invent", "future_q")
-NEW_VIEW_LIES = ("genuine", "drop_o", "extra_o", "few_v")
+VIEW_CHANGE_LIES = ("genuine", "omit", "overclaim", "invent", "future_q", "stale_checkpoint",
+                    "stale_prepared")
+NEW_VIEW_LIES = ("genuine", "drop_o", "drop_first", "below_min_s", "extra_o", "few_v")
+HISTORY = 8  # genuine VIEW-CHANGEs a liar keeps, to replay their stale proofs
 # seed % 10 -> class; half the seeds stay chaos seeds
 KINDS = ("chaos", "honest", "gapped", "slow", "censor")
 _KIND_BY_RESIDUE = ("chaos",) * 5 + ("honest", "honest", "gapped", "slow", "censor")
@@ -209,6 +211,7 @@ class Byzantine:
     index: int
     behaviour: str
     rng: random.Random
+    history: list[ViewChange] = field(default_factory=list)  # its genuine VIEW-CHANGEs
 
     def __call__(self, dst: int, data: bytes) -> list[tuple[int, bytes]]:
         return getattr(self, f"_{self.behaviour}")(dst, data)
@@ -259,6 +262,18 @@ class Byzantine:
 
     def _lie_in_view_change(self, body: ViewChange) -> ViewChange:
         lie = self.rng.choice(VIEW_CHANGE_LIES)
+        older = [old for old in self.history if old.stable_seq_no < body.stable_seq_no]
+        self.history = [*self.history, body][-HISTORY:]
+        if lie == "stale_checkpoint" and older:  # a true proof of an older checkpoint
+            old = older[-1]
+            return replace(body, stable_seq_no=old.stable_seq_no,
+                           checkpoint_proof=old.checkpoint_proof)
+        if lie == "stale_prepared":  # true certificates from earlier views, for other seqNos
+            reported = {p.seq_no for p in body.pset}
+            stale = {p.seq_no: p for old in self.history for p in old.pset
+                     if p.seq_no not in reported}
+            return replace(body, pset=tuple(sorted((*body.pset, *stale.values()),
+                                                   key=lambda p: p.seq_no)))
         if lie == "omit":
             return replace(body, pset=(), qset=())
         if lie == "overclaim":
@@ -280,6 +295,12 @@ class Byzantine:
         lie = self.rng.choice(NEW_VIEW_LIES)
         if lie == "drop_o" and body.pre_prepares:
             return replace(body, pre_prepares=body.pre_prepares[:-1])
+        if lie == "drop_first" and body.pre_prepares:  # O starting above min-s
+            return replace(body, pre_prepares=body.pre_prepares[1:])
+        if lie == "below_min_s":  # O starting at min-s, which the checkpoint already covers
+            min_s = max(v.body.stable_seq_no for v in body.view_changes)
+            below = self._signed(PrePrepare(body.view, min_s, keccak(b"below"), self.index))
+            return replace(body, pre_prepares=(below, *body.pre_prepares))
         if lie == "extra_o":
             top = max([0, *(p.body.seq_no for p in body.pre_prepares)]) + 1
             extra = self._signed(PrePrepare(body.view, top, keccak(b"extra"), self.index))

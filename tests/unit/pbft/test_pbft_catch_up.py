@@ -4,6 +4,7 @@ checkpoint proofs, and the block-sync wire format and its certificate check."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -15,6 +16,7 @@ from pbft_engine.core import (
     FetchCommitted,
     FetchFailed,
     PeerCommitted,
+    ReplicaStatus,
     RequestReceived,
     SetTimer,
     StoreName,
@@ -176,12 +178,51 @@ class SyncPeers:
 
     chain_id: int = CHAIN_ID
     sent: list[tuple[bytes, object]] = field(default_factory=list)
+    timers: list[Callable[[], None]] = field(default_factory=list)
 
     def peers(self) -> frozenset[bytes]:
         return frozenset({b"a" * 20, b"b" * 20, b"c" * 20})
 
     def send_sync(self, peer: bytes, payload: bytes) -> None:
         self.sent.append((peer, decode_sync(payload)))
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.timers.append(callback)
+
+    def tick(self) -> None:
+        self.timers.pop(0)()
+
+
+def test_a_peer_head_counts_only_with_a_certificate_for_it() -> None:
+    """STATUS answers claiming a head above ours: a head whose certificate is short of a
+    quorum, or is for another block, or is garbage, is not reported to the replica; nor is
+    an answer nobody asked for; a head with a quorum's COMMITs is (`PeerCommitted`)."""
+    peers = SyncPeers()
+    delivered: list[object] = []
+    status = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_watermark=40,
+                           primary=0, stable_checkpoint=0, last_executed=2, fetching=None,
+                           following=False)
+    sync = BlockSync(peers, None, VALIDATORS, deliver=delivered.append,  # type: ignore[arg-type]
+                     replica_status=lambda: status, held_block=lambda n, d: None,  # type: ignore[arg-type,return-value]
+                     chain_lock=asyncio.Lock(), poll_interval=1.0)
+    sync.start()
+    peers.tick()  # progress seen
+    peers.tick()  # none since: ask every peer where it is
+    assert sorted(peers.sent) == sorted((p, GetStatus()) for p in peers.peers())
+    _, head = _block(5)
+    answers = [
+        (b"a" * 20, Status(5, head, _certificate(5, head, range(2)), b"")),  # too few
+        (b"b" * 20, Status(5, head, _certificate(5, keccak(b"another"), range(3)), b"")),
+        (b"c" * 20, Status(5, head, b"garbage", b"")),
+        (b"d" * 20, Status(5, head, _certificate(5, head, range(3)), b"")),  # not asked
+    ]
+    for sender, answer in answers:
+        sync.on_message(sender, encode_sync(answer))
+    assert delivered == []
+    peers.tick()  # still no progress: asked again
+    certificate = _certificate(5, head, range(3))
+    sync.on_message(b"a" * 20, encode_sync(Status(5, head, certificate, b"")))
+    assert delivered == [PeerCommitted(5, head, certificate)]
 
 
 def test_a_body_is_asked_of_every_peer_and_a_false_server_last() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -320,17 +321,30 @@ def test_the_adapter_refuses_to_commit_a_block_other_than_the_certified_one() ->
     async def validate_block(data: bytes) -> object:
         return other
 
-    async def commit_block(executed: object) -> None:
-        committed.append(executed)
-
-    engine = PbftEngine.__new__(PbftEngine)
-    engine.context = SimpleNamespace(validate_block=validate_block, commit_block=commit_block)
-    engine._executed, engine._chain_lock, engine.alarms = {}, asyncio.Lock(), []
-    engine.log = SimpleNamespace(error=lambda *args: None)
+    engine, committed, _ = _adapter(validate_block)
     action = CommitBlock(1, keccak(b"the certified block"), b"a copy", b"certificate")
     asyncio.run(engine._commit(action))
     assert committed == [] and [a.kind for a in engine.alarms] == ["commit"]
     assert isinstance(engine.alarms[0], Alarm)
+
+
+def _adapter(validate_block: Callable[[bytes], Awaitable[object]], head: int = 0
+             ) -> tuple[PbftEngine, list[object], list[object]]:
+    """The engine adapter's commit path alone, on a chain at `head`: the engine, what it
+    committed and the events it stepped the replica with."""
+    committed: list[object] = []
+    stepped: list[object] = []
+
+    async def commit_block(executed: object) -> None:
+        committed.append(executed)
+
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.context = SimpleNamespace(validate_block=validate_block, commit_block=commit_block,
+                                     head=lambda: SimpleNamespace(block_number=head))
+    engine._executed, engine._chain_lock, engine.alarms = {}, asyncio.Lock(), []
+    engine.log = SimpleNamespace(error=lambda *args: None, warning=lambda *args: None)
+    engine._step = stepped.append  # type: ignore[method-assign]
+    return engine, committed, stepped
 
 
 def test_a_certified_block_whose_copy_does_not_execute_is_fetched_again() -> None:
@@ -364,25 +378,21 @@ def test_a_certified_block_whose_copy_does_not_execute_is_fetched_again() -> Non
 
 def test_the_adapter_reports_a_certified_copy_that_does_not_execute() -> None:
     """`_commit` of a held copy that fails validation commits nothing and raises nothing: the
-    replica hears `CommitRefused` and fetches another copy."""
-    committed: list[object] = []
-    stepped: list[object] = []
+    replica hears `CommitRefused` and fetches another copy. A block a catch-up imported
+    while the commit waited for the chain is left alone (the replica moved on with it)."""
 
     async def validate_block(data: bytes) -> object:
         raise BlockValidationError("transaction root mismatch")
 
-    async def commit_block(executed: object) -> None:
-        committed.append(executed)
-
-    engine = PbftEngine.__new__(PbftEngine)
-    engine.context = SimpleNamespace(validate_block=validate_block, commit_block=commit_block)
-    engine._executed, engine._chain_lock, engine.alarms = {}, asyncio.Lock(), []
-    engine.log = SimpleNamespace(warning=lambda *args: None)
-    engine._step = stepped.append  # type: ignore[method-assign]
+    engine, committed, stepped = _adapter(validate_block)
     digest = keccak(b"the certified header")
     asyncio.run(engine._commit(CommitBlock(1, digest, b"a false body", b"certificate")))
     assert committed == [] and engine.alarms == []
     assert stepped == [CommitRefused(1, digest)]
+
+    engine, committed, stepped = _adapter(validate_block, head=1)
+    asyncio.run(engine._commit(CommitBlock(1, digest, b"a false body", b"certificate")))
+    assert committed == stepped == engine.alarms == []
 
 
 def test_a_proven_head_commits_the_next_block_here_and_a_failed_fetch_keeps_blocks() -> None:
