@@ -55,13 +55,16 @@ from pbft_engine.core import (
 )
 from pbft_engine.core.records import META_NEW_VIEW, StoreName
 from pbft_engine.core.signing_bound import SigningBound
+from pbft_engine.errors import MessageError
 from pbft_engine.messages import (
     KeySigner,
     KeyVerifier,
     NewView,
     Verifier,
     WireMessage,
+    decode_commit_certificate,
     decode_signed_bytes,
+    encode_commit_certificate,
     verify_commit_certificate,
 )
 from pbft_engine.record_store import MemoryConsensusStore
@@ -433,7 +436,7 @@ class Cluster:
         source = sources[self.rng.randrange(len(sources))]
         if source.index in self.byzantine:
             return (self.rng.randint(FETCH_OVERHEAD_MS, BYZANTINE_FETCH_MS),
-                    lambda: self.feed(node.index, FetchFailed(target)))
+                    lambda: self.feed(node.index, self._forged_range(node, source, target)))
         entries = source.chain.blocks[len(node.chain.blocks):target]
         first = len(node.chain.blocks) + 1
         duration = FETCH_OVERHEAD_MS + sum(
@@ -454,6 +457,33 @@ class Cluster:
             self._refresh(node)
 
         return duration, finish
+
+    def _forged_range(self, node: Node, source: Node, target: int) -> FetchFailed:
+        """What a lying source serves for the first block wanted, slowly: the true header over
+        a false body, or another block, each with the true certificate, or the true block
+        with a certificate short of a quorum. The node's checks (the certificate over the
+        header's hash, then execution) must refuse every one."""
+        seq_no = len(node.chain.blocks) + 1
+        entry = source.chain.blocks[seq_no - 1]
+        block, certificate = entry.block, entry.certificate
+        lie = self.rng.choice(("false body", "other block", "short certificate"))
+        if lie == "false body":
+            block = with_body(block, (keccak(b"forged transaction"),))
+        elif lie == "other block":
+            block = make_block(seq_no, keccak(b"forged parent"), (), b"forged")
+        else:
+            commits = decode_commit_certificate(certificate)
+            certificate = encode_commit_certificate(commits[: self.params.quorum - 1])
+        digest = block_digest(block)
+        try:
+            verify_commit_certificate(
+                certificate, validators=self.params.validators, chain_id=CHAIN_ID,
+                block_number=seq_no, block_hash=digest or b"", verifier=self.verifier)
+        except MessageError:
+            return FetchFailed(target)
+        if digest is not None and node.chain.valid(seq_no, digest, block):
+            raise SafetyViolation(f"a forged block {seq_no} passed the catch-up checks")
+        return FetchFailed(target)
 
     def _import(self, node: Node, block: bytes, certificate: bytes) -> ChainBlock:
         entry = node.chain.append(block, certificate)
@@ -533,18 +563,38 @@ class Cluster:
 
     def _on_status(self, node: Node, peer: Node) -> None:
         """STATUS from a peer: the NEW-VIEW it is in, if later than ours, and its head, if
-        ahead of ours (a peer's head always comes with a valid certificate here)."""
+        ahead of ours and its certificate proves it (checked as block sync checks it: a
+        byzantine peer claims heads it cannot prove)."""
         assert node.replica is not None
         new_view = peer.store.get(StoreName.META, META_NEW_VIEW)
         if new_view is not None:
             signed = decode_signed_bytes(new_view, NewView)
             if signed.body.view > node.replica.view:
                 self.feed(node.index, MessageReceived(WireMessage(signed).encode()))
-        if node.replica is not None and peer.chain.blocks:
-            head = peer.chain.blocks[-1]
-            if len(peer.chain.blocks) > node.replica.status().last_executed:
-                self.feed(node.index, PeerCommitted(len(peer.chain.blocks), head.block_hash,
-                                                    head.certificate))
+        if node.replica is None or not peer.chain.blocks:
+            return
+        number, head_hash, certificate = self._claimed_head(peer)
+        if number <= node.replica.status().last_executed:
+            return
+        try:
+            verify_commit_certificate(
+                certificate, validators=self.params.validators, chain_id=CHAIN_ID,
+                block_number=number, block_hash=head_hash, verifier=self.verifier)
+        except MessageError:
+            return
+        self.feed(node.index, PeerCommitted(number, head_hash, certificate))
+
+    def _claimed_head(self, peer: Node) -> tuple[int, bytes, bytes]:
+        """(number, hash, certificate) of the head a peer's STATUS claims: its own, or, from
+        a byzantine peer, now and then a higher one or another block, with its own
+        head's certificate."""
+        head = peer.chain.blocks[-1]
+        number = len(peer.chain.blocks)
+        if peer.index in self.byzantine and self.rng.random() < 0.5:
+            if self.rng.random() < 0.5:
+                return number + self.rng.randint(1, 5), keccak(b"unprovable"), head.certificate
+            return number, keccak(b"another head"), head.certificate
+        return number, head.block_hash, head.certificate
 
     # --- block bodies by digest (pbft_engine/sync.py's GET_BLOCK) --------------------------
 
