@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar, assert_never, cast
+from dataclasses import dataclass
+from typing import assert_never, cast
 
 import rlp
 
@@ -46,25 +46,19 @@ from pbft_engine.core.events import (
     TimerFired,
     TimerKind,
 )
+from pbft_engine.core.log import CheckpointTracker, MessageLog, Slot, StoreWriter, V
 from pbft_engine.core.params import MAX_DOUBLINGS, EngineParams
 from pbft_engine.core.records import (
     META_NEW_VIEW,
     META_STATE,
     VIEW_MESSAGE_SEQ_NO,
-    Delete,
-    DeleteRange,
-    Put,
     RecordReader,
     StoreName,
-    StoreOp,
-    cert_key,
     evidence_key,
     message_slot,
     read_u64,
     signed_key,
-    u16,
     u64,
-    up_to,
 )
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.core.view_change import (
@@ -93,21 +87,17 @@ from pbft_engine.messages import (
     Prepare,
     PreparedProof,
     PrePrepare,
-    PrePreparedEntry,
     Signed,
     Signer,
     Verifier,
     ViewChange,
     WireMessage,
-    decode_commit_certificate,
     decode_signed_bytes,
     encode_commit_certificate,
     signed_as,
     verify_commit_certificate,
     wire_as,
 )
-
-V = TypeVar("V", Prepare, Commit)  # a vote
 
 # The hash a block's bytes claim (its digest), or None for bytes that are no block. Blocks
 # travel unsigned: every copy taken from a message is checked against the digest it is for.
@@ -143,27 +133,6 @@ class ReplicaStatus:
     last_executed: int
     fetching: int | None
     following: bool  # lost its consensus records: votes only where it never voted
-
-
-@dataclass
-class Slot:
-    """certStore entry for one (view, seqNo)."""
-
-    pre_prepare: Signed[PrePrepare] | None = None
-    prepares: dict[int, Signed[Prepare]] = field(default_factory=dict)
-    commits: dict[int, Signed[Commit]] = field(default_factory=dict)
-    validated: bool = False
-    validating: bool = False
-
-    @property
-    def digest(self) -> bytes | None:
-        return self.pre_prepare.body.digest if self.pre_prepare else None
-
-    def matching(self, votes: dict[int, Any], exclude: int | None = None) -> list[Any]:
-        return sorted(
-            (m for r, m in votes.items() if r != exclude and m.body.digest == self.digest),
-            key=lambda m: m.body.replica,
-        )
 
 
 class Replica:
@@ -205,16 +174,10 @@ class Replica:
         self.halted = False
         self.new_view_timer_armed = False
         self.request_timer_armed = False
-        self.certs: dict[tuple[int, int], Slot] = {}  # cert_store, by (view, seqNo)
-        self.block_store: dict[int, tuple[int, bytes, bytes]] = {}  # seqNo -> view, digest, block
-        self.outstanding_blocks: dict[tuple[int, bytes], bytes] = {}
+        self.writer = StoreWriter()  # this step's store operations, in order
+        self.log = MessageLog(replica, self.writer)
+        self.checkpoints = CheckpointTracker(params, replica, self.writer)
         self.wanted: set[tuple[int, bytes]] = set()  # bodies asked of the peers (FetchBlock)
-        self.pset: dict[int, PreparedProof] = {}
-        self.qset: dict[tuple[int, bytes], int] = {}
-        self.checkpoints: dict[int, dict[int, Signed[Checkpoint]]] = {}
-        self.high_checkpoints: dict[int, Signed[Checkpoint]] = {}  # latest above H per replica
-        self.certified: dict[int, tuple[bytes, bytes]] = {}  # seqNo -> digest, certificate
-        self.signed: dict[bytes, Signed[Body]] = {}  # signed_key -> what we signed
         self.view_changes: dict[int, WireMessage[ViewChange]] = {}  # latest per replica
         self.last_new_view: Signed[NewView] | None = None
         # (replica, type, seqNo)
@@ -230,7 +193,6 @@ class Replica:
         self.signing_bound = SigningBound()  # as last written outside the store
         self._bound_raised = False  # this step raised it: write it before anything leaves
         self.amnesia: SigningBound | None = None  # records lost: sign only beyond this
-        self._ops: list[StoreOp] = []
         self._out: list[Action] = []
 
     # --- construction from the stores -------------------------------------------------
@@ -301,53 +263,18 @@ class Replica:
         new_view = records.get(StoreName.META, META_NEW_VIEW)
         if new_view is not None:
             self.last_new_view = decode_signed_bytes(new_view, NewView)
-        for key, value in records.items(StoreName.SIGNED):
-            self.signed[key] = decode_signed_bytes(value)
-        for _, value in records.items(StoreName.CERT_STORE):
-            self._load_cert_message(decode_signed_bytes(value))
-        for key, value in records.items(StoreName.BLOCK_STORE):
-            view, digest, block = rlp.decode(value)
-            self.block_store[read_u64(key)] = (int.from_bytes(view, "big"), digest, block)
-        for key, value in records.items(StoreName.OUTSTANDING_BLOCKS):
-            self.outstanding_blocks[(read_u64(key), key[8:])] = value
-        for key, value in records.items(StoreName.PSET):
-            self.pset[read_u64(key)] = PreparedProof.from_fields(rlp.decode(value))
-        for key, value in records.items(StoreName.QSET):
-            self.qset[(read_u64(key), key[8:])] = int.from_bytes(rlp.decode(value), "big")
-        for _, value in records.items(StoreName.CHECKPOINTS):
-            checkpoint = decode_signed_bytes(value, Checkpoint)
-            self.checkpoints.setdefault(checkpoint.body.seq_no, {})[
-                checkpoint.body.replica
-            ] = checkpoint
-        for key, value in records.items(StoreName.COMMIT_CERTIFICATES, up_to(self.low_watermark)):
-            digest = decode_commit_certificate(value)[0].body.digest
-            self.certified[read_u64(key)] = (digest, value)
+        self.log.load(records, self.low_watermark)
+        self.checkpoints.load(records)
         for key, _ in records.items(StoreName.EVIDENCE):
             self.evidence.add(key)
         # The view also follows from what was pre-prepared (qset), as in restoreState; the
         # seqNo only from what this replica signed itself in that view (a PRE-PREPARE it
         # merely accepted must not stop it from proposing once it is primary).
-        self.view = max([self.view, *self.qset.values()])
-        own = [s.body.seq_no for s in self.signed.values()
+        self.view = max([self.view, *self.log.qset.values()])
+        own = [s.body.seq_no for s in self.log.signed.values()
                if isinstance(s.body, PhaseMessage) and s.body.view == self.view]
         self.seq_no = max([self.last_exec, self.low_watermark, *own])
         return state is not None
-
-    def _load_cert_message(self, message: Signed[Body]) -> None:
-        """A PRE-PREPARE, PREPARE or COMMIT of the certStore back into its slot."""
-        body = message.body
-        if not isinstance(body, PhaseMessage):
-            raise StoreError(f"the certStore holds a {body.TYPE.name}")
-        slot = self._slot(body.view, body.seq_no)
-        if (pre_prepare := signed_as(message, PrePrepare)) is not None:
-            slot.pre_prepare = pre_prepare
-            slot.validated = body.replica == self.me
-        elif (prepare := signed_as(message, Prepare)) is not None:
-            slot.prepares[body.replica] = prepare
-            slot.validated |= body.replica == self.me
-        elif (commit := signed_as(message, Commit)) is not None:
-            slot.commits[body.replica] = commit
-            slot.validated |= body.replica == self.me
 
     # --- the step interface -----------------------------------------------------------
 
@@ -403,14 +330,15 @@ class Replica:
                 assert_never(event)
 
     def _run(self, work: Callable[[], None]) -> Ready:
-        self._ops, self._out = [], []
+        self.writer.take()
+        self._out = []
         if not self.halted:
             try:
                 work()
             except SafetyError as exc:
                 self._alarm("safety", str(exc))
-        ops, out, raised = self._ops, self._out, self._bound_raised
-        self._ops, self._out, self._bound_raised = [], [], False
+        ops, out, raised = self.writer.take(), self._out, self._bound_raised
+        self._out, self._bound_raised = [], False
         if not (ops or raised):
             return Ready(None, out)
         return Ready(Persist(tuple(ops), self.signing_bound if raised else None), out)
@@ -418,7 +346,7 @@ class Replica:
     # --- small helpers ----------------------------------------------------------------
 
     def _put(self, store: StoreName, key: bytes, value: bytes) -> None:
-        self._ops.append(Put(store, key, value))
+        self.writer.put(store, key, value)
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] += 1
@@ -440,9 +368,6 @@ class Replica:
     def _in_window(self, seq_no: int) -> bool:
         return self.low_watermark < seq_no <= self.high_watermark
 
-    def _slot(self, view: int, seq_no: int) -> Slot:
-        return self.certs.setdefault((view, seq_no), Slot())
-
     def _persist_meta(self) -> None:
         amnesia = self.amnesia or SigningBound()
         fields = [self.view, int(self.active), self.seq_no, self.low_watermark,
@@ -454,15 +379,14 @@ class Replica:
         """Sign `body`, never two different bodies for one (type, view, seqNo), across restarts."""
         view, seq_no = message_slot(body)
         key = signed_key(seq_no, body.TYPE, view)
-        existing = self.signed.get(key)
+        existing = self.log.own(key)
         if existing is not None:
             if existing.body != body:
                 raise SafetyError(f"refusing to sign a second {body.TYPE.name} for {key.hex()}")
             return cast("Signed[B]", existing)  # an equal body: the same kind
         self._cover(view, 0 if seq_no == VIEW_MESSAGE_SEQ_NO else seq_no)
         signed = self.auth.sign(body, self.signer)
-        self.signed[key] = signed
-        self._put(StoreName.SIGNED, key, signed.encode())
+        self.log.record_own(key, signed)
         return signed
 
     def _cover(self, view: int, seq_no: int) -> None:
@@ -487,28 +411,6 @@ class Replica:
 
     def _set_timer(self, kind: TimerKind, key: bytes, duration_ms: int) -> None:
         self._out.append(SetTimer(kind, key, duration_ms))
-
-    def _block_for(self, seq_no: int, digest: bytes) -> bytes | None:
-        stored = self.block_store.get(seq_no)
-        if stored is not None and stored[1] == digest:
-            return stored[2]
-        return self.outstanding_blocks.get((seq_no, digest))
-
-    def _store_block(self, view: int, seq_no: int, digest: bytes, block: bytes) -> None:
-        self.block_store[seq_no] = (view, digest, block)
-        self._put(StoreName.BLOCK_STORE, u64(seq_no),
-                  rlp.encode([encode_uint(view), digest, block]))
-        self.outstanding_blocks[(seq_no, digest)] = block
-        self._put(StoreName.OUTSTANDING_BLOCKS, u64(seq_no) + digest, block)
-
-    def _discard_block(self, seq_no: int, digest: bytes) -> None:
-        """Forget a block that failed validation (blocks travel unsigned: a copy fetched from
-        another peer may be the genuine one)."""
-        if self.block_store.get(seq_no, (0, b""))[1] == digest:
-            del self.block_store[seq_no]
-            self._ops.append(Delete(StoreName.BLOCK_STORE, u64(seq_no)))
-        if self.outstanding_blocks.pop((seq_no, digest), None) is not None:
-            self._ops.append(Delete(StoreName.OUTSTANDING_BLOCKS, u64(seq_no) + digest))
 
     def _record_evidence(self, first: Signed[Body], second: Signed[Body] | None) -> None:
         body = first.body
@@ -607,14 +509,14 @@ class Replica:
         if not self.active:
             self._resend_view_change()
             return
-        for (view, seq_no), slot in sorted(self.certs.items()):
-            if view == self.view and seq_no not in self.certified:
+        for (view, seq_no), slot in sorted(self.log.certs.items()):
+            if view == self.view and seq_no not in self.log.certified:
                 self._resend_own(slot)
         self._advance()
 
     def _resend_own(self, slot: Slot) -> None:
         if slot.pre_prepare is not None and slot.pre_prepare.body.replica == self.me:
-            block = self._block_for(slot.pre_prepare.body.seq_no, slot.pre_prepare.body.digest)
+            block = self.log.block_for(slot.pre_prepare.body.seq_no, slot.pre_prepare.body.digest)
             self._broadcast(slot.pre_prepare, (block,) if block is not None else ())
         for votes in (slot.prepares, slot.commits):
             if self.me in votes:
@@ -654,22 +556,13 @@ class Replica:
         self.block_due = False
         pre_prepare = self._sign(PrePrepare(self.view, event.seq_no, event.digest, self.me))
         self._accept_pre_prepare(pre_prepare, event.block)
-        self.certs[(self.view, event.seq_no)].validated = True
+        self.log.certs[(self.view, event.seq_no)].validated = True
         self._broadcast(pre_prepare, (event.block,))
         self._check_prepared(self.view, event.seq_no)
 
     def _accept_pre_prepare(self, pre_prepare: Signed[PrePrepare], block: bytes | None) -> None:
         body = pre_prepare.body
-        self._slot(body.view, body.seq_no).pre_prepare = pre_prepare
-        self._put(StoreName.CERT_STORE,
-                  cert_key(body.seq_no, body.view, body.TYPE, body.replica), pre_prepare.encode())
-        if block is not None:
-            self._store_block(body.view, body.seq_no, body.digest, block)
-        qkey = (body.seq_no, body.digest)
-        if self.qset.get(qkey, -1) < body.view:
-            self.qset[qkey] = body.view
-            self._put(StoreName.QSET, u64(body.seq_no) + body.digest,
-                      rlp.encode(encode_uint(body.view)))
+        self.log.accept_pre_prepare(pre_prepare, block)
         if body.seq_no > self.seq_no:
             self.seq_no = body.seq_no
         self._persist_meta()
@@ -712,9 +605,9 @@ class Replica:
                 self._record_evidence(prepare, None)  # a primary never prepares
                 self._start_view_change(self.view + 1, "evidence")
             else:
-                self._on_vote(prepare, self._slot(body.view, body.seq_no).prepares)
+                self._on_vote(prepare, self.log.slot(body.view, body.seq_no).prepares)
         elif (commit := signed_as(wire.signed, Commit)) is not None:
-            self._on_vote(commit, self._slot(body.view, body.seq_no).commits)
+            self._on_vote(commit, self.log.slot(body.view, body.seq_no).commits)
 
     def _buffer_future(self, wire: WireMessage[PhaseMessage]) -> None:
         """Keep (bounded: one per replica, type and seqNo) messages for a view not yet entered."""
@@ -736,7 +629,7 @@ class Replica:
         if not self._builds_on_known_parent(body.seq_no):
             self._buffer_future(wire)  # its parent is not certified here yet
             return
-        slot = self._slot(body.view, body.seq_no)
+        slot = self.log.slot(body.view, body.seq_no)
         if slot.pre_prepare is not None:
             if slot.pre_prepare.body != body:
                 self._record_evidence(slot.pre_prepare, pre_prepare)
@@ -760,7 +653,7 @@ class Replica:
         one-at-a-time consensus has a single block in flight)."""
         parent = seq_no - 1
         return parent == self.last_exec or (parent == self.last_exec + 1
-                                             and parent in self.certified)
+                                             and parent in self.log.certified)
 
     def _replay_future(self) -> None:
         """Messages held for the current view (or for a parent that is now certified)."""
@@ -780,18 +673,16 @@ class Replica:
             else:
                 self._drop("duplicate")
             return
-        votes[body.replica] = vote
-        self._put(StoreName.CERT_STORE,
-                  cert_key(body.seq_no, body.view, body.TYPE, body.replica), vote.encode())
+        self.log.add_vote(vote, votes)
         self._check_prepared(body.view, body.seq_no)
 
     def _validate_next(self) -> None:
         """Validate the pre-prepared block on top of the chain head (one block at a time)."""
         seq_no = self.last_exec + 1
-        slot = self.certs.get((self.view, seq_no))
+        slot = self.log.certs.get((self.view, seq_no))
         if slot is None or slot.pre_prepare is None or slot.validated or slot.validating:
             return
-        block = self._block_for(seq_no, slot.pre_prepare.body.digest)
+        block = self.log.block_for(seq_no, slot.pre_prepare.body.digest)
         if block is None:
             self._want(seq_no, slot.pre_prepare.body.digest)
             return
@@ -799,21 +690,21 @@ class Replica:
         self._out.append(ValidateBlock(seq_no, slot.pre_prepare.body.digest, block))
 
     def _on_block_validated(self, event: BlockValidated) -> None:
-        slot = self.certs.get((self.view, event.seq_no))
+        slot = self.log.certs.get((self.view, event.seq_no))
         current = slot is not None and slot.validating and slot.digest == event.digest
-        for (_, seq_no), other in self.certs.items():  # an older view's, if the view moved
+        for (_, seq_no), other in self.log.certs.items():  # an older view's, if the view moved
             if seq_no == event.seq_no and other.digest == event.digest:
                 other.validating = False
         if current and not event.ok:
             self._drop("invalid block")
-            self._discard_block(event.seq_no, event.digest)
+            self.log.discard_block(event.seq_no, event.digest)
         elif current:
             self._restart_request_timer()  # our own execution time is not the primary's delay
             self._mark_validated(self.view, event.seq_no)
         self._check_high_checkpoints()
 
     def _mark_validated(self, view: int, seq_no: int) -> None:
-        slot = self.certs[(view, seq_no)]
+        slot = self.log.certs[(view, seq_no)]
         slot.validated = True
         digest = slot.digest  # validated: the slot has its pre-prepare
         if digest is not None and self.me != self.params.primary(view) and self._may_vote(
@@ -824,14 +715,12 @@ class Replica:
     def _cast_vote(self, votes: dict[int, Signed[V]], body: V) -> None:
         """Sign our PREPARE or COMMIT, keep it in its slot and the certStore, send it."""
         vote = self._sign(body)
-        votes[self.me] = vote
-        self._put(StoreName.CERT_STORE, cert_key(body.seq_no, body.view, body.TYPE, self.me),
-                  vote.encode())
+        self.log.add_vote(vote, votes)
         self._broadcast(vote)
 
     def _check_prepared(self, view: int, seq_no: int) -> None:
         """Prepared: our validated pre-prepare and Q-1 matching prepares -> COMMIT."""
-        slot = self.certs[(view, seq_no)]
+        slot = self.log.certs[(view, seq_no)]
         if slot.pre_prepare is None or not slot.validated:
             return
         if self.me not in slot.commits and self._may_vote(view, seq_no):
@@ -839,9 +728,7 @@ class Replica:
             prepares = slot.matching(slot.prepares, exclude=primary)
             if len(prepares) < self.params.quorum - 1:
                 return
-            proof = PreparedProof(slot.pre_prepare, tuple(prepares))
-            self.pset[seq_no] = proof
-            self._put(StoreName.PSET, u64(seq_no), rlp.encode(proof.fields()))
+            self.log.add_prepared(PreparedProof(slot.pre_prepare, tuple(prepares)))
             self._cast_vote(slot.commits, Commit(view, seq_no, slot.pre_prepare.body.digest,
                                                  self.me))
         self._check_committed(slot, seq_no)
@@ -849,11 +736,9 @@ class Replica:
     def _check_committed(self, slot: Slot, seq_no: int) -> None:
         commits = slot.matching(slot.commits)  # none match a slot without its pre-prepare
         digest = slot.digest
-        if digest is None or len(commits) < self.params.quorum or seq_no in self.certified:
+        if digest is None or len(commits) < self.params.quorum or seq_no in self.log.certified:
             return
-        certificate = encode_commit_certificate(commits)
-        self.certified[seq_no] = (digest, certificate)
-        self._put(StoreName.COMMIT_CERTIFICATES, u64(seq_no), certificate)
+        self.log.certify(seq_no, digest, encode_commit_certificate(commits))
         self._advance()
         if self.active and seq_no == self.last_exec + 1:
             self._replay_future()  # a PRE-PREPARE held for this parent
@@ -863,9 +748,9 @@ class Replica:
         if self.fetching is not None:
             return
         seq_no = self.last_exec + 1
-        if self.executing is None and seq_no in self.certified:
-            digest, certificate = self.certified[seq_no]
-            block = self._block_for(seq_no, digest)
+        if self.executing is None and seq_no in self.log.certified:
+            digest, certificate = self.log.certified[seq_no]
+            block = self.log.block_for(seq_no, digest)
             if block is None:
                 self._want(seq_no, digest)
             else:
@@ -887,29 +772,24 @@ class Replica:
             self._drop("unwanted or false block copy")
             return
         self.wanted.discard(entry)
-        self.outstanding_blocks[entry] = event.block
-        self._put(StoreName.OUTSTANDING_BLOCKS, u64(event.seq_no) + event.digest, event.block)
+        self.log.keep_outstanding(event.seq_no, event.digest, event.block)
         self._advance()
 
     def block_for(self, seq_no: int, digest: bytes) -> bytes | None:
         """The copy of a block this replica holds, for a peer that asks (`FetchBlock`)."""
-        return self._block_for(seq_no, digest)
+        return self.log.block_for(seq_no, digest)
 
     def _on_block_committed(self, event: BlockCommitted) -> None:
         if self.executing != event.seq_no:
             return
         self.executing = None
-        if self.certified.get(event.seq_no, (event.block_hash,))[0] != event.block_hash:
+        if self.log.certified.get(event.seq_no, (event.block_hash,))[0] != event.block_hash:
             self._alarm("commit", f"block {event.seq_no} imported with another hash")
             return
         self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
         self._forget_requests(event.tx_hashes)
-        self.outstanding_blocks = {
-            k: v for k, v in self.outstanding_blocks.items() if k[0] != event.seq_no
-        }
+        self.log.forget_outstanding(event.seq_no)
         self.wanted = {k for k in self.wanted if k[0] > event.seq_no}
-        self._ops.append(DeleteRange(StoreName.OUTSTANDING_BLOCKS, u64(event.seq_no),
-                                     up_to(event.seq_no)))
         if event.seq_no % self.params.checkpoint_interval == 0:
             self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
         self._after_execution()
@@ -922,7 +802,7 @@ class Replica:
             return
         self.executing = None
         self._drop("false copy of a certified block")
-        self._discard_block(event.seq_no, event.digest)
+        self.log.discard_block(event.seq_no, event.digest)
         self._advance()
 
     def _after_execution(self) -> None:
@@ -947,7 +827,7 @@ class Replica:
         elif seq_no > self.high_watermark:
             self._note_high_checkpoint(checkpoint)
         else:
-            held = self.checkpoints.get(seq_no, {}).get(checkpoint.body.replica)
+            held = self.checkpoints.held(seq_no, checkpoint.body.replica)
             if held is None:
                 self._store_checkpoint(checkpoint)
             elif held.body != checkpoint.body:
@@ -956,39 +836,20 @@ class Replica:
                 self._drop("duplicate")
 
     def _store_checkpoint(self, checkpoint: Signed[Checkpoint]) -> None:
-        body = checkpoint.body
-        self.checkpoints.setdefault(body.seq_no, {})[body.replica] = checkpoint
-        self._put(StoreName.CHECKPOINTS, u64(body.seq_no) + u16(body.replica),
-                  checkpoint.encode())
-        self._check_stable(body.seq_no)
+        self.checkpoints.add(checkpoint)
+        self._check_stable(checkpoint.body.seq_no)
 
     def _check_stable(self, seq_no: int) -> None:
-        votes = self.checkpoints[seq_no]
-        tally = Counter(c.body.value for c in votes.values())
-        own = votes.get(self.me)
-        heavy = {value for value, count in tally.items() if count >= self.params.weak_quorum}
-        if (own is not None and heavy - {own.body.value}) or len(heavy) > 1:
+        if self.checkpoints.conflicting(seq_no):
             self._alarm("checkpoint_conflict",
                         f"checkpoint {seq_no}: replicas disagree on the block or state root")
-            return
-        stable = own is not None and tally[own.body.value] >= self.params.quorum
-        if stable and seq_no > self.stable_checkpoint:
+        elif self.checkpoints.stable(seq_no) and seq_no > self.stable_checkpoint:
             self._mark_stable(seq_no)
 
     def _mark_stable(self, seq_no: int) -> None:
         self.stable_checkpoint = seq_no
-        keep = self.checkpoints.get(seq_no, {})
-        tally = Counter(c.body.value for c in keep.values())
-        value = tally.most_common(1)[0][0]
-        proof = [c.encode() for _, c in sorted(keep.items()) if c.body.value == value]
-        self._put(StoreName.STABLE_CHECKPOINTS, u64(seq_no), rlp.encode(proof))
-        self.checkpoints = {n: v for n, v in self.checkpoints.items() if n >= seq_no}
-        self.checkpoints[seq_no] = keep
-        self._ops.append(DeleteRange(StoreName.CHECKPOINTS, None, u64(seq_no)))
-        self.pset = {n: p for n, p in self.pset.items() if n > seq_no}
-        self.qset = {k: v for k, v in self.qset.items() if k[0] > seq_no}
-        for store in (StoreName.PSET, StoreName.QSET):
-            self._ops.append(DeleteRange(store, None, up_to(seq_no)))
+        self.checkpoints.stabilize(seq_no)
+        self.log.truncate_view_change_sets(seq_no)
         if seq_no > self.low_watermark:
             self._move_watermarks(seq_no)
         else:
@@ -1003,47 +864,31 @@ class Replica:
         """
         self.low_watermark = seq_no
         self.seq_no = max(self.seq_no, seq_no)
-        self.certs = {k: s for k, s in self.certs.items() if k[1] > seq_no}
-        self.block_store = {n: b for n, b in self.block_store.items() if n > seq_no}
-        self.outstanding_blocks = {k: b for k, b in self.outstanding_blocks.items()
-                                   if k[0] > seq_no}
+        self.log.truncate(seq_no)
         self.wanted = {k for k in self.wanted if k[0] > seq_no}
-        self.certified = {n: c for n, c in self.certified.items() if n > seq_no}
-        self.signed = {k: s for k, s in self.signed.items() if read_u64(k) > seq_no}
         self.future = {k: w for k, w in self.future.items() if k[2] > seq_no}
-        for store in (StoreName.CERT_STORE, StoreName.BLOCK_STORE,
-                      StoreName.OUTSTANDING_BLOCKS, StoreName.SIGNED):
-            self._ops.append(DeleteRange(store, None, up_to(seq_no)))
         self._persist_meta()
-        due = sorted((c for c in self.high_checkpoints.values()
-                      if c.body.seq_no <= self.high_watermark), key=lambda c: c.body.seq_no)
-        for checkpoint in due:
-            del self.high_checkpoints[checkpoint.body.replica]
-        for checkpoint in due:
+        for checkpoint in self.checkpoints.take_inside(self.high_watermark):
             self._on_checkpoint(checkpoint)
         self._maybe_propose()
 
     def _note_high_checkpoint(self, checkpoint: Signed[Checkpoint]) -> None:
         """Checkpoints above H are kept one per replica; f+1 matching mean we fell behind."""
-        held = self.high_checkpoints.get(checkpoint.body.replica)
-        if held is None or held.body.seq_no < checkpoint.body.seq_no:
-            self.high_checkpoints[checkpoint.body.replica] = checkpoint
+        self.checkpoints.note_above_window(checkpoint)
         self._check_high_checkpoints()
 
     def _busy(self) -> bool:
         """A block is being built, validated or executed here: it may be exactly the block
         the peers are ahead by, and executing it again after a fetch would be wasted."""
         return (self.executing is not None or self.building is not None
-                or any(slot.validating for slot in self.certs.values()))
+                or any(slot.validating for slot in self.log.certs.values()))
 
     def _check_high_checkpoints(self) -> None:
-        if not self.high_checkpoints or self.fetching is not None or self._busy():
+        if self.fetching is not None or self._busy():
             return
-        tally = Counter((c.body.seq_no, c.body.value) for c in self.high_checkpoints.values())
-        weak = [key for key, count in tally.items() if count >= self.params.weak_quorum]
-        if weak:
-            seq_no, (block_hash, state_root) = max(weak)
-            self._fall_behind(seq_no, block_hash, state_root)
+        ahead = self.checkpoints.ahead()
+        if ahead is not None:
+            self._fall_behind(*ahead)
 
     def _fall_behind(self, seq_no: int, block_hash: bytes, state_root: bytes) -> None:
         """Ask the adapter to fetch certified blocks. The uncommitted blocks stay until the
@@ -1079,7 +924,7 @@ class Replica:
             self._fall_behind(event.seq_no, event.block_hash, b"")
 
     def _adopt_certificate(self, event: PeerCommitted) -> bool:
-        if event.seq_no in self.certified:
+        if event.seq_no in self.log.certified:
             return True
         try:
             verify_commit_certificate(
@@ -1088,8 +933,7 @@ class Replica:
                 block_hash=event.block_hash, verifier=self.auth.verifier)
         except MessageError:
             return False
-        self.certified[event.seq_no] = (event.block_hash, event.certificate)
-        self._put(StoreName.COMMIT_CERTIFICATES, u64(event.seq_no), event.certificate)
+        self.log.certify(event.seq_no, event.block_hash, event.certificate)
         self._advance()
         return True
 
@@ -1111,10 +955,9 @@ class Replica:
         self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= view}
         self._persist_meta()
         stable = self.stable_checkpoint
-        pset = tuple(self.pset[n] for n in sorted(self.pset) if n > stable)
-        qset = tuple(PrePreparedEntry(n, d, v) for (n, d), v in sorted(self.qset.items())
-                     if n > stable)
-        self._sign(ViewChange(view, stable, self._stable_proof(), pset, qset, self.me))
+        proof = self.checkpoints.proof(stable) if stable else ()
+        self._sign(ViewChange(view, stable, proof, self.log.prepared_above(stable),
+                              self.log.pre_prepared_above(stable), self.me))
         self._resend_view_change()
         self._check_view_change_quorum()
 
@@ -1122,18 +965,10 @@ class Replica:
         self.view_change_reasons[reason] += 1
         self.views_without_commit += 1
 
-    def _stable_proof(self) -> tuple[Signed[Checkpoint], ...]:
-        """C: the Q matching CHECKPOINTs that made our stable checkpoint stable."""
-        if self.stable_checkpoint == 0:
-            return ()
-        votes = self.checkpoints[self.stable_checkpoint]
-        value, _ = Counter(c.body.value for c in votes.values()).most_common(1)[0]
-        return tuple(c for _, c in sorted(votes.items()) if c.body.value == value)
-
     def _own_view_change(self) -> WireMessage[ViewChange]:
         """VIEW-CHANGE and NEW-VIEW carry digests, not blocks (as in the paper): their size
         does not grow with the blocks, so they always fit a frame; bodies are fetched."""
-        own = signed_as(self.signed[signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE,
+        own = signed_as(self.log.signed[signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE,
                                                self.view)], ViewChange)
         assert own is not None  # the key is a VIEW-CHANGE's
         return WireMessage(own)
@@ -1231,10 +1066,9 @@ class Replica:
         self._adopt_checkpoint(plan)
         # The NEW-VIEW names blocks by digest; the copies held here were checked against
         # theirs on arrival, and a body missing here is fetched when it is needed.
-        kept = {(n, d): self._block_for(n, d) for n, d in plan.entries}
-        self.block_store = {}  # blockStore only ever holds the current view's blocks
-        self._ops.append(DeleteRange(StoreName.BLOCK_STORE, None, None))
-        self._forget_signed_view_messages()
+        kept = {(n, d): self.log.block_for(n, d) for n, d in plan.entries}
+        self.log.clear_block_store()
+        self.log.forget_view_messages_below(self.view)
         for pre_prepare in new_view.body.pre_prepares:
             body = pre_prepare.body
             self._adopt_pre_prepare(pre_prepare, kept[(body.seq_no, body.digest)])
@@ -1249,23 +1083,11 @@ class Replica:
         self._replay_future()
         self._advance()
 
-    def _forget_signed_view_messages(self) -> None:
-        """VIEW-CHANGE / NEW-VIEW we signed for views below the one just installed."""
-        self.signed = {k: s for k, s in self.signed.items()
-                       if read_u64(k) != VIEW_MESSAGE_SEQ_NO or read_u64(k, 9) >= self.view}
-        for message_type in (MessageType.VIEW_CHANGE, MessageType.NEW_VIEW):
-            self._ops.append(DeleteRange(
-                StoreName.SIGNED, signed_key(VIEW_MESSAGE_SEQ_NO, message_type, 0),
-                signed_key(VIEW_MESSAGE_SEQ_NO, message_type, self.view)))
-
     def _adopt_checkpoint(self, plan: NewViewPlan) -> None:
         """min-s is proven stable by V: move there, and fetch it if we have not executed it."""
         if plan.min_s <= self.stable_checkpoint:
             return
-        for checkpoint in plan.checkpoint_proof:
-            self.checkpoints.setdefault(plan.min_s, {})[checkpoint.body.replica] = checkpoint
-            self._put(StoreName.CHECKPOINTS, u64(plan.min_s) + u16(checkpoint.body.replica),
-                      checkpoint.encode())
+        self.checkpoints.adopt(plan.min_s, plan.checkpoint_proof)
         self._mark_stable(plan.min_s)
         if self.last_exec < plan.min_s and self.fetching is None:
             block_hash, state_root = plan.checkpoint_proof[0].body.value
@@ -1277,7 +1099,7 @@ class Replica:
             return
         self._accept_pre_prepare(pre_prepare, block)
         if body.seq_no <= self.last_exec:  # already in the chain: agree again, never re-execute
-            if self.certified.get(body.seq_no, (body.digest,))[0] != body.digest:
+            if self.log.certified.get(body.seq_no, (body.digest,))[0] != body.digest:
                 self._alarm("new_view", f"new view re-proposes another block at {body.seq_no}")
                 return
             self._mark_validated(body.view, body.seq_no)

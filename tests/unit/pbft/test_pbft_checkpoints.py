@@ -26,10 +26,11 @@ def test_checkpoint_every_k_moves_h_and_collects_every_store() -> None:
         replica = node.replica
         assert replica.low_watermark == replica.stable_checkpoint == 8
         assert replica.high_watermark == 16
-        assert all(n > 8 for _, n in replica.certs)
-        assert all(n > 8 for n in [*replica.block_store, *replica.pset, *replica.certified])
-        assert all(n > 8 for n, _ in [*replica.outstanding_blocks, *replica.qset])
-        assert min(replica.checkpoints) == 8
+        assert all(n > 8 for _, n in replica.log.certs)
+        log = replica.log
+        assert all(n > 8 for n in [*log.block_store, *log.pset, *log.certified])
+        assert all(n > 8 for n, _ in [*log.outstanding_blocks, *log.qset])
+        assert min(replica.checkpoints.votes) == 8
         for store in (StoreName.CERT_STORE, StoreName.BLOCK_STORE, StoreName.PSET,
                       StoreName.QSET, StoreName.OUTSTANDING_BLOCKS):
             assert all(read_u64(k) > 8 for k, _ in node.store.items(store)), store
@@ -66,7 +67,7 @@ def test_conflicting_checkpoints_raise_an_alarm_instead_of_forking() -> None:
         wire.signed.body.TYPE is MessageType.CHECKPOINT and dst == 1))
     grow(cluster, 4)
     replica = cluster.nodes[1].replica
-    assert replica.low_watermark == 0 and 4 in replica.checkpoints
+    assert replica.low_watermark == 0 and 4 in replica.checkpoints.votes
     for signer in (2, 3):  # f + 1 replicas claim another state root at 4
         cluster.feed(1, MessageReceived(_signed_checkpoint(cluster, signer, 4, keccak(b"x"))))
     assert [a.kind for a in cluster.nodes[1].alarms] == ["checkpoint_conflict"]
@@ -95,4 +96,4 @@ def test_fall_behind_detected_from_f_plus_1_high_checkpoints() -> None:
     assert fetches and fetches[0].target_seq_no > 4  # above its H = 0 + 4
     assert cluster.heights()[3] == cluster.heights()[0]
     assert lagging.replica.low_watermark >= fetches[0].target_seq_no
-    assert lagging.replica.block_store == {} or min(lagging.replica.block_store) > 4
+    assert lagging.replica.log.block_store == {} or min(lagging.replica.log.block_store) > 4

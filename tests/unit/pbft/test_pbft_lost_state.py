@@ -232,7 +232,7 @@ def test_a_pre_prepare_waits_for_its_parent_and_never_raises_the_seq_no() -> Non
     replica = disk.start()
     far, message = pre_prepare(5, b"stray")
     assert not any(isinstance(a, ValidateBlock) for a in disk.run(replica.step(message)))
-    assert replica.seq_no == 0 and (0, 5) not in replica.certs
+    assert replica.seq_no == 0 and (0, 5) not in replica.log.certs
     second, early = pre_prepare(2, b"second")
     disk.run(replica.step(early))  # block 1 is not certified here yet: held
     first, message = pre_prepare(1, b"first")
@@ -242,7 +242,7 @@ def test_a_pre_prepare_waits_for_its_parent_and_never_raises_the_seq_no() -> Non
     disk.run(replica.step(from_peer(Commit(0, 1, first, 0))))
     actions = disk.run(replica.step(from_peer(Commit(0, 1, first, 1))))
     assert any(isinstance(a, CommitBlock) for a in actions)
-    assert (0, 2) in replica.certs and replica.certs[(0, 2)].digest == second
+    assert (0, 2) in replica.log.certs and replica.log.certs[(0, 2)].digest == second
     actions = disk.run(replica.step(_committed(1, first)))
     assert any(isinstance(a, ValidateBlock) and a.seq_no == 2 for a in actions)
 
@@ -263,7 +263,7 @@ def test_a_replica_still_validating_is_not_pushed_into_catch_up() -> None:
     replica = disk.start()
     digest, message = pre_prepare(1, b"slow to validate")
     disk.run(replica.step(message))
-    assert replica.certs[(0, 1)].validating
+    assert replica.log.certs[(0, 1)].validating
     assert not any(isinstance(a, FetchCommitted)
                    for a in disk.run(replica.step(PeerCommitted(1, digest, b""))))
     far = H + PARAMS.checkpoint_interval
@@ -299,9 +299,9 @@ def test_a_missing_body_is_fetched_and_a_false_copy_refused() -> None:
     cluster.filters += [drop_type(MessageType.COMMIT),
                         lambda src, dst, wire: not (dst == 1 and src == 0)]
     cluster.submit(keccak(b"prepared"))
-    assert cluster.run_until(lambda: all(1 in cluster.nodes[i].replica.pset for i in (0, 2, 3)),
+    assert cluster.run_until(lambda: all(1 in cluster.nodes[i].replica.log.pset for i in (0, 2, 3)),
                              20_000)
-    digest = cluster.nodes[2].replica.pset[1].pre_prepare.body.digest
+    digest = cluster.nodes[2].replica.log.pset[1].pre_prepare.body.digest
     primary = cluster.nodes[1]
     cluster.filters[:] = [drop_from(0)]
     assert cluster.run_until(lambda: (1, digest) in primary.replica.wanted, 20_000)

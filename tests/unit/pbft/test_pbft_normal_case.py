@@ -41,7 +41,7 @@ def test_many_sequential_blocks_reset_state_after_each_commit(n: int) -> None:
         assert replica.seq_no == replica.last_exec == height
         assert replica.executing is None and replica.building is None
         assert not replica.requests
-        assert replica.outstanding_blocks == {}  # committed blocks are no longer outstanding
+        assert replica.log.outstanding_blocks == {}  # committed blocks are no longer outstanding
 
 
 def test_n1_commits_alone_without_messages() -> None:
@@ -75,7 +75,7 @@ def test_prepare_from_primary_is_ignored_and_is_evidence() -> None:
     cluster = Cluster(4)
     replica = cluster.nodes[1].replica
     _inject(cluster, 1, 0, Prepare(0, 1, keccak(b"x"), 0))
-    assert replica.certs.get((0, 1)) is None or 0 not in replica.certs[(0, 1)].prepares
+    assert replica.log.certs.get((0, 1)) is None or 0 not in replica.log.certs[(0, 1)].prepares
     assert replica.evidence, "evidence against the primary is kept"
     assert not replica.active and replica.view == 1  # and it asks for a view change
 
@@ -89,7 +89,7 @@ def test_sender_mismatch_and_non_member_dropped() -> None:
     data = WireMessage(auth.sign(Prepare(0, 1, keccak(b"x"), 2), outsider)).encode()
     cluster.feed(1, MessageReceived(data))
     assert replica.dropped["SignatureError"] == 2
-    assert replica.certs == {}
+    assert replica.log.certs == {}
 
 
 def test_digest_mismatch_does_not_count() -> None:
@@ -99,7 +99,7 @@ def test_digest_mismatch_does_not_count() -> None:
         wire.signed.body.TYPE is MessageType.PREPARE and src == 3))
     _inject(cluster, 1, 3, Prepare(0, 1, keccak(b"another block"), 3))
     commit(cluster, tx_hashes(1))
-    slot = cluster.nodes[1].replica.certs[(0, 1)]
+    slot = cluster.nodes[1].replica.log.certs[(0, 1)]
     assert 3 in slot.prepares
     assert [p.body.replica for p in slot.matching(slot.prepares, exclude=0)] == [1, 2]
 
@@ -111,7 +111,7 @@ def test_outside_watermarks_and_other_views_dropped() -> None:
     _inject(cluster, 1, 2, Prepare(0, replica.high_watermark + 1, keccak(b"x"), 2))
     _inject(cluster, 1, 2, Prepare(0, 0, keccak(b"x"), 2))
     assert replica.dropped["outside the watermarks"] == 2
-    assert replica.certs == {}
+    assert replica.log.certs == {}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -71,7 +71,7 @@ def test_never_signs_two_messages_for_one_slot_across_a_restart() -> None:
     node = cluster.nodes[1]
     restored = Replica.restore(cluster.params, 1, node.signer, cluster.verifier,
                                node.chain.head, node.store, block_digest=block_digest)
-    digest = restored.certs[(0, 1)].digest
+    digest = restored.log.certs[(0, 1)].digest
     assert restored._sign(Prepare(0, 1, digest, 1)).body.digest == digest  # same: re-used
     with pytest.raises(SafetyError):
         restored._sign(Prepare(0, 1, keccak(b"something else"), 1))

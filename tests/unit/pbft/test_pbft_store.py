@@ -65,11 +65,12 @@ def test_restart_from_leveldb_reads_back_identical_bytes_and_state(tmp_path: Pat
     live = node.replica
     assert restored.status() == live.status()
     assert restored.view >= 1 and restored.low_watermark == 3
-    assert restored.pset == live.pset and restored.qset == live.qset
-    assert restored.checkpoints == live.checkpoints and restored.signed == live.signed
-    assert restored.block_store == live.block_store
-    assert {k: s.pre_prepare for k, s in restored.certs.items()} == {
-        k: s.pre_prepare for k, s in live.certs.items()}
+    assert restored.log.pset == live.log.pset and restored.log.qset == live.log.qset
+    assert restored.checkpoints.votes == live.checkpoints.votes
+    assert restored.log.signed == live.log.signed
+    assert restored.log.block_store == live.log.block_store
+    assert {k: s.pre_prepare for k, s in restored.log.certs.items()} == {
+        k: s.pre_prepare for k, s in live.log.certs.items()}
 
 
 def test_core_imports_no_io() -> None:
