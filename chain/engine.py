@@ -7,7 +7,7 @@ engine tells the node what to commit. Engines are found by name through the
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -83,6 +83,11 @@ class EngineContext(ABC):
     @abstractmethod
     def send_sync(self, peer: bytes, payload: bytes) -> None:
         """Send a block-sync message to one validator (its own channel, beside consensus)."""
+
+    @abstractmethod
+    def relay_transactions(self, peer: bytes, tx_hashes: Sequence[bytes]) -> None:
+        """Send these pool transactions to one validator on the gossip channel (those the
+        pool no longer holds are skipped; dropped if unreachable)."""
 
     @abstractmethod
     def peers(self) -> frozenset[bytes]:

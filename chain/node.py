@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -423,6 +423,12 @@ class NodeContext(EngineContext):
 
     def send_sync(self, peer: bytes, payload: bytes) -> None:
         self._send(peer, Channel.BLOCK_SYNC, payload)
+
+    def relay_transactions(self, peer: bytes, tx_hashes: Sequence[bytes]) -> None:
+        for tx_hash in tx_hashes:
+            entry = self._node.pool.get(tx_hash)
+            if entry is not None:
+                self._send(peer, Channel.TX_GOSSIP, entry.tx.encode())
 
     def _send(self, peer: bytes, channel: Channel, payload: bytes) -> None:
         if self._node.transport is not None:

@@ -38,6 +38,7 @@ from pbft_engine.core import (
     MessageReceived,
     Persist,
     Ready,
+    RelayRequests,
     Replica,
     RequestDropped,
     RequestReceived,
@@ -210,6 +211,9 @@ class PbftEngine(ConsensusEngine):
                 self.context.broadcast(action.data)
             case SendTo():
                 self.context.send(self.engine_params.validators[action.replica], action.data)
+            case RelayRequests():
+                self.context.relay_transactions(self.engine_params.validators[action.replica],
+                                                action.tx_hashes)
             case SetTimer():
                 self._set_timer(action)
             case CancelTimer():

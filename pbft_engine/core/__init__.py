@@ -13,6 +13,7 @@ from pbft_engine.core.actions import (
     FetchCommitted,
     Persist,
     Ready,
+    RelayRequests,
     SendTo,
     SetTimer,
     ValidateBlock,
@@ -43,7 +44,7 @@ __all__ = [
     "Delete", "DeleteRange",
     "EngineParams", "Event", "FetchBlock", "FetchCommitted", "FetchCompleted", "FetchFailed",
     "MessageReceived", "PeerCommitted", "Persist", "Put", "Ready", "RecordReader", "Replica",
-    "ReplicaStatus",
+    "ReplicaStatus", "RelayRequests",
     "RequestDropped", "RequestReceived", "SendTo", "SetTimer", "StoreName", "StoreOp",
     "TimerFired", "TimerKind", "ValidateBlock",
 ]

@@ -3,10 +3,9 @@
 Contract for the adapter (etcd's `Ready`: HardState before Messages): write the step's
 `persist`, if any, in ONE synced WriteBatch (its signing bound first, outside the database),
 then perform its `actions` in order (every message sent depends on the write). Block actions
-are answered
-with the matching event (`BuildBlock` -> `BlockBuilt`, `ValidateBlock` -> `BlockValidated`,
-`CommitBlock` -> `BlockCommitted`, `FetchCommitted` -> `FetchCompleted` | `FetchFailed`,
-`FetchBlock` -> `BlockReceived`).
+are answered with the matching event (`BuildBlock` -> `BlockBuilt`, `ValidateBlock` ->
+`BlockValidated`, `CommitBlock` -> `BlockCommitted` | `CommitRefused`, `FetchCommitted` ->
+`FetchCompleted` | `FetchFailed`, `FetchBlock` -> `BlockReceived`).
 """
 
 from __future__ import annotations
@@ -38,6 +37,18 @@ class Broadcast:
 class SendTo:
     replica: int
     data: bytes
+
+
+@dataclass(frozen=True)
+class RelayRequests:
+    """Send these waiting transactions from the pool to `replica`, the primary this backup
+    times (skipping any the pool no longer holds). Gossip delivers a transaction once; one
+    it did not deliver to the primary (a link down, a full queue) would otherwise cost a
+    view change, or several: a backup relays what it waits for, as a PBFT backup relays a
+    client's request to the primary (Castro & Liskov, section 4.1)."""
+
+    replica: int
+    tx_hashes: tuple[bytes, ...]
 
 
 @dataclass(frozen=True)
@@ -119,6 +130,7 @@ class Alarm:
 Action = (
     Broadcast
     | SendTo
+    | RelayRequests
     | SetTimer
     | CancelTimer
     | BuildBlock

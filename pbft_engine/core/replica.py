@@ -7,6 +7,7 @@ view change with signed P sets, and restore from the persisted stores. No I/O, n
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pbft_engine.core.actions import (
     FetchCommitted,
     Persist,
     Ready,
+    RelayRequests,
     SendTo,
     SetTimer,
     ValidateBlock,
@@ -119,6 +121,9 @@ class ChainHead:
 # primary that keeps leaving one out while it commits others is censoring it, and the timer
 # then runs out.
 MAX_PASSED_OVER = 8
+# Waiting requests a backup relays to the primary when it starts timing it (the oldest):
+# enough for one account's run of nonces that gossip did not deliver there.
+RELAYED_REQUESTS = 4
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,7 @@ class Replica:
         self.evidence: set[bytes] = set()
         self.requests: dict[bytes, None] = {}  # executable transactions waiting, oldest first
         self.passed_over = 0  # commits since the oldest waiting request became the oldest
+        self.relayed: set[bytes] = set()  # requests relayed to this view's primary
         self.view_change_reasons: Counter[str] = Counter()  # view changes here, by reason
         self.dropped: Counter[str] = Counter()
         self.received: Counter[str] = Counter()  # verified messages in, by type (metrics)
@@ -476,6 +482,17 @@ class Replica:
         self.request_timer_armed = True
         self._set_timer(TimerKind.REQUEST, b"", self.params.escalated(
             self.params.request_timeout_ms, self.views_without_commit))
+        self._relay_oldest_requests()
+
+    def _relay_oldest_requests(self) -> None:
+        """What the timer now waits for goes to the primary too, once per view each (4.1): a
+        request gossip never delivered there would otherwise cost a view change."""
+        self.relayed &= self.requests.keys()
+        oldest = itertools.islice(self.requests, RELAYED_REQUESTS)
+        fresh = tuple(tx_hash for tx_hash in oldest if tx_hash not in self.relayed)
+        if fresh:
+            self.relayed.update(fresh)
+            self._out.append(RelayRequests(self.primary, fresh))
 
     def _cancel_request_timer(self) -> None:
         if self.request_timer_armed:
@@ -1076,6 +1093,7 @@ class Replica:
         self._persist_meta()
         self._check_recovered()
         self.passed_over = 0  # the new primary gets the whole bound again
+        self.relayed = set()  # and every waiting request
         self._cancel_request_timer()  # armed in the old view; a new primary times no one
         if self.requests:
             self._arm_request_timer()

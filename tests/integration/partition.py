@@ -4,7 +4,8 @@
 and rewrites node i's configured peers to dial j through it, so every connection between two
 nodes crosses exactly one proxy. `isolate(k)` closes every connection of node k and refuses
 new ones (the node keeps running, its timers fire, its clients can still reach it);
-`heal(k)` lets it connect again. The proxies run on an asyncio loop in a daemon thread.
+`heal(k)` lets it connect again; `cut(a, b)` and `mend(a, b)` do the same to one link. The
+proxies run on an asyncio loop in a daemon thread.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -96,15 +97,22 @@ class Partitions:
             config.write_text(text)
 
     def isolate(self, index: int) -> None:
-        self._set_cut(index, True)
+        self._set_cut(lambda ends: index in ends, True)
 
     def heal(self, index: int) -> None:
-        self._set_cut(index, False)
+        self._set_cut(lambda ends: index in ends, False)
 
-    def _set_cut(self, index: int, cut: bool) -> None:
+    def cut(self, a: int, b: int) -> None:
+        """Only the link between nodes a and b (both directions) goes down."""
+        self._set_cut(lambda ends: ends == {a, b}, True)
+
+    def mend(self, a: int, b: int) -> None:
+        self._set_cut(lambda ends: ends == {a, b}, False)
+
+    def _set_cut(self, chosen: Callable[[frozenset[int]], bool], cut: bool) -> None:
         async def apply() -> None:
             for link in self.links:
-                if index in link.ends:
+                if chosen(link.ends):
                     link.cut = cut
                     if cut:
                         link.drop_connections()

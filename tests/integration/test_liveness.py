@@ -30,6 +30,7 @@ from eth_account import Account
 
 from testkit.cluster import Cluster, rpc
 from testkit.nodes import RunningNode, wait_for
+from tests.integration.partition import Partitions
 
 pytestmark = pytest.mark.integration
 
@@ -378,6 +379,35 @@ def fresh_cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+def test_a_transfer_gossip_missed_at_the_primary_is_relayed_to_it(tmp_path: Path) -> None:
+    """Node 1's link to the primary, node 0, is down when a user sends node 1 a transfer:
+    gossip takes it to nodes 2 and 3 only. They relay what they wait for to the primary
+    (Castro & Liskov 4.1), which commits it in view 0, so nodes 0, 2 and 3 change no view
+    (node 1, cut off from the primary, may ask for one alone; nobody joins it). Without the
+    relay, 2 and 3 replace a correct primary for a transaction it never had."""
+    cluster = Cluster.create(tmp_path)  # the testnet's defaults
+    partitions = Partitions()
+    try:
+        partitions.install(cluster)
+        cluster.start()
+        others = [0, 2, 3]
+        baseline = settle(cluster, others)
+        account = cluster.description["accounts"][4]
+        address, key = account["address"], account["private_key"]
+        nonce = nonces(cluster.nodes[1], [address], "pending")[address]
+        to = cluster.description["accounts"][9]["address"]
+        partitions.cut(0, 1)
+        rpc(cluster.nodes[1], "eth_sendRawTransaction",
+            sign_transfer(cluster.description["chain_id"], key, nonce, to))
+        wait_committed(cluster, others, {address: nonce + 1}, baseline, commit_deadline(1))
+        assert [cluster.status(i)["view"] for i in others] == [0, 0, 0]
+        partitions.mend(0, 1)
+    finally:
+        partitions.close()
+        codes = cluster.close()
+    assert codes == [0, 0, 0, 0]
 
 
 def test_primary_killed_during_a_burst_a_new_view_commits_everything(

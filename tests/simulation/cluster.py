@@ -44,6 +44,7 @@ from pbft_engine.core import (
     MessageReceived,
     PeerCommitted,
     Ready,
+    RelayRequests,
     Replica,
     RequestDropped,
     RequestReceived,
@@ -337,6 +338,8 @@ class Cluster:
                     self._send(node, None, action.data)
                 case SendTo():
                     self._send(node, action.replica, action.data)
+                case RelayRequests():
+                    self._relay(node, action.replica, action.tx_hashes)
                 case SetTimer():
                     node.timers[(action.kind, action.key)] = self.now + action.duration_ms
                     self._schedule(action.duration_ms, node, (action.kind, action.key))
@@ -704,6 +707,14 @@ class Cluster:
             else:
                 self._gossip(dst, tx)
         return tx.hash
+
+    def _relay(self, node: Node, to: int, tx_hashes: tuple[bytes, ...]) -> None:
+        """A backup's waiting transactions, from its pool to the primary, as gossip travels."""
+        for tx_hash in tx_hashes:
+            entry = node.pool.by_hash.get(tx_hash)
+            if (entry is not None and self._connected(node.index, to)
+                    and self.rng.random() >= self.faults.drop):
+                self._schedule(self._delay(), self.nodes[to], _Arrival(entry.tx))
 
     def _gossip(self, index: int, tx: Tx) -> None:
         node = self.nodes[index]

@@ -16,6 +16,7 @@ from pbft_engine.core import (
     FetchCommitted,
     FetchCompleted,
     PeerCommitted,
+    RelayRequests,
     Replica,
     RequestDropped,
     RequestReceived,
@@ -187,6 +188,34 @@ def test_a_timer_that_runs_out_while_this_replica_still_validates_is_rearmed() -
     replica.step(BlockValidated(1, keccak(block), True))
     replica.step(TimerFired(TimerKind.REQUEST, b""))  # validated, and still no block: blame
     assert replica.view == 1 and replica.view_change_reasons == {"request_timeout": 1}
+
+
+def relayed(actions: list[Action]) -> list[RelayRequests]:
+    return [a for a in actions if isinstance(a, RelayRequests)]
+
+
+def test_a_backup_relays_what_it_waits_for_to_the_primary_once_per_view() -> None:
+    """A request gossip never delivered to the primary (a link down, a full queue) would cost
+    a view change; the backup relays the oldest waiting requests to the primary when it
+    starts timing it (Castro & Liskov 4.1), each once per view, and to the next primary
+    again. The primary relays nothing."""
+    replica = start_replica()
+    first = replica.step(RequestReceived(WAITING)).actions
+    assert relayed(first) == [RelayRequests(0, (WAITING,))]
+    later = keccak(b"a later request")
+    assert relayed(replica.step(RequestReceived(later)).actions) == []  # already timing
+    others = [keccak(b"other %d" % i) for i in range(8)]
+    for tx_hash in others:
+        replica.step(RequestReceived(tx_hash))
+    actions = commit_block(replica, 1, (WAITING,))  # restarts at the block and its commit
+    assert relayed(actions) == [RelayRequests(0, (others[2],))]  # the new fourth oldest
+    assert replica.relayed == {later, *others[:3]}
+    replica.step(TimerFired(TimerKind.REQUEST, b""))
+    votes = tuple(AUTH.sign(ViewChange(1, 0, (), (), (), r), SIGNERS[r]) for r in (0, 2, 3))
+    actions = replica.step(from_peer(NewView(1, votes, (), 1))).actions
+    assert relayed(actions) == [RelayRequests(1, (later, *others[:3]))]
+    primary = start_replica(0)
+    assert relayed(primary.step(RequestReceived(WAITING)).actions) == []
 
 
 def test_the_primary_runs_no_request_timer() -> None:
