@@ -51,7 +51,7 @@ from pbft_engine.core import (
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import LostRecordsError, PbftError, StoreError
 from pbft_engine.messages import KeySigner, KeyVerifier
-from pbft_engine.metrics import PbftMetrics, replica_mode
+from pbft_engine.metrics import PbftMetrics
 from pbft_engine.record_store import LevelDBConsensusStore
 from pbft_engine.rpc_records import MAX_RANGE, ConsensusRecords
 from pbft_engine.sync import BlockSync
@@ -74,7 +74,7 @@ class ConsensusLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         if replica is None:
             return msg, kwargs
         return (f"view={replica.view} seqNo={replica.seq_no} h={replica.low_watermark} "
-                f"mode={replica_mode(replica)} | {msg}", kwargs)
+                f"mode={replica.mode.value} | {msg}", kwargs)
 
 
 class PbftEngine(ConsensusEngine):
@@ -347,7 +347,7 @@ class PbftEngine(ConsensusEngine):
             "checkpointInterval": self.engine_params.checkpoint_interval,
             "validator": "0x" + self.engine_params.validators[self.replica.me].hex(),
             "peers": len(self.context.peers()),
-            "mode": replica_mode(self.replica),
+            "mode": status.mode.value,
         }
 
     def rpc_methods(self) -> dict[str, RpcHandler]:

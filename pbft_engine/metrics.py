@@ -12,22 +12,9 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from chain.metrics import CallbackCollector, labelled_counter
-from pbft_engine.core import Replica
+from pbft_engine.core import Mode, Replica
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-MODES = ("normal", "view-change", "catching-up", "following", "halted")
-
-
-def replica_mode(replica: Replica) -> str:
-    if replica.halted:
-        return "halted"
-    if replica.amnesia is not None:
-        return "following"  # lost its consensus records: votes only where it never voted
-    if replica.fetching is not None:
-        return "catching-up"
-    return "normal" if replica.active else "view-change"
-
-
 class PbftMetrics:
     def __init__(self, registry: CollectorRegistry, replica: Callable[[], Replica | None]) -> None:
         self._replica = replica
@@ -62,8 +49,8 @@ class PbftMetrics:
         ):
             families.append(GaugeMetricFamily(name, documentation, value=value))
         mode = GaugeMetricFamily("pbft_mode", "1 for the replica's current mode", labels=["mode"])
-        for name in MODES:
-            mode.add_metric([name], float(replica_mode(replica) == name))
+        for each in Mode:
+            mode.add_metric([each.value], float(replica.mode is each))
         families.append(mode)
         largest = GaugeMetricFamily(
             "pbft_largest_sent_message_bytes",

@@ -36,15 +36,15 @@ from pbft_engine.core.events import (
 )
 from pbft_engine.core.params import EngineParams
 from pbft_engine.core.records import Delete, DeleteRange, Put, RecordReader, StoreName, StoreOp
-from pbft_engine.core.replica import ChainHead, Replica, ReplicaStatus
+from pbft_engine.core.replica import ChainHead, Mode, Replica, ReplicaStatus
 
 __all__ = [
     "Action", "Alarm", "BlockBuilt", "BlockCommitted", "BlockReceived", "BlockValidated",
     "Broadcast", "BuildBlock", "CancelTimer", "ChainHead", "CommitBlock", "CommitRefused",
     "Delete", "DeleteRange",
     "EngineParams", "Event", "FetchBlock", "FetchCommitted", "FetchCompleted", "FetchFailed",
-    "MessageReceived", "PeerCommitted", "Persist", "Put", "Ready", "RecordReader", "Replica",
-    "ReplicaStatus", "RelayRequests",
+    "MessageReceived", "Mode", "PeerCommitted", "Persist", "Put", "Ready", "RecordReader",
+    "Replica", "ReplicaStatus", "RelayRequests",
     "RequestDropped", "RequestReceived", "SendTo", "SetTimer", "StoreName", "StoreOp",
     "TimerFired", "TimerKind", "ValidateBlock",
 ]

@@ -11,6 +11,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
 from typing import assert_never, cast
 
 import rlp
@@ -126,6 +127,20 @@ MAX_PASSED_OVER = 8
 RELAYED_REQUESTS = 4
 
 
+class Mode(Enum):
+    """What a replica is doing, as one value for status, metrics and logs. The state behind it
+    is not one value: a replica can catch up while it changes view (it fetches what a
+    NEW-VIEW's checkpoint proves, or what f+1 peers vouch for), so the view status (`active`)
+    and the catch-up target (`fetching`) stay apart, and the mode reports the first that
+    holds of halted, following, catching-up and view-change."""
+
+    NORMAL = "normal"
+    VIEW_CHANGE = "view-change"  # asked for view `view`, waiting for its NEW-VIEW
+    CATCHING_UP = "catching-up"  # fetching certified blocks up to `fetching`
+    FOLLOWING = "following"  # lost its records: votes only where it cannot contradict itself
+    HALTED = "halted"  # an alarm stopped it: it takes no step until an operator acts
+
+
 @dataclass(frozen=True)
 class ReplicaStatus:
     view: int
@@ -138,6 +153,7 @@ class ReplicaStatus:
     last_executed: int
     fetching: int | None
     following: bool  # lost its consensus records: votes only where it never voted
+    mode: Mode
 
 
 class Replica:
@@ -296,8 +312,18 @@ class Replica:
         return ReplicaStatus(
             self.view, self.active, self.seq_no, self.low_watermark, self.high_watermark,
             self.primary, self.stable_checkpoint, self.last_exec, self.fetching,
-            self.amnesia is not None,
+            self.amnesia is not None, self.mode,
         )
+
+    @property
+    def mode(self) -> Mode:
+        if self.halted:
+            return Mode.HALTED
+        if self.amnesia is not None:
+            return Mode.FOLLOWING
+        if self.fetching is not None:
+            return Mode.CATCHING_UP
+        return Mode.NORMAL if self.active else Mode.VIEW_CHANGE
 
     def start(self) -> Ready:
         """The first step after construction or restore: re-arm timers, resend, resume."""

@@ -15,6 +15,7 @@ from pbft_engine.core import (
     CommitBlock,
     FetchCommitted,
     FetchCompleted,
+    Mode,
     PeerCommitted,
     RelayRequests,
     Replica,
@@ -35,7 +36,6 @@ from pbft_engine.messages import (
     PrePrepare,
     ViewChange,
 )
-from pbft_engine.metrics import replica_mode
 from tests.unit.pbft.helpers import AUTH, GENESIS, PARAMS, SIGNERS, from_peer
 
 ME = 2  # never the primary of views 0 and 1
@@ -235,4 +235,4 @@ def test_a_halted_replica_reports_halted() -> None:
     status says so (it used to report normal)."""
     replica = start_replica()
     commit_block(replica, 1, (), imported=keccak(b"another block"))
-    assert replica.halted and replica_mode(replica) == "halted"
+    assert replica.halted and replica.mode is Mode.HALTED
