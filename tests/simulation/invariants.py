@@ -88,8 +88,9 @@ def check_accounts(cluster: Cluster, workload: Workload) -> None:
 
 
 def check_latency(cluster: Cluster, *, capacity: int, rounds: int, extra_ms: int,
-                  slack_ms: int, only: Iterable[bytes] | None = None) -> None:
-    """Every transaction commits on every honest node by
+                  slack_ms: int, only: Iterable[bytes] | None = None,
+                  nodes: list[int] | None = None) -> None:
+    """Every transaction commits on every honest node (of `nodes`, if given) by
 
         ready + (ceil(ahead / capacity) + rounds) x request_timeout + extra_ms
 
@@ -99,7 +100,7 @@ def check_latency(cluster: Cluster, *, capacity: int, rounds: int, extra_ms: int
     capacity is the fewest transactions a primary's block holds while more wait (the time
     budget or the gas limit): the primary takes them in arrival order, so at most
     ceil(ahead / capacity) blocks go first, each within a request timeout."""
-    honest = [node.index for node in cluster.honest()]
+    honest = [node.index for node in cluster.honest()] if nodes is None else nodes
     ready: dict[bytes, int] = {}
     done: dict[bytes, int] = {}
     for tx_hash, commits in cluster.commit_at.items():
