@@ -39,18 +39,38 @@ def check_no_view_change(cluster: Cluster) -> None:
 
 def check_no_churn(cluster: Cluster, nodes: list[Node], limit_ms: int, quiet_ms: int) -> None:
     """After healing, once these replicas agree (one view, one height, nothing executable
-    waiting, nothing under way), their views stay put: no view change without a reason."""
-    def idle() -> bool:
-        replicas = [n.replica for n in nodes if n.replica is not None]
-        return (len(replicas) == len(nodes) and not any(n.busy for n in nodes)
-                and len({(r.view, r.active, r.last_exec) for r in replicas}) == 1
-                and not any(r.requests for r in replicas))
+    waiting, nothing under way), their views stay put: no view change without a reason.
 
-    if not cluster.run_until(idle, limit_ms):
-        return  # something still waits: a view change may be due, not churn
-    before = [node.view_changes for node in nodes]
+    Left out: at most f replicas stranded in a higher view they asked for alone while the
+    network was faulty. PBFT lets no lone replica change the view, and one may not return to
+    a view its VIEW-CHANGE left (that message's P set would go stale), so it waits for the
+    next view change, following the chain by catch-up meanwhile. Anything else that keeps
+    the healed cluster from settling fails."""
+    f = cluster.params.f
+
+    def voting() -> list[Node] | None:
+        """The replicas that settled, if the rest are stranded (None: not settled yet)."""
+        if any(n.replica is None or n.busy for n in nodes):
+            return None
+        active = [n for n in nodes if n.replica is not None and n.replica.active]
+        states = {(n.replica.view, n.replica.last_exec) for n in active if n.replica}
+        if len(states) != 1 or any(n.replica.requests for n in active if n.replica):
+            return None
+        view = states.pop()[0]
+        stranded = [n for n in nodes if n not in active]
+        if len(stranded) > f or any(n.replica.view <= view for n in stranded if n.replica):
+            return None
+        return active
+
+    if not cluster.run_until(lambda: voting() is not None, limit_ms):
+        replicas = [n.replica for n in nodes if n.replica is not None]
+        raise LivenessFailure(
+            f"the healed cluster never settled in {limit_ms} ms: (view, active, height, "
+            f"requests) {[(r.view, r.active, r.last_exec, len(r.requests)) for r in replicas]}")
+    settled_nodes = voting() or []
+    before = [node.view_changes for node in settled_nodes]
     cluster.run_for(quiet_ms)
-    if [node.view_changes for node in nodes] != before:
+    if [node.view_changes for node in settled_nodes] != before:
         raise InvariantFailure(f"views changed on an idle, healed cluster: "
                                f"{view_change_report(cluster)}; views {cluster.views()}")
 
