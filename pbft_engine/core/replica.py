@@ -840,7 +840,7 @@ class Replica:
     def _on_commit_refused(self, event: CommitRefused) -> None:
         """The held copy of a certified block did not execute. The quorum certified its
         header, so the body was false (bodies travel unsigned): forget it and fetch the block
-        again, the peer that served it last (4.4: a missing request is fetched by digest)."""
+        again by digest, from the other peers first (block sync asks its server last)."""
         if self.executing != event.seq_no:
             return
         self.executing = None
