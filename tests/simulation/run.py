@@ -4,6 +4,7 @@
     .venv/bin/python -m tests.simulation.run --seed 42 --n 4        # replay one failing seed
     .venv/bin/python -m tests.simulation.run --seeds 200 --kind censor   # one class only
     .venv/bin/python -m tests.simulation.run --seeds 200 --pool-order ready   # see ledger.py
+    .venv/bin/python -m tests.simulation.run --seeds 2000 --n 4 --kind chaos --amnesia
 
 Each seed belongs to one class (`scenario.kind_of`): chaos, honest, gapped, slow or censor.
 """
@@ -14,7 +15,7 @@ import argparse
 import sys
 import time
 
-from tests.simulation import ledger
+from tests.simulation import ledger, scenario
 from tests.simulation.scenario import KINDS, kind_of, replay_command, run_seed
 
 SIZES = tuple(range(1, 11))
@@ -32,9 +33,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the seeds of this class (repeatable)")
     parser.add_argument("--pool-order", choices=("arrival", "ready"), default=ledger.POOL_ORDER,
                         help="the order in which pools hand out transactions (ledger.POOL_ORDER)")
+    parser.add_argument("--amnesia", action="store_true",
+                        help="every chaos seed (f >= 1) has an equivocating first primary and an "
+                             "honest replica whose consensus store is wiped mid-run")
     args = parser.parse_args(argv)
     ledger.POOL_ORDER = args.pool_order
-    suffix = "" if args.pool_order == "arrival" else f" --pool-order {args.pool_order}"
+    if args.amnesia:
+        scenario.AMNESIA_SHARE = 1.0
+    suffix = ("" if args.pool_order == "arrival" else f" --pool-order {args.pool_order}") + (
+        " --amnesia" if args.amnesia else "")
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     failures = 0
     for n in args.n or SIZES:
