@@ -42,10 +42,10 @@ class SendTo:
 @dataclass(frozen=True)
 class RelayRequests:
     """Send these waiting transactions from the pool to `replica`, the primary this backup
-    times (skipping any the pool no longer holds). Gossip delivers a transaction once; one
-    it did not deliver to the primary (a link down, a full queue) would otherwise cost a
-    view change, or several: a backup relays what it waits for, as a PBFT backup relays a
-    client's request to the primary (Castro & Liskov, section 4.1)."""
+    times (skipping any the pool no longer holds), when it starts timing and halfway. Gossip
+    delivers a transaction once; one it did not deliver to the primary (a link down, a full
+    queue) would otherwise cost a view change, or several: a backup relays what it waits
+    for, as a PBFT backup relays a client's request to the primary (Castro & Liskov, 4.1)."""
 
     replica: int
     tx_hashes: tuple[bytes, ...]

@@ -11,6 +11,7 @@ class TimerKind(Enum):
     NEW_VIEW = "new_view"  # key: view (8 bytes BE); no valid NEW-VIEW after N-f VIEW-CHANGEs
     VIEW_CHANGE_RESEND = "view_change_resend"  # key: view; resend our VIEW-CHANGE
     BLOCK_PERIOD = "block_period"  # key: b""; the primary may propose an empty block
+    RELAY = "relay"  # key: b""; halfway through REQUEST: relay the oldest requests again
 
 
 @dataclass(frozen=True)

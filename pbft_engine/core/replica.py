@@ -122,8 +122,8 @@ class ChainHead:
 # primary that keeps leaving one out while it commits others is censoring it, and the timer
 # then runs out.
 MAX_PASSED_OVER = 8
-# Waiting requests a backup relays to the primary when it starts timing it (the oldest):
-# enough for one account's run of nonces that gossip did not deliver there.
+# Waiting requests a backup relays to the primary when it starts timing it, and again halfway
+# (the oldest): enough for one account's run of nonces that gossip did not deliver there.
 RELAYED_REQUESTS = 4
 
 
@@ -506,24 +506,28 @@ class Replica:
         if self.me == self.primary:
             return  # as in the paper, backups time the primary; it does not time itself
         self.request_timer_armed = True
-        self._set_timer(TimerKind.REQUEST, b"", self.params.escalated(
-            self.params.request_timeout_ms, self.views_without_commit))
-        self._relay_oldest_requests()
+        timeout = self.params.escalated(self.params.request_timeout_ms, self.views_without_commit)
+        self._set_timer(TimerKind.REQUEST, b"", timeout)
+        self._set_timer(TimerKind.RELAY, b"", timeout // 2)
+        self._relay_oldest_requests(again=False)
 
-    def _relay_oldest_requests(self) -> None:
-        """What the timer now waits for goes to the primary too, once per view each (4.1): a
-        request gossip never delivered there would otherwise cost a view change."""
+    def _relay_oldest_requests(self, *, again: bool) -> None:
+        """What the timer waits for goes to the primary too (4.1): a request gossip never
+        delivered there would otherwise cost a view change. Each one is relayed when the
+        timer starts waiting for it, and the oldest again halfway (`again`), in case that
+        relay was lost (a link down at the time)."""
         self.relayed &= self.requests.keys()
-        oldest = itertools.islice(self.requests, RELAYED_REQUESTS)
-        fresh = tuple(tx_hash for tx_hash in oldest if tx_hash not in self.relayed)
-        if fresh:
-            self.relayed.update(fresh)
-            self._out.append(RelayRequests(self.primary, fresh))
+        oldest = tuple(itertools.islice(self.requests, RELAYED_REQUESTS))
+        chosen = oldest if again else tuple(h for h in oldest if h not in self.relayed)
+        if chosen:
+            self.relayed.update(chosen)
+            self._out.append(RelayRequests(self.primary, chosen))
 
     def _cancel_request_timer(self) -> None:
         if self.request_timer_armed:
             self.request_timer_armed = False
             self._out.append(CancelTimer(TimerKind.REQUEST, b""))
+            self._out.append(CancelTimer(TimerKind.RELAY, b""))
 
     def _on_timer(self, event: TimerFired) -> None:
         if event.kind is TimerKind.REQUEST:
@@ -536,6 +540,9 @@ class Replica:
                 self._arm_request_timer()
             elif self.requests and self.active and self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")
+        elif event.kind is TimerKind.RELAY:
+            if self.request_timer_armed and self.requests and self.active:
+                self._relay_oldest_requests(again=True)
         elif event.kind is TimerKind.BLOCK_PERIOD:
             self.block_due = True
             self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)

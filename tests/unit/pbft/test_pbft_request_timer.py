@@ -194,16 +194,20 @@ def relayed(actions: list[Action]) -> list[RelayRequests]:
     return [a for a in actions if isinstance(a, RelayRequests)]
 
 
-def test_a_backup_relays_what_it_waits_for_to_the_primary_once_per_view() -> None:
+def test_a_backup_relays_what_it_waits_for_to_the_primary() -> None:
     """A request gossip never delivered to the primary (a link down, a full queue) would cost
     a view change; the backup relays the oldest waiting requests to the primary when it
-    starts timing it (Castro & Liskov 4.1), each once per view, and to the next primary
-    again. The primary relays nothing."""
+    starts timing it (Castro & Liskov 4.1), and again halfway through the timeout in case
+    that relay was lost, then to the next primary. The primary relays nothing."""
     replica = start_replica()
     first = replica.step(RequestReceived(WAITING)).actions
     assert relayed(first) == [RelayRequests(0, (WAITING,))]
+    assert SetTimer(TimerKind.RELAY, b"", PARAMS.request_timeout_ms // 2) in first
     later = keccak(b"a later request")
     assert relayed(replica.step(RequestReceived(later)).actions) == []  # already timing
+    halfway = replica.step(TimerFired(TimerKind.RELAY, b"")).actions
+    assert relayed(halfway) == [RelayRequests(0, (WAITING, later))]
+    assert replica.view == 0 and replica.request_timer_armed
     others = [keccak(b"other %d" % i) for i in range(8)]
     for tx_hash in others:
         replica.step(RequestReceived(tx_hash))
