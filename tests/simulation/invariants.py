@@ -37,15 +37,20 @@ def check_no_view_change(cluster: Cluster) -> None:
                                f" (heights {cluster.heights()})")
 
 
+CHURN_ROUNDS = 4  # settle-and-watch rounds, while stranded replicas may pull the others along
+
+
 def check_no_churn(cluster: Cluster, nodes: list[Node], limit_ms: int, quiet_ms: int) -> None:
     """After healing, once these replicas agree (one view, one height, nothing executable
     waiting, nothing under way), their views stay put: no view change without a reason.
 
-    Left out: at most f replicas stranded in a higher view they asked for alone while the
-    network was faulty. PBFT lets no lone replica change the view, and one may not return to
-    a view its VIEW-CHANGE left (that message's P set would go stale), so it waits for the
-    next view change, following the chain by catch-up meanwhile. Anything else that keeps
-    the healed cluster from settling fails."""
+    The one reason left after healing: replicas stranded in a higher view they asked for
+    alone while the network was faulty (at most f). PBFT lets no lone replica change the
+    view, and one may not return to a view its VIEW-CHANGE left (that message's P set would
+    go stale), so it waits, following the chain by catch-up. Once f+1 replicas ask (a
+    byzantine one counts), the others join it, and may move on if that view's primary is
+    faulty. So with stranded replicas the cluster gets a few more settle-and-watch rounds;
+    anything else that keeps it from settling, or moves a settled view, fails."""
     f = cluster.params.f
 
     def voting() -> list[Node] | None:
@@ -62,17 +67,21 @@ def check_no_churn(cluster: Cluster, nodes: list[Node], limit_ms: int, quiet_ms:
             return None
         return active
 
-    if not cluster.run_until(lambda: voting() is not None, limit_ms):
-        replicas = [n.replica for n in nodes if n.replica is not None]
-        raise LivenessFailure(
-            f"the healed cluster never settled in {limit_ms} ms: (view, active, height, "
-            f"requests) {[(r.view, r.active, r.last_exec, len(r.requests)) for r in replicas]}")
-    settled_nodes = voting() or []
-    before = [node.view_changes for node in settled_nodes]
-    cluster.run_for(quiet_ms)
-    if [node.view_changes for node in settled_nodes] != before:
-        raise InvariantFailure(f"views changed on an idle, healed cluster: "
-                               f"{view_change_report(cluster)}; views {cluster.views()}")
+    for _ in range(CHURN_ROUNDS):
+        if not cluster.run_until(lambda: voting() is not None, limit_ms):
+            replicas = [n.replica for n in nodes if n.replica is not None]
+            raise LivenessFailure(
+                f"the healed cluster never settled in {limit_ms} ms: (view, active, height, "
+                f"requests) {[(r.view, r.active, r.last_exec, len(r.requests)) for r in replicas]}")
+        settled_nodes = voting() or []
+        before = [node.view_changes for node in settled_nodes]
+        cluster.run_for(quiet_ms)
+        if [node.view_changes for node in settled_nodes] == before:
+            return
+        if len(settled_nodes) == len(nodes):  # nobody was stranded: no reason to move
+            break
+    raise InvariantFailure(f"views changed on an idle, healed cluster: "
+                           f"{view_change_report(cluster)}; views {cluster.views()}")
 
 
 def settled(cluster: Cluster) -> bool:
