@@ -84,11 +84,11 @@ class ClassArchive:
 
     def publish(self, exit_status: int) -> None:
         """After the recording JVM exited: keep its archive only if it exited cleanly."""
-        with contextlib.suppress(OSError):  # a cache we cannot write only costs speed
-            if exit_status == 0 and self.recording.exists():
+        if exit_status == 0 and self.recording.exists():
+            with contextlib.suppress(OSError):  # a cache we cannot write only costs speed
                 os.replace(self.recording, self.path)
-            else:
-                self.recording.unlink(missing_ok=True)
+                return
+        self.discard_recording()
 
     def discard_recording(self) -> None:
         with contextlib.suppress(OSError):
