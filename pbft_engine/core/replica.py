@@ -152,7 +152,6 @@ class ReplicaStatus:
     stable_checkpoint: int
     last_executed: int
     fetching: int | None
-    following: bool  # lost its consensus records: votes only where it never voted
     mode: Mode
 
 
@@ -312,7 +311,7 @@ class Replica:
         return ReplicaStatus(
             self.view, self.active, self.seq_no, self.low_watermark, self.high_watermark,
             self.primary, self.stable_checkpoint, self.last_exec, self.fetching,
-            self.amnesia is not None, self.mode,
+            self.mode,
         )
 
     @property

@@ -202,7 +202,7 @@ def test_a_peer_head_counts_only_with_a_certificate_for_it() -> None:
     delivered: list[object] = []
     status = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_watermark=40,
                            primary=0, stable_checkpoint=0, last_executed=2, fetching=None,
-                           following=False, mode=Mode.NORMAL)
+                           mode=Mode.NORMAL)
     sync = BlockSync(peers, None, VALIDATORS, deliver=delivered.append,  # type: ignore[arg-type]
                      replica_status=lambda: status, held_block=lambda n, d: None,  # type: ignore[arg-type,return-value]
                      chain_lock=asyncio.Lock(), poll_interval=1.0)

@@ -28,6 +28,7 @@ from pbft_engine.core import (
     FetchBlock,
     FetchCommitted,
     FetchFailed,
+    Mode,
     PeerCommitted,
     Persist,
     Ready,
@@ -127,7 +128,7 @@ def test_a_wiped_replica_never_votes_again_where_it_voted() -> None:
 
     disk.store = MemoryConsensusStore()  # rebuilt: a new chaindata, the state file kept
     wiped = disk.start()
-    assert wiped.amnesia == SigningBound(0, H) and wiped.status().following
+    assert wiped.amnesia == SigningBound(0, H) and wiped.status().mode is Mode.FOLLOWING
     second, message = pre_prepare(1, b"d for replicas 2 and 3")
     sent = disk.run(wiped.step(message))
     sent += disk.run(wiped.step(BlockValidated(1, second, True)))
@@ -158,7 +159,7 @@ def test_a_store_older_than_the_state_file_is_amnesia_too() -> None:
 
     disk.store = backup
     restored = disk.start()
-    assert restored.amnesia == SigningBound(1, H) and restored.status().following
+    assert restored.amnesia == SigningBound(1, H) and restored.status().mode is Mode.FOLLOWING
     sent = disk.run(restored.step(RequestReceived(keccak(b"waiting"))))
     sent += disk.run(restored.step(TimerFired(TimerKind.REQUEST, b"")))
     assert MessageType.VIEW_CHANGE not in sent_types(sent)
