@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import rlp
 from eth.abc import BlockHeaderAPI, StateAPI
+from eth.rlp.accounts import Account
 from eth_keys.datatypes import PrivateKey
 from prometheus_client.core import Metric
 
@@ -38,6 +40,7 @@ CHAINDATA = "chaindata"
 # otherwise hold the loop for seconds and delay this node's votes past the request timer.
 GOSSIP_SLICE = 32
 EXECUTABLE_COUNTED = 1_000  # txpool_executable counts up to this (a scrape must stay cheap)
+ACCOUNT_CACHE = 1 << 16  # accounts whose nonce and balance the pool keeps (~10 MB)
 
 
 @dataclass
@@ -90,20 +93,55 @@ class CommittedBlock:
 
 
 class HeadAccounts(AccountReader):
-    """Account nonces and balances at the head, for the pool; refreshed on every commit."""
+    """Account nonces and balances at the head, for the pool.
 
-    def __init__(self, blockchain: Blockchain) -> None:
+    A read from the state trie costs ~0.1 ms an account on the event loop, and the pool reads
+    every sender on admission and again when its block commits; so each account read is kept
+    (up to ACCOUNT_CACHE entries, least recently used out first), and a committed block
+    updates exactly the accounts its execution changed (`ExecutedBlock.changed_accounts`),
+    which leaves every other kept value true at the new head.
+    """
+
+    def __init__(self, blockchain: Blockchain, size: int = ACCOUNT_CACHE) -> None:
         self._blockchain = blockchain
+        self._size = size
         self._state: StateAPI = blockchain.vm_at(blockchain.head()).state
+        self._accounts: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # nonce, balance
 
-    def refresh(self) -> None:
+    def advance(self, changed_accounts: Mapping[bytes, bytes]) -> None:
+        """The head moved by one block that changed these accounts (address -> encoding)."""
         self._state = self._blockchain.vm_at(self._blockchain.head()).state
+        for address, encoded in changed_accounts.items():
+            if address in self._accounts:
+                self._keep(address, _nonce_and_balance(encoded))
 
     def nonce(self, address: bytes) -> int:
-        return self._state.get_nonce(address)
+        return self._account(address)[0]
 
     def balance(self, address: bytes) -> int:
-        return self._state.get_balance(address)
+        return self._account(address)[1]
+
+    def _account(self, address: bytes) -> tuple[int, int]:
+        account = self._accounts.get(address)
+        if account is None:
+            account = self._state.get_nonce(address), self._state.get_balance(address)
+            self._keep(address, account)
+        else:
+            self._accounts.move_to_end(address)
+        return account
+
+    def _keep(self, address: bytes, account: tuple[int, int]) -> None:
+        self._accounts[address] = account
+        self._accounts.move_to_end(address)
+        if len(self._accounts) > self._size:
+            self._accounts.popitem(last=False)
+
+
+def _nonce_and_balance(encoded: bytes) -> tuple[int, int]:
+    if not encoded:
+        return 0, 0  # deleted
+    account = rlp.decode(encoded, sedes=Account)
+    return account.nonce, account.balance
 
 
 class _LoopTimer(TimerHandle):
@@ -314,7 +352,7 @@ class Node:
     def on_committed(self, executed: ExecutedBlock) -> None:
         transactions = executed.block.transactions
         self.pool.remove(executed.tx_hashes, committed=True)
-        self.accounts.refresh()
+        self.accounts.advance(executed.changed_accounts)
         self._next_base_fee = None
         self.pool.prune(tx.sender for tx in transactions)
         self.report_ready(every_sender=True)
