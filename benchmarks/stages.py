@@ -34,6 +34,7 @@ from benchmarks.report import Results, Row
 from benchmarks.testnet import BenchNet, Sampler
 from cli.testnet import TESTNET_PBFT_PARAMS
 from testkit.cluster import rpc
+from testkit.links import Links
 from testkit.nodes import wait_for
 
 CHAIN_ID = 1337
@@ -42,6 +43,7 @@ CORES = os.cpu_count() or 1
 BURST = 3_000  # transfers submitted at once to the 4-validator testnet (issue 12)
 BURST_SENDERS = 1_000
 POLLERS = 10  # clients polling receipts during a burst (issue 13)
+LINK_DELAYS_MS = (0, 10, 50)  # one-way delay of every validator link (issue 16)
 POLL_RATE = 10.0  # calls per second per client
 WINDOW_BLOCKS = 2  # full blocks' worth of transactions submitted but not committed
 SOAK_ROUNDS = 5  # transfers per account in each load of the N=1 soak
@@ -308,6 +310,36 @@ def _burst(ctx: Context, net: BenchNet) -> None:
         note=f"{pollers.calls:,} receipts polled, mean {mean_ms:.1f} ms"))
 
 
+def link_delay(ctx: Context) -> None:
+    """Issue 16's baseline: the 3,000-transfer burst and the 20 tx/s latency on a fresh
+    default testnet whose validator links are each delayed by LINK_DELAYS_MS one way (a TCP
+    proxy per link, `testkit.links`: validators on separate machines, without netem). The
+    undelayed cluster also runs through the proxies, so the rows differ by the delay alone."""
+    bursts: dict[int, float] = {}
+    for delay_ms in LINK_DELAYS_MS:
+        net = BenchNet.create(ctx.workdir / f"delay{delay_ms}", 4, ctx.sizes.accounts)
+        links = Links(delay_ms / 1000)
+        try:
+            links.install(net.cluster)
+            net.cluster.start()
+            burst = _burst_load(ctx, net, f"delay{delay_ms}-burst")
+            bursts[delay_ms] = burst.end_to_end_tps
+            ctx.results.add(Row(
+                "16", f"N=4 burst, links delayed {delay_ms} ms one way", burst.end_to_end_tps,
+                "tx/s", reference=bursts[0], reference_name="the same at 0 ms",
+                target=0.8 if delay_ms == max(LINK_DELAYS_MS) else None,
+                note=f"mean block {burst.transactions / burst.blocks:.0f} transfers"))
+            summary = _latency_at(ctx, net, f"delay{delay_ms}-latency")
+            ctx.results.add(Row(
+                "16", f"N=4 latency p50 / p99 at {ctx.sizes.latency_rate:g} tx/s, "
+                f"links delayed {delay_ms} ms", summary["p50_ms"], "ms",
+                note=f"p99 {summary['p99_ms']:.0f} ms"))
+            _add_view_changes(ctx, net, f"the loads with links delayed {delay_ms} ms")
+        finally:
+            net.close()
+            links.close()
+
+
 def _add_view_changes(ctx: Context, net: BenchNet, during: str) -> None:
     """View changes every node made so far (the metric counts since each node started)."""
     total = sum(value for i in net.running() for key, value in net.cluster.metrics(i).items()
@@ -316,14 +348,21 @@ def _add_view_changes(ctx: Context, net: BenchNet, during: str) -> None:
                         at_most=True, absolute=True))
 
 
-def _latency(ctx: Context, net: BenchNet) -> None:
+def _latency_at(ctx: Context, net: BenchNet, name: str) -> dict[str, float]:
+    """Transfers at the latency rate, spread over the nodes: submission to receipt."""
     sizes = ctx.sizes
     count = int(sizes.latency_rate * sizes.latency_seconds)
-    outcome = run_load(net, ctx.workdir, "n4-latency", workload="transfer",
+    outcome = run_load(net, ctx.workdir, name, workload="transfer",
                        rate=sizes.latency_rate, deadline=sizes.latency_seconds + 60,
                        **_paced(ctx, count))
     summary = latency_summary(outcome["latencies"])
-    ctx.results.details["n4-latency"] = summary
+    ctx.results.details[name] = summary
+    return summary
+
+
+def _latency(ctx: Context, net: BenchNet) -> None:
+    sizes = ctx.sizes
+    summary = _latency_at(ctx, net, "n4-latency")
     floor = ctx.reference.single_tx_block * 1000
     for label, target in (("p50", 50.0), ("p95", None), ("p99", 250.0)):
         ctx.results.add(Row(
@@ -574,4 +613,5 @@ STAGES: dict[str, Callable[[Context], None]] = {
     "n1": single_validator,
     "n4": four_validators,
     "crash": primary_crash,
+    "delay": link_delay,
 }

@@ -13,7 +13,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -250,7 +250,7 @@ class ExecutedBlock:
     receipts: tuple[ReceiptAPI, ...]
     overlay: OverlayDB
     # address -> its encoding after the block (b"": deleted), for every account it changed
-    changed_accounts: Mapping[bytes, bytes] = field(default_factory=dict)
+    changed_accounts: Mapping[bytes, bytes]
 
     @property
     def hash(self) -> bytes:

@@ -28,8 +28,8 @@ from typing import Any
 from eth_account import Account
 
 from testkit.cluster import GWEI, Cluster, rpc
+from testkit.links import Links
 from testkit.nodes import wait_for
-from tests.integration.partition import Partitions
 
 SENDERS = 8  # dev accounts 0-7 send; account 9 receives
 IN_FLIGHT = 4  # unconfirmed transactions per sender
@@ -135,7 +135,7 @@ class Faults:
     SIGCONT, or cut off from its peers (still running, still reachable by clients) then
     reconnected."""
 
-    def __init__(self, cluster: Cluster, partitions: Partitions, load: Load,
+    def __init__(self, cluster: Cluster, partitions: Links, load: Load,
                  rng: random.Random, report: Report) -> None:
         self.cluster = cluster
         self.partitions = partitions
@@ -195,7 +195,7 @@ def soak(directory: Path, seconds: float, seed: int, min_faults: int = 0) -> Rep
     rng = random.Random(seed)
     report = Report()
     cluster = Cluster.create(directory, 4, *FAST)
-    partitions = Partitions()
+    partitions = Links()
     started = time.monotonic()
     try:
         partitions.install(cluster)

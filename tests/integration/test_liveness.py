@@ -29,8 +29,8 @@ import requests
 from eth_account import Account
 
 from testkit.cluster import Cluster, rpc
+from testkit.links import Links
 from testkit.nodes import RunningNode, wait_for
-from tests.integration.partition import Partitions
 
 pytestmark = pytest.mark.integration
 
@@ -388,9 +388,9 @@ def test_a_transfer_gossip_missed_at_the_primary_is_relayed_to_it(tmp_path: Path
     (node 1, cut off from the primary, may ask for one alone; nobody joins it). Without the
     relay, 2 and 3 replace a correct primary for a transaction it never had."""
     cluster = Cluster.create(tmp_path)  # the testnet's defaults
-    partitions = Partitions()
+    links = Links()
     try:
-        partitions.install(cluster)
+        links.install(cluster)
         cluster.start()
         others = [0, 2, 3]
         baseline = settle(cluster, others)
@@ -398,14 +398,14 @@ def test_a_transfer_gossip_missed_at_the_primary_is_relayed_to_it(tmp_path: Path
         address, key = account["address"], account["private_key"]
         nonce = nonces(cluster.nodes[1], [address], "pending")[address]
         to = cluster.description["accounts"][9]["address"]
-        partitions.cut(0, 1)
+        links.cut(0, 1)
         rpc(cluster.nodes[1], "eth_sendRawTransaction",
             sign_transfer(cluster.description["chain_id"], key, nonce, to))
         wait_committed(cluster, others, {address: nonce + 1}, baseline, commit_deadline(1))
         assert [cluster.status(i)["view"] for i in others] == [0, 0, 0]
-        partitions.mend(0, 1)
+        links.mend(0, 1)
     finally:
-        partitions.close()
+        links.close()
         codes = cluster.close()
     assert codes == [0, 0, 0, 0]
 

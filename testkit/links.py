@@ -1,11 +1,13 @@
-"""Network isolation of real node processes: every validator link goes through a TCP proxy.
+"""The network between real node processes: every validator link goes through a TCP proxy.
 
-`Partitions.install(cluster)` gives each directed pair (i dials j) its own proxy on loopback
-and rewrites node i's configured peers to dial j through it, so every connection between two
-nodes crosses exactly one proxy. `isolate(k)` closes every connection of node k and refuses
-new ones (the node keeps running, its timers fire, its clients can still reach it);
-`heal(k)` lets it connect again; `cut(a, b)` and `mend(a, b)` do the same to one link. The
-proxies run on an asyncio loop in a daemon thread.
+`Links(delay).install(cluster)` gives each directed pair (i dials j) its own proxy on
+loopback and rewrites node i's configured peers to dial j through it, so every connection
+between two nodes crosses exactly one proxy. With a `delay` (seconds, one way) each proxy
+holds every chunk that long before passing it on, in order: the link latency of validators on
+separate machines, on one machine without the kernel's netem. `isolate(k)` closes every
+connection of node k and refuses new ones (the node keeps running, its timers fire, its
+clients can still reach it); `heal(k)` lets it connect again; `cut(a, b)` and `mend(a, b)` do
+the same to one link. The proxies run on an asyncio loop in a daemon thread.
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from testkit.nodes import free_port_range
 
 T = TypeVar("T")
 CHUNK = 65536
+DELAYED_CHUNKS = 1_024  # chunks held by one direction of a delayed link (the reader waits)
 
 
 class LinkProxy:
-    """Forwards connections from a loopback port to one node's p2p port, unless cut."""
+    """Forwards connections from a loopback port to one node's p2p port, `delay` seconds
+    later, unless cut."""
 
-    def __init__(self, target: tuple[str, int], ends: frozenset[int]) -> None:
+    def __init__(self, target: tuple[str, int], ends: frozenset[int], delay: float) -> None:
         self.target = target
         self.ends = ends  # the two nodes this link joins
+        self.delay = delay
         self.cut = False
         self.server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -61,16 +66,39 @@ class LinkProxy:
                              self._pipe(upstream_reader, writer))
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(DELAYED_CHUNKS)
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while data := await reader.read(CHUNK):
-                writer.write(data)
-                await writer.drain()
+            if self.delay:
+                await asyncio.gather(self._hold(reader, held), self._release(held, writer))
+            else:
+                while data := await reader.read(CHUNK):
+                    writer.write(data)
+                    await writer.drain()
         self._writers.discard(writer)
         writer.transport.abort()
 
+    async def _hold(self, reader: asyncio.StreamReader,
+                    held: asyncio.Queue[tuple[float, bytes]]) -> None:
+        loop = asyncio.get_running_loop()
+        while data := await reader.read(CHUNK):
+            await held.put((loop.time() + self.delay, data))
+        await held.put((0.0, b""))  # the end of the stream, after what came before it
 
-class Partitions:
-    def __init__(self) -> None:
+    async def _release(self, held: asyncio.Queue[tuple[float, bytes]],
+                       writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due, data = await held.get()
+            if not data:
+                return
+            await asyncio.sleep(max(0.0, due - loop.time()))  # the link's latency
+            writer.write(data)
+            await writer.drain()
+
+
+class Links:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
         self.loop = asyncio.new_event_loop()
         self.links: list[LinkProxy] = []
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -89,7 +117,7 @@ class Partitions:
             for j in range(count):
                 if i == j:
                     continue
-                link = LinkProxy(cluster.endpoint(j), frozenset((i, j)))
+                link = LinkProxy(cluster.endpoint(j), frozenset((i, j)), self.delay)
                 self._run(link.start(base + i * count + j))
                 self.links.append(link)
                 text = text.replace(f'@{cluster.nodes[j].node["p2p"]}"',
