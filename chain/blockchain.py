@@ -19,12 +19,14 @@ from typing import Any
 
 import rlp
 from eth.abc import (
+    BlockAndMetaWitness,
     BlockAPI,
     BlockHeaderAPI,
     BlockPersistResult,
     ReceiptAPI,
     SignedTransactionAPI,
     VirtualMachineAPI,
+    WithdrawalAPI,
 )
 from eth.chains.base import Chain
 from eth.db import trie as py_evm_trie
@@ -142,12 +144,14 @@ class ChainBlock(PragueBlock):
     ]
 
 
-class ChangedAccountsWitness(MetaWitness):
-    """py-evm's witness of a block's execution, with the accounts the block changed."""
+class BlockWitness(MetaWitness):
+    """py-evm's witness of a block's execution, with the accounts the block changed (from its
+    state) and its receipts (from its VM, `ChainVM.finalize_block`)."""
 
     def __init__(self, hashes: Any, queried: Any, changed_accounts: dict[bytes, bytes]) -> None:
         super().__init__(hashes, queried)
         self.changed_accounts = changed_accounts
+        self.receipts: tuple[ReceiptAPI, ...] = ()
 
 
 class ChainAccountDB(AccountDB):
@@ -171,18 +175,28 @@ class ChainAccountDB(AccountDB):
 
     def _get_meta_witness(self) -> MetaWitness:
         changed, self._changed_accounts = self._changed_accounts, {}
-        return ChangedAccountsWitness(
-            self._get_accessed_node_hashes(), self._get_access_list(), changed)
+        return BlockWitness(self._get_accessed_node_hashes(), self._get_access_list(), changed)
 
 
 class ChainState(PragueState):
     account_db_class = ChainAccountDB
 
 
-def changed_accounts(witness: object) -> dict[bytes, bytes]:
-    """The accounts a block's execution changed (address -> encoded account, b"" deleted)."""
-    assert isinstance(witness, ChangedAccountsWitness), "executed by ChainVM's state"
-    return witness.changed_accounts
+def block_witness(witness: object) -> BlockWitness:
+    assert isinstance(witness, BlockWitness), "executed by ChainVM"
+    return witness
+
+
+class _BlockWithReceipts:
+    """A block as py-evm's deposit-request scan reads it (its requests and its receipts),
+    with the receipts its execution just made: py-evm reads them back from the database."""
+
+    def __init__(self, block: BlockAPI, receipts: tuple[ReceiptAPI, ...]) -> None:
+        self.block_requests = block.block_requests  # type: ignore[attr-defined]
+        self._receipts = receipts
+
+    def get_receipts(self, chaindb: object) -> tuple[ReceiptAPI, ...]:
+        return self._receipts
 
 
 class ChainVM(PragueVM):
@@ -192,11 +206,36 @@ class ChainVM(PragueVM):
     timestamps the chain's clock would run ahead of real time under load (IBFT and QBFT avoid
     this with a block period of at least a second, which is what we do not want to pay).
     Its block class decodes transactions into ones that memoize their sender (`_SenderMemo`);
-    its state reports the accounts each block changed (`ChainAccountDB`).
+    its witness of a block (`BlockWitness`) holds the accounts the block changed
+    (`ChainAccountDB`) and its receipts, which py-evm would otherwise read back from the
+    database and decode twice per imported block (once for Prague's deposit requests, once
+    for the caller): imports cost 1.19 x a build with the read-backs, 1.0x without.
     """
 
     block_class = ChainBlock
     _state_class = ChainState
+    _block_receipts: tuple[ReceiptAPI, ...] = ()
+
+    def set_block_transactions_and_withdrawals(
+        self,
+        base_block: BlockAPI,
+        new_header: BlockHeaderAPI,
+        transactions: Sequence[SignedTransactionAPI],
+        receipts: Sequence[ReceiptAPI],
+        withdrawals: Sequence[WithdrawalAPI] | None = None,
+    ) -> BlockAPI:
+        self._block_receipts = tuple(receipts)
+        return super().set_block_transactions_and_withdrawals(
+            base_block, new_header, transactions, receipts, withdrawals)  # type: ignore[arg-type]
+
+    def process_deposit_request_data(self, block: BlockAPI) -> None:
+        super().process_deposit_request_data(
+            _BlockWithReceipts(block, self._block_receipts))  # type: ignore[arg-type]
+
+    def finalize_block(self, block: BlockAPI) -> BlockAndMetaWitness:
+        finalized = super().finalize_block(block)
+        block_witness(finalized.meta_witness).receipts = self._block_receipts
+        return finalized
 
     @classmethod
     def validate_header(cls, header: BlockHeaderAPI, parent_header: BlockHeaderAPI) -> None:
@@ -447,7 +486,7 @@ class Blockchain:
             vm.get_block(), new_header, transactions[:included], tuple(receipts)
         )
         mined = vm.mine_block(filled)
-        return mined.block, tuple(receipts), changed_accounts(mined.meta_witness)
+        return mined.block, tuple(receipts), block_witness(mined.meta_witness).changed_accounts
 
     @staticmethod
     def _executable_subset(
@@ -498,10 +537,9 @@ class Blockchain:
             raise BlockValidationError(f"invalid block {block.number}: {exc}") from None
         finally:
             _forget_block_tries()
-        imported = result.imported_block
-        receipt_class = chain.get_vm(imported.header).get_receipt_builder()
-        receipts = tuple(chain.chaindb.get_receipts(imported.header, receipt_class))
-        return ExecutedBlock(imported, receipts, overlay, changed_accounts(result.meta_witness))
+        witness = block_witness(result.meta_witness)
+        return ExecutedBlock(result.imported_block, witness.receipts, overlay,
+                             witness.changed_accounts)
 
     def commit(self, executed: ExecutedBlock, batch: WriteBatch | None = None) -> None:
         """Make an executed block canonical: in `batch` if given (the caller writes it),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import rlp
+from eth.db.chain import ChainDB
 from eth.db.trie import _make_trie_root_and_nodes
 from eth.vm.forks import PragueVM
 from eth.vm.forks.london import transactions as london_transactions
@@ -197,3 +198,21 @@ def test_executing_a_block_leaves_no_memoized_tries(pair: tuple[Blockchain, Bloc
     assert _make_trie_root_and_nodes.cache_info().currsize == 0
     validator.execute_block(validator.decode_block(executed.encode()))
     assert _make_trie_root_and_nodes.cache_info().currsize == 0
+
+
+def test_an_import_reads_no_receipt_back_and_reports_the_stored_ones(
+    pair: tuple[Blockchain, Blockchain], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """py-evm reads an imported block's receipts back from the database (for Prague's deposit
+    requests, and for the caller): ChainVM hands over the ones its execution made, which must
+    be the ones stored."""
+    proposer, validator = pair
+    executed, _ = proposer.build_block(transfers(5), timestamp=1_700_000_001, coinbase=COINBASE)
+    reads = []
+    original = ChainDB.get_receipts
+    monkeypatch.setattr(ChainDB, "get_receipts",
+                        lambda self, *args: reads.append(args) or original(self, *args))
+    imported = validator.execute_block(validator.decode_block(executed.encode()))
+    assert reads == []
+    validator.commit(imported)
+    assert imported.receipts == validator.receipts(validator.head()) == executed.receipts
