@@ -290,6 +290,8 @@ class ExecutedBlock:
     overlay: OverlayDB
     # address -> its encoding after the block (b"": deleted), for every account it changed
     changed_accounts: Mapping[bytes, bytes]
+    # The uncommitted block it was executed on (None: the head); cut when it is committed.
+    parent: ExecutedBlock | None = None
 
     @property
     def hash(self) -> bytes:
@@ -430,8 +432,10 @@ class Blockchain:
         coinbase: bytes,
         extra_data: bytes = b"",
         time_budget: float | None = None,
+        parent: ExecutedBlock | None = None,
     ) -> tuple[ExecutedBlock, tuple[SignedTransactionAPI, ...]]:
-        """Execute `transactions` on the head, in order, and seal the block.
+        """Execute `transactions` on the head (or on `parent`, executed and not committed), in
+        order, and seal the block.
 
         With a `time_budget` (seconds) for the whole build, transactions are added in chunks
         only while applying them stays within its APPLY_SHARE (at least one chunk), because
@@ -441,14 +445,14 @@ class Blockchain:
         """
         deadline = (None if time_budget is None
                     else time.perf_counter() + time_budget * APPLY_SHARE)
-        overlay = OverlayDB(self.chain_keyspace)
+        overlay = self._overlay_on(parent)
         chain = self.chain_class(overlay)
-        parent = chain.get_canonical_head()
+        parent_header = chain.get_canonical_head()
         header = chain.create_header_from_parent(
-            parent,
-            timestamp=max(timestamp, parent.timestamp),
+            parent_header,
+            timestamp=max(timestamp, parent_header.timestamp),
             coinbase=coinbase,
-            gas_limit=parent.gas_limit,
+            gas_limit=parent_header.gas_limit,
             extra_data=extra_data,
         )
         included = tuple(transactions)
@@ -461,7 +465,16 @@ class Blockchain:
             block, receipts, changed = self._execute_batch(chain, header, kept, None)
         chain.persist_block(block)
         _forget_block_tries()
-        return ExecutedBlock(block, receipts, overlay, changed), left_out
+        return ExecutedBlock(block, receipts, overlay, changed, parent), left_out
+
+    def _overlay_on(self, parent: ExecutedBlock | None) -> OverlayDB:
+        return OverlayDB(self.chain_keyspace, None if parent is None else parent.overlay)
+
+    def next_base_fee(self, parent: BlockHeaderAPI) -> int:
+        """The base fee of the block after `parent` (EIP-1559: a function of the parent)."""
+        header = self.chain_class.get_vm_class_for_block_number(
+            parent.block_number + 1).create_header_from_parent(parent)
+        return int(header.base_fee_per_gas)
 
     @staticmethod
     def _execute_batch(
@@ -521,9 +534,11 @@ class Blockchain:
         except (rlp.DecodingError, rlp.DeserializationError, ValueError, TypeError) as exc:
             raise BlockValidationError(f"undecodable block: {exc}") from None
 
-    def execute_block(self, block: BlockAPI) -> ExecutedBlock:
-        """Validate `block` completely by executing it on the head; nothing is written."""
-        overlay = OverlayDB(self.chain_keyspace)
+    def execute_block(self, block: BlockAPI, parent: ExecutedBlock | None = None
+                      ) -> ExecutedBlock:
+        """Validate `block` completely by executing it on the head (or on `parent`, executed
+        and not committed); nothing is written."""
+        overlay = self._overlay_on(parent)
         chain = self.chain_class(overlay)
         head = chain.get_canonical_head()
         if block.header.parent_hash != head.hash:
@@ -539,7 +554,7 @@ class Blockchain:
             _forget_block_tries()
         witness = block_witness(result.meta_witness)
         return ExecutedBlock(result.imported_block, witness.receipts, overlay,
-                             witness.changed_accounts)
+                             witness.changed_accounts, parent)
 
     def commit(self, executed: ExecutedBlock, batch: WriteBatch | None = None) -> None:
         """Make an executed block canonical: in `batch` if given (the caller writes it),
@@ -557,4 +572,5 @@ class Blockchain:
 
     def _write_committed(self, executed: ExecutedBlock, batch: WriteBatch) -> None:
         executed.overlay.write_into(batch)
+        executed.parent = None  # committed before it: the chain of uncommitted blocks ends here
         self.read_store.write_block(batch, executed.block.header, executed.records)

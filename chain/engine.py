@@ -49,14 +49,19 @@ class EngineContext(ABC):
 
     @abstractmethod
     async def build_block(
-        self, *, coinbase: bytes, extra_data: bytes = b"", time_budget: float | None = None
+        self, *, coinbase: bytes, extra_data: bytes = b"", time_budget: float | None = None,
+        parent: ExecutedBlock | None = None,
     ) -> ExecutedBlock:
-        """Execute a candidate block on the head from the pool (it may be empty), adding
-        transactions only while execution stays within `time_budget` seconds (if given)."""
+        """Execute a candidate block from the pool (it may be empty) on the head, or on
+        `parent` (executed, not committed: the pool's transactions in it and in its
+        uncommitted ancestors are left out), adding transactions only while execution stays
+        within `time_budget` seconds (if given)."""
 
     @abstractmethod
-    async def validate_block(self, data: bytes) -> ExecutedBlock:
-        """Decode and execute a proposed block on the head; BlockValidationError if bad."""
+    async def validate_block(self, data: bytes, parent: ExecutedBlock | None = None
+                             ) -> ExecutedBlock:
+        """Decode and execute a proposed block on the head, or on `parent` (executed, not
+        committed); BlockValidationError if bad."""
 
     @abstractmethod
     async def commit_block(

@@ -320,6 +320,21 @@ class Node:
             self._next_base_fee = view.create_header_from_parent(head).base_fee_per_gas
         return self._next_base_fee
 
+    def nonces_after(self, parent: ExecutedBlock | None) -> dict[bytes, int]:
+        """The nonces of the pool's senders after `parent` and its uncommitted ancestors,
+        where those blocks changed them (the head's are read as usual)."""
+        uncommitted: list[ExecutedBlock] = []
+        head = self.blockchain.head().block_number
+        while parent is not None and parent.number > head:
+            uncommitted.append(parent)
+            parent = parent.parent
+        nonces: dict[bytes, int] = {}
+        for block in reversed(uncommitted):
+            for address, encoded in block.changed_accounts.items():
+                if self.pool.holds_sender(address):
+                    nonces[address] = _nonce_and_balance(encoded)[0]
+        return nonces
+
     def executable_count(self, limit: int) -> int:
         """Pool transactions the next block could include now, counted up to `limit`."""
         return len(self.pool.executable(base_fee=self.next_base_fee(),
@@ -391,33 +406,37 @@ class NodeContext(EngineContext):
         return self._node.executable_count(1)
 
     async def build_block(
-        self, *, coinbase: bytes, extra_data: bytes = b"", time_budget: float | None = None
+        self, *, coinbase: bytes, extra_data: bytes = b"", time_budget: float | None = None,
+        parent: ExecutedBlock | None = None,
     ) -> ExecutedBlock:
         node = self._node
         transactions = node.pool.executable(
-            base_fee=node.next_base_fee(),
+            base_fee=(node.next_base_fee() if parent is None
+                      else node.blockchain.next_base_fee(parent.block.header)),
             gas_limit=node.genesis.gas_limit,
             max_count=node.config.max_block_transactions,
+            nonces=node.nonces_after(parent),
         )
         def build() -> tuple[ExecutedBlock, tuple[Any, ...]]:
             with node.metrics.timing("build"):
                 return node.blockchain.build_block(
                     transactions, timestamp=int(time.time()), coinbase=coinbase,
-                    extra_data=extra_data, time_budget=time_budget)
+                    extra_data=extra_data, time_budget=time_budget, parent=parent)
 
         executed, left_out = await node.run_in_executor(build)
-        if left_out:
+        if left_out and parent is None:  # on uncommitted blocks they may yet be valid
             log.warning("dropped %d transactions that failed at execution", len(left_out))
             node.pool.remove(tx.hash for tx in left_out)
             node.report_ready()
         return executed
 
-    async def validate_block(self, data: bytes) -> ExecutedBlock:
+    async def validate_block(self, data: bytes, parent: ExecutedBlock | None = None
+                             ) -> ExecutedBlock:
         node = self._node
 
         def validate() -> ExecutedBlock:
             with node.metrics.timing("validate"):
-                return node.blockchain.execute_block(node.blockchain.decode_block(data))
+                return node.blockchain.execute_block(node.blockchain.decode_block(data), parent)
 
         return await node.run_in_executor(validate)
 

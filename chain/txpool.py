@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import rlp
@@ -269,7 +269,8 @@ class TxPool:
         return pending, queued
 
     def executable(
-        self, *, base_fee: int, gas_limit: int, max_count: int
+        self, *, base_fee: int, gas_limit: int, max_count: int,
+        nonces: Mapping[bytes, int] | None = None,
     ) -> list[SignedTransactionAPI]:
         """A batch for the next block: arrival order (a replacement takes the place of the
         transaction it replaced), nonce order per sender, bounded by the
@@ -279,6 +280,8 @@ class TxPool:
         A transaction is ready no earlier than the ones before it in its sender's nonce order:
         walking the pool in arrival order, the arrival that closes a sender's nonce gap makes
         the run of nonces behind it ready at once. The walk stops when the batch is full.
+        `nonces` overrides the head's account nonces (a block built on uncommitted blocks:
+        the nonces after them, so their transactions are left out).
         Account nonces come from `_head_nonces`: a nonce moved without a transaction of its
         own (an EIP-7702 authorization) makes that sender's transaction fail at block
         building, which removes it and so re-reads the nonce.
@@ -294,7 +297,8 @@ class TxPool:
                 break
             sender = arrived.sender
             if sender not in next_nonce:
-                next_nonce[sender] = self._head_nonce(sender)
+                next_nonce[sender] = (nonces[sender] if nonces and sender in nonces
+                                      else self._head_nonce(sender))
             queue = self._senders[sender]
             nonce = arrived.tx.nonce
             while nonce == next_nonce[sender] and len(batch) < max_count:
@@ -307,6 +311,9 @@ class TxPool:
                 if nonce not in queue or queue[nonce].arrival > arrived.arrival:
                     break  # a later arrival, reached in its turn
         return batch
+
+    def holds_sender(self, sender: bytes) -> bool:
+        return sender in self._senders
 
     def _head_nonce(self, sender: bytes) -> int:
         nonce = self._head_nonces.get(sender)

@@ -61,6 +61,10 @@ from storage import StorageFailure
 
 log = logging.getLogger(__name__)
 
+# Blocks executed and not committed that the adapter keeps: the pipeline's, and some of the
+# views that did not survive (two full windows of the default checkpoint interval).
+MAX_EXECUTED = 64
+
 
 class ConsensusLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     """Every consensus log line starts with the replica's view, seqNo and low watermark."""
@@ -266,14 +270,19 @@ class PbftEngine(ConsensusEngine):
         self._timers[key] = self.context.call_later(action.duration_ms / 1000, fire)
 
     async def _build(self, action: BuildBlock) -> None:
-        executed = await self.context.build_block(
-            coinbase=self._coinbase(), time_budget=action.time_budget_ms / 1000)
-        if executed.number != action.seq_no:
-            # The replica builds only on its last executed block, so this means the chain
-            # head moved under it; leaving the request unanswered is safer than proposing.
-            self.log.error("built block %d, wanted %d", executed.number, action.seq_no)
+        try:
+            parent = await self._parent(action.ancestors)
+            executed = await self.context.build_block(
+                coinbase=self._coinbase(), time_budget=action.time_budget_ms / 1000,
+                parent=parent)
+        except BlockValidationError as exc:
+            executed = None
+            self.log.warning("cannot build block %d: %s", action.seq_no, exc)
+        if executed is None or executed.number != action.seq_no:
+            # The chain it was to go on is gone (the head moved past it): nothing to propose.
+            self._step(BlockBuilt(action.seq_no, b"", b"", ()))
             return
-        self._executed[executed.hash] = executed
+        self._keep_executed(executed)
         self._step(
             BlockBuilt(action.seq_no, executed.hash, executed.encode(), executed.tx_hashes)
         )
@@ -281,19 +290,51 @@ class PbftEngine(ConsensusEngine):
     async def _validate(self, action: ValidateBlock) -> None:
         ok = False
         try:
-            executed = await self.context.validate_block(action.block)
+            executed = self._executed.get(action.digest)
+            if executed is None:
+                parent = await self._parent(action.ancestors)
+                executed = await self.context.validate_block(action.block, parent)
             ok = executed.hash == action.digest and executed.number == action.seq_no
             if ok:
-                self._executed[executed.hash] = executed
+                self._keep_executed(executed)
         except BlockValidationError as exc:
             self.log.warning("block %d rejected: %s", action.seq_no, exc)
         self._step(BlockValidated(action.seq_no, action.digest, ok))
+
+    async def _parent(self, ancestors: tuple[bytes, ...]) -> ExecutedBlock | None:
+        """The executed state of the newest of `ancestors` (None: the chain head), executing
+        again, in order, those not held here (after a restart, or evicted)."""
+        head = self.context.head().hash
+        missing: list[bytes] = []
+        parent: ExecutedBlock | None = None
+        for block in reversed(ancestors):
+            digest = block_hash_of(block)
+            if digest == head:
+                break
+            parent = self._executed.get(digest or b"")
+            if parent is not None:
+                break
+            missing.append(block)
+        for block in reversed(missing):
+            parent = await self.context.validate_block(block, parent)
+            self._keep_executed(parent)
+        return parent
+
+    def _keep_executed(self, executed: ExecutedBlock) -> None:
+        """Blocks executed here and not committed, by hash (bounded: the oldest goes first;
+        one evicted is executed again from its bytes if it is needed)."""
+        self._executed[executed.hash] = executed
+        while len(self._executed) > MAX_EXECUTED:
+            del self._executed[next(iter(self._executed))]
 
     async def _commit(self, action: CommitBlock) -> None:
         async with self._chain_lock:
             if self.context.head().block_number >= action.seq_no:
                 return  # a catch-up imported it meanwhile, and the replica moved on with it
-            executed = self._executed.pop(action.digest, None)
+            executed = self._executed.get(action.digest)
+            if executed is not None and executed.block.header.parent_hash != (
+                    self.context.head().hash):
+                executed = None  # executed on a chain that was not committed
             if executed is None:
                 try:
                     executed = await self.context.validate_block(action.block)
@@ -322,7 +363,6 @@ class PbftEngine(ConsensusEngine):
         except Exception:
             self._step(FetchFailed(action.target_seq_no))
             raise
-        self._executed.clear()  # built or validated on a head that has moved
         self._step(outcome)
 
     def _coinbase(self) -> bytes:

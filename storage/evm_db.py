@@ -45,17 +45,23 @@ class KeyspaceDB(BaseDB):
 
 
 class OverlayDB(BaseAtomicDB):
-    """Pending writes over a keyspace, written to LevelDB in one batch."""
+    """Pending writes over a keyspace, written to LevelDB in one batch.
 
-    def __init__(self, base: Keyspace) -> None:
+    Over a `parent` overlay (a block executed on an uncommitted block), reads go through the
+    parent's pending writes too; writing this overlay writes only its own, so the parent's
+    must be written first (blocks commit in order), and from then on reads go to LevelDB.
+    """
+
+    def __init__(self, base: Keyspace, parent: OverlayDB | None = None) -> None:
         self.base = base
+        self.parent = parent
         self._pending: dict[bytes, bytes | None] = {}
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:  # type: ignore[override]
         if key in self._pending:
             value = self._pending[key]
             return default if value is _DELETED else value
-        value = self.base.get(key)
+        value = self.base.get(key) if self.parent is None else self.parent.get(key)
         return default if value is None else value
 
     def __getitem__(self, key: bytes) -> bytes:
@@ -85,10 +91,12 @@ class OverlayDB(BaseAtomicDB):
         return len(self._pending)
 
     def write_into(self, batch: WriteBatch) -> None:
-        """Add the pending writes to `batch` (the caller writes it), then forget them."""
+        """Add the pending writes to `batch` (the caller writes it), then forget them and
+        the parent (written before: its writes are in LevelDB)."""
         for key, value in self._pending.items():
             if value is _DELETED:
                 batch.delete(self.base, key)
             else:
                 batch.put(self.base, key, value)
         self._pending.clear()
+        self.parent = None

@@ -69,21 +69,30 @@ class CancelTimer:
 @dataclass(frozen=True)
 class BuildBlock:
     """Build block seq_no on parent_hash from the pool (empty only if allow_empty), adding
-    transactions only while the block's execution time stays within time_budget_ms."""
+    transactions only while the block's execution time stays within time_budget_ms.
+
+    `ancestors` are the blocks between the chain head and the parent, oldest first (the
+    parent last; none when the parent is the head): validated here but not committed yet.
+    The block is built on their executed state, with the pool's transactions they hold left
+    out; an ancestor the adapter no longer holds executed is executed again from its bytes.
+    """
 
     seq_no: int
     parent_hash: bytes
     allow_empty: bool
     time_budget_ms: int
+    ancestors: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
 class ValidateBlock:
-    """Check that `block` hashes to digest, is block number seq_no and executes on the head."""
+    """Check that `block` hashes to digest, is block number seq_no and executes on the head
+    extended by `ancestors` (as in `BuildBlock`: uncommitted blocks, oldest first)."""
 
     seq_no: int
     digest: bytes
     block: bytes
+    ancestors: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,8 @@ class TimerFired:
 
 @dataclass(frozen=True)
 class BlockBuilt:
-    """Reply to `BuildBlock`: the candidate block and the transactions in it."""
+    """Reply to `BuildBlock`: the candidate block and the transactions in it (an empty
+    `block`: none was built, its parent chain no longer extends the head)."""
 
     seq_no: int
     digest: bytes

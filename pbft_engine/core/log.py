@@ -82,6 +82,8 @@ class Slot:
     commits: dict[int, Signed[Commit]] = field(default_factory=dict)
     validated: bool = False
     validating: bool = False
+    # The block it was validated (or built) on: its parent's digest (None: restored, unknown).
+    parent: bytes | None = None
 
     @property
     def digest(self) -> bytes | None:

@@ -12,6 +12,7 @@ from pbft_engine.quorum import max_faulty, quorum, view_change_quorum, weak_quor
 ADDRESS_SIZE = 20
 BLOCK_BUDGET_SHARE = 5  # the block's execution budget is request_timeout / 5
 MAX_DOUBLINGS = 32  # beyond any cap: keeps the shift small
+DEFAULT_MAX_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class EngineParams:
     new_view_timeout_cap_ms: int = 60_000
     block_period_ms: int = 1_000
     empty_blocks: bool = False  # propose a block every block period even without requests
+    # Blocks the primary may have proposed and not yet executed (concurrent consensus): it
+    # proposes n+1 on n's executed but uncommitted state while n is still being agreed on.
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
 
     def __post_init__(self) -> None:
         if not self.validators:
@@ -41,6 +45,9 @@ class EngineParams:
             raise ConfigError("timeouts and the block period must be positive")
         if self.new_view_timeout_cap_ms < self.new_view_timeout_ms:
             raise ConfigError("new_view_timeout_cap must be >= new_view_timeout")
+        if not 1 <= self.max_in_flight <= self.log_size:
+            raise ConfigError(f"max_in_flight must be between 1 and the watermark window "
+                              f"checkpoint_interval x log_multiplier = {self.log_size}")
 
     @classmethod
     def from_genesis(cls, chain_id: int, config: Mapping[str, Any]) -> EngineParams:
@@ -57,6 +64,7 @@ class EngineParams:
                 new_view_timeout_cap_ms=_ms(config.get("new_view_timeout_cap", 60)),
                 block_period_ms=_ms(config.get("block_period", 1)),
                 empty_blocks=bool(config.get("empty_blocks", False)),
+                max_in_flight=int(config.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"invalid config.pbft section: {exc!r}") from None

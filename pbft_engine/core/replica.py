@@ -188,6 +188,9 @@ class Replica:
         self.last_exec_hash = head.block_hash
         self.executing: int | None = None
         self.building: int | None = None
+        self.building_on = b""  # the parent the block being built goes on
+        # A block built on a parent not yet prepared here: its PRE-PREPARE waits (`_propose`).
+        self.proposal: tuple[BlockBuilt, bytes] | None = None
         self.arrived_while_building = False  # a request came in during the build
         self.fetching: int | None = None
         self.block_due = False
@@ -574,40 +577,103 @@ class Replica:
     # --- normal case --------------------------------------------------------------------
 
     def _maybe_propose(self) -> None:
+        """The primary builds the next block on the newest one validated here, while fewer
+        than max_in_flight of its blocks wait to be executed (concurrent consensus)."""
         if not (self.active and self.me == self.primary) or self.fetching is not None:
             return
-        if self.building is not None or self.executing is not None:
+        if self.building is not None or self.proposal is not None:
             return
-        if self.seq_no != self.last_exec or not (self.requests or self.block_due):
+        top = max(self.seq_no, self.last_exec)
+        if top - self.last_exec >= self.params.max_in_flight:
             return
-        if self.seq_no + 1 > self.high_watermark:
+        if not (self.requests or self.block_due):
+            return
+        if top + 1 > self.high_watermark:
             self._drop("primary at the high watermark")
             return
-        if not self._may_vote(self.view, self.seq_no + 1):
+        if not self._may_vote(self.view, top + 1):
             return  # it may have proposed this seqNo in this view before it lost its records
-        self.building = self.seq_no + 1
+        chain = self._chain_to(top)
+        if chain is None:
+            return
+        self.building, self.building_on = top + 1, chain[0]
         self.arrived_while_building = False
-        self._out.append(BuildBlock(self.building, self.last_exec_hash, self.block_due,
-                                    self.params.block_time_budget_ms))
+        self._out.append(BuildBlock(self.building, chain[0], self.block_due,
+                                    self.params.block_time_budget_ms, chain[1]))
 
     def _on_block_built(self, event: BlockBuilt) -> None:
         if self.building != event.seq_no:
             return
         self.building = None
+        if not event.block:
+            return  # the chain it was to go on is gone: proposed again on the new one
         if not event.tx_hashes and not self.block_due:
             if self.arrived_while_building:  # the build missed it: build again, once per arrival
                 self._maybe_propose()
             return
-        if not (self.active and self.me == self.primary and self.seq_no + 1 == event.seq_no):
+        if not (self.active and self.me == self.primary and self._in_window(event.seq_no)):
             return
-        if self.last_exec != self.seq_no or not self._in_window(event.seq_no):
+        if max(self.seq_no, self.last_exec) + 1 != event.seq_no:
             return
+        chain = self._chain_to(event.seq_no - 1)
+        if chain is None or chain[0] != self.building_on:
+            return  # the chain it was built on is gone (a catch-up, a new view)
+        self.proposal = (event, self.building_on)
+        self._propose()
+
+    def _propose(self) -> None:
+        """PRE-PREPARE the built block once its parent is prepared here (or committed): a
+        block is proposed on a parent that f+1 correct replicas hold prepared, so any view
+        change's O keeps that parent at its seqNo (`_locked_digest`)."""
+        if self.proposal is None:
+            return
+        event, parent = self.proposal
+        if self._locked_digest(event.seq_no - 1) != parent:
+            return
+        self.proposal = None
         self.block_due = False
         pre_prepare = self._sign(PrePrepare(self.view, event.seq_no, event.digest, self.me))
         self._accept_pre_prepare(pre_prepare, event.block)
-        self.log.certs[(self.view, event.seq_no)].validated = True
+        slot = self.log.certs[(self.view, event.seq_no)]
+        slot.validated, slot.parent = True, parent
         self._broadcast(pre_prepare, (event.block,))
         self._check_prepared(self.view, event.seq_no)
+        self._maybe_propose()
+
+    def _chain_to(self, seq_no: int) -> tuple[bytes, tuple[bytes, ...]] | None:
+        """The digest of the block at seq_no that this replica builds or validates on, and
+        the uncommitted blocks from the head up to it (oldest first): each validated here in
+        this view on the one before. None if they are not (yet)."""
+        digest, ancestors = self.last_exec_hash, []
+        for n in range(self.last_exec + 1, seq_no + 1):
+            slot = self.log.certs.get((self.view, n))
+            if slot is None or not slot.validated or slot.parent not in (None, digest):
+                return None
+            assert slot.digest is not None  # validated: the slot has its pre-prepare
+            block = self.log.block_for(n, slot.digest)
+            if block is None:
+                self._want(n, slot.digest)
+                return None
+            digest = slot.digest
+            ancestors.append(block)
+        return digest, tuple(ancestors)
+
+    def _locked_digest(self, seq_no: int) -> bytes | None:
+        """The block at seq_no that no view change can replace, as far as this replica knows:
+        executed, certified, or prepared here in this view (its own COMMIT sent). A replica
+        votes for block n (PREPARE, or the primary's PRE-PREPARE) only once its parent is
+        locked here, so a prepared block n had f+1 correct voters holding n-1 prepared or
+        committed, and the N-f VIEW-CHANGEs of any later view include one of them: O keeps
+        n's parent wherever it keeps n (one block in flight gave this for free)."""
+        if seq_no == self.last_exec:
+            return self.last_exec_hash
+        certified = self.log.certified.get(seq_no)
+        if certified is not None:
+            return certified[0]
+        slot = self.log.certs.get((self.view, seq_no))
+        if slot is not None and self.me in slot.commits:
+            return slot.digest
+        return None
 
     def _accept_pre_prepare(self, pre_prepare: Signed[PrePrepare], block: bytes | None) -> None:
         body = pre_prepare.body
@@ -675,8 +741,8 @@ class Replica:
         if body.seq_no <= self.last_exec:
             self._drop("pre-prepare at an executed seqNo")
             return
-        if not self._builds_on_known_parent(body.seq_no):
-            self._buffer_future(wire)  # its parent is not certified here yet
+        if body.seq_no > self._pipeline_end():
+            self._buffer_future(wire)  # further ahead than the primary may be: held
             return
         slot = self.log.slot(body.view, body.seq_no)
         if slot.pre_prepare is not None:
@@ -696,13 +762,14 @@ class Replica:
         self._restart_request_timer()
         self._advance()
 
-    def _builds_on_known_parent(self, seq_no: int) -> bool:
-        """A primary proposes seqNo n on top of block n-1, which it executed: accept n only
-        once n-1 is executed or certified here (any other seqNo in the window is stray:
-        one-at-a-time consensus has a single block in flight)."""
-        parent = seq_no - 1
-        return parent == self.last_exec or (parent == self.last_exec + 1
-                                             and parent in self.log.certified)
+    def _pipeline_end(self) -> int:
+        """The highest seqNo a correct primary may have proposed as far as this replica
+        knows: max_in_flight beyond its last certified block (those certified here are
+        executed next)."""
+        top = self.last_exec
+        while top + 1 in self.log.certified:
+            top += 1
+        return top + self.params.max_in_flight
 
     def _replay_future(self) -> None:
         """Messages held for the current view (or for a parent that is now certified)."""
@@ -726,17 +793,26 @@ class Replica:
         self._check_prepared(body.view, body.seq_no)
 
     def _validate_next(self) -> None:
-        """Validate the pre-prepared block on top of the chain head (one block at a time)."""
+        """Validate the first pre-prepared block not validated yet, on top of the chain head
+        and the blocks validated before it (one validation at a time, in seqNo order)."""
+        if any(slot.validating for (view, _), slot in self.log.certs.items()
+               if view == self.view):
+            return
         seq_no = self.last_exec + 1
-        slot = self.log.certs.get((self.view, seq_no))
-        if slot is None or slot.pre_prepare is None or slot.validated or slot.validating:
+        while (slot := self.log.certs.get((self.view, seq_no))) is not None and slot.validated:
+            seq_no += 1
+        if slot is None or slot.pre_prepare is None:
             return
-        block = self.log.block_for(seq_no, slot.pre_prepare.body.digest)
+        chain = self._chain_to(seq_no - 1)
+        if chain is None:
+            return
+        digest = slot.pre_prepare.body.digest
+        block = self.log.block_for(seq_no, digest)
         if block is None:
-            self._want(seq_no, slot.pre_prepare.body.digest)
+            self._want(seq_no, digest)
             return
-        slot.validating = True
-        self._out.append(ValidateBlock(seq_no, slot.pre_prepare.body.digest, block))
+        slot.validating, slot.parent = True, chain[0]
+        self._out.append(ValidateBlock(seq_no, digest, block, chain[1]))
 
     def _on_block_validated(self, event: BlockValidated) -> None:
         slot = self.log.certs.get((self.view, event.seq_no))
@@ -751,15 +827,35 @@ class Replica:
             self._restart_request_timer()  # our own execution time is not the primary's delay
             self._mark_validated(self.view, event.seq_no)
         self._check_high_checkpoints()
+        self._advance()
 
     def _mark_validated(self, view: int, seq_no: int) -> None:
         slot = self.log.certs[(view, seq_no)]
         slot.validated = True
-        digest = slot.digest  # validated: the slot has its pre-prepare
-        if digest is not None and self.me != self.params.primary(view) and self._may_vote(
-                view, seq_no):
-            self._cast_vote(slot.prepares, Prepare(view, seq_no, digest, self.me))
+        self._vote_prepare(view, seq_no, slot)
         self._check_prepared(view, seq_no)
+
+    def _vote_prepare(self, view: int, seq_no: int, slot: Slot) -> None:
+        """PREPARE a validated block once its parent is locked here (`_locked_digest`)."""
+        digest = slot.digest  # validated: the slot has its pre-prepare
+        if digest is None or self.me == self.params.primary(view) or self.me in slot.prepares:
+            return
+        if not self._may_vote(view, seq_no):
+            return
+        if seq_no > self.last_exec and self._locked_digest(seq_no - 1) != slot.parent:
+            return  # released by `_release_votes` when the parent locks
+        self._cast_vote(slot.prepares, Prepare(view, seq_no, digest, self.me))
+
+    def _release_votes(self) -> None:
+        """The votes waiting for a parent to lock: the primary's PRE-PREPARE, the PREPAREs."""
+        if not self.active:
+            return
+        self._propose()
+        for seq_no in range(self.last_exec + 1, self.seq_no + 1):
+            slot = self.log.certs.get((self.view, seq_no))
+            if slot is not None and slot.validated and self.me not in slot.prepares:
+                self._vote_prepare(self.view, seq_no, slot)
+                self._check_prepared(self.view, seq_no)
 
     def _cast_vote(self, votes: dict[int, Signed[V]], body: V) -> None:
         """Sign our PREPARE or COMMIT, keep it in its slot and the certStore, send it."""
@@ -780,6 +876,7 @@ class Replica:
             self.log.add_prepared(PreparedProof(slot.pre_prepare, tuple(prepares)))
             self._cast_vote(slot.commits, Commit(view, seq_no, slot.pre_prepare.body.digest,
                                                  self.me))
+            self._release_votes()  # its successor's vote may wait for this lock
         self._check_committed(slot, seq_no)
 
     def _check_committed(self, slot: Slot, seq_no: int) -> None:
@@ -789,8 +886,8 @@ class Replica:
             return
         self.log.certify(seq_no, digest, encode_commit_certificate(commits))
         self._advance()
-        if self.active and seq_no == self.last_exec + 1:
-            self._replay_future()  # a PRE-PREPARE held for this parent
+        if self.active:
+            self._replay_future()  # a PRE-PREPARE held beyond the pipeline's end
 
     def _advance(self) -> None:
         """Execute the next certified block, validate the next pre-prepared one, propose."""
@@ -805,8 +902,9 @@ class Replica:
             else:
                 self.executing = seq_no
                 self._out.append(CommitBlock(seq_no, digest, block, certificate))
-        if self.active and self.executing is None:
+        if self.active:
             self._validate_next()
+            self._release_votes()
         self._maybe_propose()
 
     def _want(self, seq_no: int, digest: bytes) -> None:
@@ -950,7 +1048,7 @@ class Replica:
         if self.fetching is None:
             return
         self.fetching = None
-        self.executing = None
+        self.executing, self.proposal = None, None
         if event.seq_no > self.last_exec:
             self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
         self._forget_requests(event.tx_hashes)
@@ -1000,7 +1098,7 @@ class Replica:
         self._count_view_change(reason)
         self.view, self.active = view, False
         self.new_view_timer_armed = False
-        self.building = None
+        self.building, self.proposal = None, None
         self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= view}
         self._persist_meta()
         stable = self.stable_checkpoint
@@ -1109,6 +1207,7 @@ class Replica:
         self._out.append(CancelTimer(TimerKind.NEW_VIEW, u64(self.view)))
         self._out.append(CancelTimer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view)))
         self.active, self.new_view_timer_armed = True, False
+        self.proposal = None  # built in the old view; the new primary builds on O
         self.last_new_view = new_view
         self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
         self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())

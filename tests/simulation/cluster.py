@@ -54,6 +54,7 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
+from pbft_engine.core.params import DEFAULT_MAX_IN_FLIGHT
 from pbft_engine.core.records import META_NEW_VIEW, StoreName
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import MessageError
@@ -226,6 +227,7 @@ class Cluster:
         max_txs_per_block: int | None = MAX_TXS_PER_BLOCK,
         gossip_delays: bool = False,
         block_padding: int = 0,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         self.rng = random.Random(seed)
         self.faults = faults or NetworkFaults()
@@ -240,6 +242,7 @@ class Cluster:
             new_view_timeout_cap_ms=new_view_timeout_cap_ms,
             block_period_ms=200,
             empty_blocks=empty_blocks,
+            max_in_flight=max_in_flight,
         )
         self.market = market or FeeMarket()
         self.execution = execution or Execution()
@@ -387,7 +390,11 @@ class Cluster:
         limits = [self.max_txs_per_block,
                   self.execution.count_within(node.index, action.time_budget_ms)]
         max_count = min((x for x in limits if x is not None), default=None)
-        txs = node.pool.select(node.chain, max_count, skip=self.censors.get(node.index))
+        tip = node.chain.extended(action.ancestors)
+        if tip is None or tip.head.block_hash != action.parent_hash:
+            failed = BlockBuilt(action.seq_no, b"", b"", ())  # its parent chain is gone
+            return FETCH_OVERHEAD_MS, lambda: self.feed(node.index, failed)
+        txs = node.pool.select(tip, max_count, skip=self.censors.get(node.index))
         hashes = tuple(tx.hash for tx in txs)
         block = make_block(action.seq_no, action.parent_hash, hashes,
                            bytes(self.block_padding))
@@ -402,7 +409,8 @@ class Cluster:
         size = len(decoded[2]) if decoded is not None else 0
 
         def finish() -> None:
-            ok = node.chain.valid(action.seq_no, action.digest, action.block)
+            tip = node.chain.extended(action.ancestors)
+            ok = tip is not None and tip.valid(action.seq_no, action.digest, action.block)
             self.feed(node.index, BlockValidated(action.seq_no, action.digest, ok))
 
         return self.execution.block_ms(node.index, size), finish

@@ -167,33 +167,30 @@ class SimChain:
     def nonce(self, sender: bytes) -> int:
         return self.nonces.get(sender, 0)
 
+    def tip(self) -> Tip:
+        return Tip(self, self.head, self.state_root, self.base_fee)
+
+    def extended(self, ancestors: Iterable[bytes]) -> Tip | None:
+        """The head extended by uncommitted blocks (oldest first, those committed meanwhile
+        skipped), as a block built or validated on them sees it; None if one is invalid."""
+        tip: Tip | None = self.tip()
+        for block in ancestors:
+            decoded = decode_block(block)
+            if tip is None or decoded is None:
+                return None
+            number = decoded[0]
+            if number <= len(self.blocks):
+                if self.blocks[number - 1].block != block:
+                    return None
+                continue
+            tip = tip.extend(block)
+        return tip
+
     def executes(self, txs: Iterable[bytes]) -> int | None:
-        """The gas the transactions use when applied in order on the head, None if invalid."""
-        base_fee, gas = self.base_fee, 0
-        nonces: dict[bytes, int] = {}
-        seen: set[bytes] = set()
-        for tx_hash in txs:
-            tx = self.registry.get(tx_hash)
-            if tx is None or tx_hash in seen:
-                return None
-            seen.add(tx_hash)
-            expected = nonces.get(tx.sender, self.nonce(tx.sender))
-            gas += tx.gas
-            if tx.nonce != expected or tx.fee_cap < base_fee or gas > self.market.gas_limit:
-                return None
-            nonces[tx.sender] = expected + 1
-        return gas
+        return self.tip().executes(txs)
 
     def valid(self, seq_no: int, digest: bytes, block: bytes) -> bool:
-        if block_digest(block) != digest:  # a block travels unsigned: it must hash to the digest
-            return False
-        decoded = decode_block(block)
-        if decoded is None:
-            return False
-        number, parent, txs = decoded
-        head = self.head
-        return (number == seq_no == head.seq_no + 1 and parent == head.block_hash
-                and self.executes(txs) is not None)
+        return self.tip().valid(seq_no, digest, block)
 
     def append(self, block: bytes, certificate: bytes) -> ChainBlock:
         txs = block_txs(block)
@@ -209,6 +206,68 @@ class SimChain:
             sender = self.registry[tx_hash].sender
             self.nonces[sender] = self.nonce(sender) + 1
         return entry
+
+
+@dataclass
+class Tip:
+    """The chain as a block on top of `head` sees it: the head's state, or the state after
+    uncommitted blocks (a pipeline's ancestors, executed but not committed)."""
+
+    chain: SimChain
+    head: ChainHead
+    state_root: bytes
+    base_fee: int  # of the block after head
+    nonces: dict[bytes, int] = field(default_factory=dict)  # changed since the chain's head
+
+    @property
+    def market(self) -> FeeMarket:
+        return self.chain.market
+
+    def nonce(self, sender: bytes) -> int:
+        return self.nonces.get(sender, self.chain.nonce(sender))
+
+    def executes(self, txs: Iterable[bytes]) -> int | None:
+        """The gas the transactions use when applied in order here, None if invalid."""
+        gas = 0
+        nonces: dict[bytes, int] = {}
+        seen: set[bytes] = set()
+        for tx_hash in txs:
+            tx = self.chain.registry.get(tx_hash)
+            if tx is None or tx_hash in seen:
+                return None
+            seen.add(tx_hash)
+            expected = nonces.get(tx.sender, self.nonce(tx.sender))
+            gas += tx.gas
+            if tx.nonce != expected or tx.fee_cap < self.base_fee or gas > self.market.gas_limit:
+                return None
+            nonces[tx.sender] = expected + 1
+        return gas
+
+    def valid(self, seq_no: int, digest: bytes, block: bytes) -> bool:
+        if block_digest(block) != digest:  # a block travels unsigned: it must hash to the digest
+            return False
+        decoded = decode_block(block)
+        if decoded is None:
+            return False
+        number, parent, txs = decoded
+        return (number == seq_no == self.head.seq_no + 1 and parent == self.head.block_hash
+                and self.executes(txs) is not None)
+
+    def extend(self, block: bytes) -> Tip | None:
+        """This tip with `block` executed on it, None if it is invalid here."""
+        digest = block_digest(block)
+        if digest is None or not self.valid(self.head.seq_no + 1, digest, block):
+            return None
+        txs = block_txs(block)
+        gas_used = self.executes(txs)
+        assert gas_used is not None
+        nonces = dict(self.nonces)
+        for tx_hash in txs:
+            sender = self.chain.registry[tx_hash].sender
+            nonces[sender] = nonces.get(sender, self.chain.nonce(sender)) + 1
+        return Tip(self.chain, ChainHead(self.head.seq_no + 1, digest),
+                   keccak(self.state_root + digest),
+                   self.market.next_base_fee(self.base_fee, gas_used), nonces)
 
 
 @dataclass
@@ -271,7 +330,7 @@ class Pool:
             for nonce in [n for n in self.senders.get(sender, {}) if n < head_nonce]:
                 self.remove(self.senders[sender][nonce].tx.hash)
 
-    def ready_run(self, sender: bytes, chain: SimChain) -> list[tuple[int, Tx]]:
+    def ready_run(self, sender: bytes, chain: SimChain | Tip) -> list[tuple[int, Tx]]:
         """The sender's executable run at the head, each with its key in the pool's order
         (`POOL_ORDER`): the latest arrival up to it, or when it became ready."""
         queue = self.senders.get(sender, {})
@@ -299,14 +358,14 @@ class Pool:
             self.ready_since[tx.hash] = self.readies
         return self.ready_since[tx.hash]
 
-    def executable(self, chain: SimChain, senders: Iterable[bytes] | None = None
+    def executable(self, chain: SimChain | Tip, senders: Iterable[bytes] | None = None
                    ) -> list[tuple[int, Tx]]:
         """Executable transactions in the order a primary takes them: (ready key, nonce)."""
         ready = [item for sender in (self.senders if senders is None else senders)
                  for item in self.ready_run(sender, chain)]
         return sorted(ready, key=lambda item: (item[0], item[1].nonce))
 
-    def select(self, chain: SimChain, max_count: int | None, skip: bytes | None = None
+    def select(self, chain: SimChain | Tip, max_count: int | None, skip: bytes | None = None
                ) -> tuple[Tx, ...]:
         """A block's transactions: executable ones in order, within the gas limit (a sender
         whose next transaction does not fit waits, the others go on, as geth's walk) and at

@@ -84,6 +84,7 @@ BUDGET_MS = 800 // 5  # EngineParams.block_time_budget_ms at the default request
 SLOW_TIMEOUT_CAP_MS = 16_000  # new_view_timeout_cap in the slow class (4 s elsewhere)
 LAGGARD_SHARE = 0.25  # honest seeds (f >= 1) in which f replicas lag far behind the timer
 QUIET_MS = 5_000  # idle time at the end, with gapped transactions still in the pools
+PIPELINE_DEPTHS = (1, 2, 2, 3, 4, 8)  # max_in_flight: the default weighs double
 AMNESIA_SHARE = 0.25  # chaos seeds in which an honest replica loses its consensus store
 BEHAVIOURS = ("crash", "silent", "equivocate", "garbage", "replay", "out_of_window",
               "forge_view")
@@ -211,8 +212,11 @@ def within_envelope(seed: int, n: int, rng: random.Random, most_slowness: float,
 
 def _cluster(n: int, seed: int, econ: Economy, faults: NetworkFaults, **options: int
              ) -> Cluster:
+    # Every class runs pipelines of every depth up to the window (L = 8 here); drawn from a
+    # generator of its own so the seed's other draws stay what they were.
+    depth = random.Random(f"depth {seed} {n}").choice(PIPELINE_DEPTHS)
     return Cluster(n, seed, faults=faults, market=econ.market, execution=econ.execution,
-                   max_txs_per_block=None, gossip_delays=True, **options)
+                   max_txs_per_block=None, gossip_delays=True, max_in_flight=depth, **options)
 
 
 # --- chaos ----------------------------------------------------------------------------------

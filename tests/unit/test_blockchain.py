@@ -216,3 +216,33 @@ def test_an_import_reads_no_receipt_back_and_reports_the_stored_ones(
     assert reads == []
     validator.commit(imported)
     assert imported.receipts == validator.receipts(validator.head()) == executed.receipts
+
+
+def test_blocks_built_and_validated_on_uncommitted_blocks_commit_in_order(
+    pair: tuple[Blockchain, Blockchain],
+) -> None:
+    """Concurrent consensus: block 2 is built on block 1's executed state before block 1 is
+    committed (a stacked overlay), validated elsewhere on the validator's executed block 1,
+    and committed after it; until then neither leaves anything on disk."""
+    proposer, validator = pair
+    keys_before = chain_keys(validator)
+    first, _ = proposer.build_block(transfers(3), timestamp=1_700_000_001, coinbase=COINBASE)
+    second, _ = proposer.build_block(transfers(2, start_nonce=3), timestamp=1_700_000_002,
+                                     coinbase=COINBASE, parent=first)
+    assert second.block.header.parent_hash == first.hash and second.parent is first
+    with pytest.raises(BlockValidationError, match="does not extend the head"):
+        validator.execute_block(validator.decode_block(second.encode()))
+    imported_first = validator.execute_block(validator.decode_block(first.encode()))
+    imported_second = validator.execute_block(validator.decode_block(second.encode()),
+                                              imported_first)
+    assert imported_second.state_root == second.state_root
+    assert chain_keys(validator) == keys_before  # nothing speculative reached LevelDB
+    with pytest.raises(BlockValidationError, match="no longer extends the head"):
+        validator.commit(imported_second)  # strictly in order
+    validator.commit(imported_first)
+    validator.commit(imported_second)
+    assert imported_second.parent is None and imported_second.overlay.parent is None
+    head = validator.head()
+    assert (head.block_number, head.hash) == (2, second.hash)
+    state = validator.vm_at(head).state
+    assert state.get_nonce(SENDER.public_key.to_canonical_address()) == 5

@@ -228,24 +228,39 @@ def _committed(seq_no: int, digest: bytes) -> BlockCommitted:
     return BlockCommitted(seq_no, digest, keccak(digest), ())
 
 
-def test_a_pre_prepare_waits_for_its_parent_and_never_raises_the_seq_no() -> None:
+def test_a_pre_prepare_beyond_the_pipeline_waits_and_never_raises_the_seq_no() -> None:
+    """A backup takes PRE-PREPAREs up to max_in_flight past its last certified block (a
+    correct primary is never further ahead), validates each on the one before it, and votes
+    for block n only once n-1 is prepared here: any view change's O then keeps n's parent."""
+    assert PARAMS.max_in_flight == 2
     disk = Disk()
     replica = disk.start()
-    far, message = pre_prepare(5, b"stray")
+    _, message = pre_prepare(5, b"stray")
     assert not any(isinstance(a, ValidateBlock) for a in disk.run(replica.step(message)))
     assert replica.seq_no == 0 and (0, 5) not in replica.log.certs
+    third, early = pre_prepare(3, b"third")
+    disk.run(replica.step(early))  # beyond 0 + max_in_flight: held
+    assert (0, 3) not in replica.log.certs
     second, early = pre_prepare(2, b"second")
-    disk.run(replica.step(early))  # block 1 is not certified here yet: held
+    actions = disk.run(replica.step(early))  # inside the pipeline, but its parent is unknown
+    assert (0, 2) in replica.log.certs and not any(isinstance(a, ValidateBlock) for a in actions)
     first, message = pre_prepare(1, b"first")
-    disk.run(replica.step(message))
-    disk.run(replica.step(BlockValidated(1, first, True)))
-    disk.run(replica.step(from_peer(Prepare(0, 1, first, 1))))
+    actions = disk.run(replica.step(message))
+    assert [(a.seq_no, a.ancestors) for a in actions if isinstance(a, ValidateBlock)] == [(1, ())]
+    actions = disk.run(replica.step(BlockValidated(1, first, True)))
+    assert votes(actions) == [(MessageType.PREPARE, 0, 1, first)]
+    assert [(a.seq_no, a.ancestors) for a in actions if isinstance(a, ValidateBlock)] == [
+        (2, (b"block 1: first",))]
+    actions = disk.run(replica.step(BlockValidated(2, second, True)))
+    assert votes(actions) == []  # block 1 is not prepared here yet
+    actions = disk.run(replica.step(from_peer(Prepare(0, 1, first, 1))))
+    assert votes(actions) == [(MessageType.COMMIT, 0, 1, first),
+                              (MessageType.PREPARE, 0, 2, second)]
     disk.run(replica.step(from_peer(Commit(0, 1, first, 0))))
     actions = disk.run(replica.step(from_peer(Commit(0, 1, first, 1))))
     assert any(isinstance(a, CommitBlock) for a in actions)
-    assert (0, 2) in replica.log.certs and replica.log.certs[(0, 2)].digest == second
-    actions = disk.run(replica.step(_committed(1, first)))
-    assert any(isinstance(a, ValidateBlock) and a.seq_no == 2 for a in actions)
+    assert replica.log.certs[(0, 3)].digest == third  # block 1 certified: 3 is inside now
+    assert replica.seq_no == 3
 
 
 def test_a_restarted_replica_takes_its_seq_no_from_what_it_signed() -> None:
