@@ -189,8 +189,7 @@ class Replica:
         self.executing: int | None = None
         self.building: int | None = None
         self.building_on = b""  # the parent the block being built goes on
-        # A block built on a parent not yet prepared here: its PRE-PREPARE waits (`_propose`).
-        self.proposal: tuple[BlockBuilt, bytes] | None = None
+        self.proposed: dict[int, int] = {}  # this primary's blocks in flight: transactions
         self.arrived_while_building = False  # a request came in during the build
         self.fetching: int | None = None
         self.block_due = False
@@ -578,28 +577,35 @@ class Replica:
 
     def _maybe_propose(self) -> None:
         """The primary builds the next block on the newest one validated here, while fewer
-        than max_in_flight of its blocks wait to be executed (concurrent consensus)."""
+        than max_in_flight of its blocks wait to be executed (concurrent consensus), once
+        that parent is locked here (`_locked_digest`): it then goes out as soon as it is
+        built, with every transaction that arrived until then."""
         if not (self.active and self.me == self.primary) or self.fetching is not None:
             return
-        if self.building is not None or self.proposal is not None:
+        if self.building is not None:
             return
         top = max(self.seq_no, self.last_exec)
         if top - self.last_exec >= self.params.max_in_flight:
             return
-        if not (self.requests or self.block_due):
-            return
+        if not (self.block_due or len(self.requests) > self._in_flight_requests()):
+            return  # nothing waits that the blocks in flight do not hold
         if top + 1 > self.high_watermark:
             self._drop("primary at the high watermark")
             return
         if not self._may_vote(self.view, top + 1):
             return  # it may have proposed this seqNo in this view before it lost its records
         chain = self._chain_to(top)
-        if chain is None:
+        if chain is None or self._locked_digest(top) != chain[0]:
             return
         self.building, self.building_on = top + 1, chain[0]
         self.arrived_while_building = False
         self._out.append(BuildBlock(self.building, chain[0], self.block_due,
                                     self.params.block_time_budget_ms, chain[1]))
+
+    def _in_flight_requests(self) -> int:
+        """Transactions in this primary's blocks proposed and not executed yet."""
+        self.proposed = {n: count for n, count in self.proposed.items() if n > self.last_exec}
+        return sum(self.proposed.values())
 
     def _on_block_built(self, event: BlockBuilt) -> None:
         if self.building != event.seq_no:
@@ -615,27 +621,16 @@ class Replica:
             return
         if max(self.seq_no, self.last_exec) + 1 != event.seq_no:
             return
+        parent = self.building_on
         chain = self._chain_to(event.seq_no - 1)
-        if chain is None or chain[0] != self.building_on:
-            return  # the chain it was built on is gone (a catch-up, a new view)
-        self.proposal = (event, self.building_on)
-        self._propose()
-
-    def _propose(self) -> None:
-        """PRE-PREPARE the built block once its parent is prepared here (or committed): a
-        block is proposed on a parent that f+1 correct replicas hold prepared, so any view
-        change's O keeps that parent at its seqNo (`_locked_digest`)."""
-        if self.proposal is None:
-            return
-        event, parent = self.proposal
-        if self._locked_digest(event.seq_no - 1) != parent:
-            return
-        self.proposal = None
+        if chain is None or chain[0] != parent or self._locked_digest(event.seq_no - 1) != parent:
+            return  # the chain it was built on is gone (a catch-up)
         self.block_due = False
         pre_prepare = self._sign(PrePrepare(self.view, event.seq_no, event.digest, self.me))
         self._accept_pre_prepare(pre_prepare, event.block)
         slot = self.log.certs[(self.view, event.seq_no)]
         slot.validated, slot.parent = True, parent
+        self.proposed[event.seq_no] = len(event.tx_hashes)
         self._broadcast(pre_prepare, (event.block,))
         self._check_prepared(self.view, event.seq_no)
         self._maybe_propose()
@@ -847,15 +842,16 @@ class Replica:
         self._cast_vote(slot.prepares, Prepare(view, seq_no, digest, self.me))
 
     def _release_votes(self) -> None:
-        """The votes waiting for a parent to lock: the primary's PRE-PREPARE, the PREPAREs."""
+        """The votes that waited for their parent to lock here: the PREPAREs, and the
+        primary's next block."""
         if not self.active:
             return
-        self._propose()
         for seq_no in range(self.last_exec + 1, self.seq_no + 1):
             slot = self.log.certs.get((self.view, seq_no))
             if slot is not None and slot.validated and self.me not in slot.prepares:
                 self._vote_prepare(self.view, seq_no, slot)
                 self._check_prepared(self.view, seq_no)
+        self._maybe_propose()
 
     def _cast_vote(self, votes: dict[int, Signed[V]], body: V) -> None:
         """Sign our PREPARE or COMMIT, keep it in its slot and the certStore, send it."""
@@ -1048,7 +1044,7 @@ class Replica:
         if self.fetching is None:
             return
         self.fetching = None
-        self.executing, self.proposal = None, None
+        self.executing = None
         if event.seq_no > self.last_exec:
             self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
         self._forget_requests(event.tx_hashes)
@@ -1098,7 +1094,7 @@ class Replica:
         self._count_view_change(reason)
         self.view, self.active = view, False
         self.new_view_timer_armed = False
-        self.building, self.proposal = None, None
+        self.building, self.proposed = None, {}
         self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= view}
         self._persist_meta()
         stable = self.stable_checkpoint
@@ -1207,7 +1203,7 @@ class Replica:
         self._out.append(CancelTimer(TimerKind.NEW_VIEW, u64(self.view)))
         self._out.append(CancelTimer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view)))
         self.active, self.new_view_timer_armed = True, False
-        self.proposal = None  # built in the old view; the new primary builds on O
+        self.proposed = {}  # the new primary builds on O
         self.last_new_view = new_view
         self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
         self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())
