@@ -44,6 +44,7 @@ BURST = 3_000  # transfers submitted at once to the 4-validator testnet (issue 1
 BURST_SENDERS = 1_000
 POLLERS = 10  # clients polling receipts during a burst (issue 13)
 LINK_DELAYS_MS = (0, 10, 50)  # one-way delay of every validator link (issue 16)
+PIPELINE_BASELINE = 1  # max_in_flight of issue 16's baseline: one block in flight
 POLL_RATE = 10.0  # calls per second per client
 WINDOW_BLOCKS = 2  # full blocks' worth of transactions submitted but not committed
 SOAK_ROUNDS = 5  # transfers per account in each load of the N=1 soak
@@ -311,33 +312,62 @@ def _burst(ctx: Context, net: BenchNet) -> None:
 
 
 def link_delay(ctx: Context) -> None:
-    """Issue 16's baseline: the 3,000-transfer burst and the 20 tx/s latency on a fresh
-    default testnet whose validator links are each delayed by LINK_DELAYS_MS one way (a TCP
-    proxy per link, `testkit.links`: validators on separate machines, without netem). The
-    undelayed cluster also runs through the proxies, so the rows differ by the delay alone."""
-    bursts: dict[int, float] = {}
-    for delay_ms in LINK_DELAYS_MS:
-        net = BenchNet.create(ctx.workdir / f"delay{delay_ms}", 4, ctx.sizes.accounts)
-        links = Links(delay_ms / 1000)
-        try:
-            links.install(net.cluster)
-            net.cluster.start()
-            burst = _burst_load(ctx, net, f"delay{delay_ms}-burst")
-            bursts[delay_ms] = burst.end_to_end_tps
+    """Issue 16: the 3,000-transfer burst and the 20 tx/s latency on fresh testnets whose
+    validator links are each delayed by LINK_DELAYS_MS one way (a TCP proxy per link,
+    `testkit.links`: validators on separate machines, without netem), on the default testnet
+    and, as the baseline in the same run, with one block in flight (max_in_flight 1, the
+    engine before issue 16). The undelayed clusters also run through the proxies, so the rows
+    differ by the delay alone."""
+    for depth in (None, PIPELINE_BASELINE):
+        bursts: dict[int, float] = {}
+        for delay_ms in LINK_DELAYS_MS:
+            _delayed_cluster(ctx, depth, delay_ms, bursts)
+
+
+def _delayed_cluster(ctx: Context, depth: int | None, delay_ms: int,
+                     bursts: dict[int, float]) -> None:
+    engine = "default" if depth is None else f"max_in_flight {depth}"
+    name = f"delay{delay_ms}" + ("" if depth is None else f"-depth{depth}")
+    net = BenchNet.create(ctx.workdir / name, 4, ctx.sizes.accounts,
+                          pbft=None if depth is None else {"max_in_flight": depth})
+    links = Links(delay_ms / 1000)
+    try:
+        links.install(net.cluster)
+        net.cluster.start()
+        with Sampler(net) as sampler:
+            burst = _burst_load(ctx, net, f"{name}-burst")
+        bursts[delay_ms] = burst.end_to_end_tps
+        busy = sampler.cpu_between(burst.start, burst.last_commit)
+        utilisation = {i: cpu / (burst.last_commit - burst.start) for i, cpu in busy.items()}
+        ctx.results.details[f"{name}-burst-cpu-utilisation"] = utilisation
+        ctx.results.add(Row(
+            "16", f"N=4 burst, links delayed {delay_ms} ms, {engine}: CPU per node",
+            sum(utilisation.values()) / len(utilisation), "cores",
+            note="mean over the nodes; each: " + ", ".join(
+                f"{u:.2f}" for _, u in sorted(utilisation.items()))))
+        note = f"{engine}; mean block {burst.transactions / burst.blocks:.0f} transfers"
+        ctx.results.add(Row(
+            "16", f"N=4 burst, links delayed {delay_ms} ms one way, {engine}",
+            burst.end_to_end_tps, "tx/s", reference=bursts[0],
+            reference_name="the same at 0 ms",
+            target=0.8 if delay_ms == max(LINK_DELAYS_MS) else None, note=note))
+        if delay_ms == 0 and depth is None:
+            ctx.results.add(_raw_relative(
+                Row("16", "N=4 3,000-transfer burst, default (through the link proxies)",
+                    burst.end_to_end_tps, "tx/s", reference_name="raw transfer x 2/4",
+                    target=0.7, note="first submission to last commit"),
+                lambda: ctx.reference.shared("transfer", 4)))
+        summary = _latency_at(ctx, net, f"{name}-latency")
+        undelayed = delay_ms == 0 and depth is None
+        for label, target in (("p50", 40.0), ("p99", 150.0)):
             ctx.results.add(Row(
-                "16", f"N=4 burst, links delayed {delay_ms} ms one way", burst.end_to_end_tps,
-                "tx/s", reference=bursts[0], reference_name="the same at 0 ms",
-                target=0.8 if delay_ms == max(LINK_DELAYS_MS) else None,
-                note=f"mean block {burst.transactions / burst.blocks:.0f} transfers"))
-            summary = _latency_at(ctx, net, f"delay{delay_ms}-latency")
-            ctx.results.add(Row(
-                "16", f"N=4 latency p50 / p99 at {ctx.sizes.latency_rate:g} tx/s, "
-                f"links delayed {delay_ms} ms", summary["p50_ms"], "ms",
-                note=f"p99 {summary['p99_ms']:.0f} ms"))
-            _add_view_changes(ctx, net, f"the loads with links delayed {delay_ms} ms")
-        finally:
-            net.close()
-            links.close()
+                "16", f"N=4 latency {label} at {ctx.sizes.latency_rate:g} tx/s, links delayed "
+                f"{delay_ms} ms, {engine}", summary[f"{label}_ms"], "ms",
+                target=target if undelayed else None, at_most=True, absolute=True))
+        _add_view_changes(ctx, net, f"the loads with links delayed {delay_ms} ms, {engine}")
+    finally:
+        net.close()
+        links.close()
 
 
 def _add_view_changes(ctx: Context, net: BenchNet, during: str) -> None:

@@ -559,16 +559,23 @@ class Blockchain:
     def commit(self, executed: ExecutedBlock, batch: WriteBatch | None = None) -> None:
         """Make an executed block canonical: in `batch` if given (the caller writes it),
         else in a synced batch of its own."""
-        head = self.head()
-        if executed.block.header.parent_hash != head.hash:
-            raise BlockValidationError(
-                f"block {executed.number} no longer extends the head (block {head.block_number})"
-            )
         if batch is not None:
-            self._write_committed(executed, batch)
+            self.commit_chain([executed], batch)
             return
         with self.db.batch(sync=True) as own:
-            self._write_committed(executed, own)
+            self.commit_chain([executed], own)
+
+    def commit_chain(self, blocks: Sequence[ExecutedBlock], batch: WriteBatch) -> None:
+        """Make consecutive executed blocks (each executed on the one before, the first on
+        the head) canonical in `batch`, which the caller writes."""
+        head = self.head()
+        parent_hash, number = head.hash, head.block_number
+        for executed in blocks:
+            if executed.block.header.parent_hash != parent_hash:
+                raise BlockValidationError(
+                    f"block {executed.number} no longer extends the head (block {number})")
+            self._write_committed(executed, batch)
+            parent_hash, number = executed.hash, executed.number
 
     def _write_committed(self, executed: ExecutedBlock, batch: WriteBatch) -> None:
         executed.overlay.write_into(batch)

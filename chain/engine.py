@@ -70,6 +70,13 @@ class EngineContext(ABC):
         """Make the block canonical; `extra_writes` (its certificate) lands in the same batch."""
 
     @abstractmethod
+    async def commit_blocks(
+        self, blocks: Sequence[tuple[ExecutedBlock, Callable[[WriteBatch], None]]]
+    ) -> None:
+        """Make consecutive blocks canonical (each executed on the one before it, the first
+        on the head) in one batch, each with its `extra_writes`: a catch-up's range."""
+
+    @abstractmethod
     def keyspace(self, prefix: bytes) -> Keyspace:
         """A keyspace for the engine's own persistent state (prefix under the engine's name)."""
 

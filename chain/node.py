@@ -454,6 +454,21 @@ class NodeContext(EngineContext):
         await node.run_in_executor(write)
         node.on_committed(executed)
 
+    async def commit_blocks(
+        self, blocks: Sequence[tuple[ExecutedBlock, Callable[[WriteBatch], None]]]
+    ) -> None:
+        node = self._node
+
+        def write() -> None:
+            with node.db.batch(sync=True) as batch:
+                node.blockchain.commit_chain([executed for executed, _ in blocks], batch)
+                for _, extra_writes in blocks:
+                    extra_writes(batch)
+
+        await node.run_in_executor(write)
+        for executed, _ in blocks:
+            node.on_committed(executed)
+
     def keyspace(self, prefix: bytes) -> Keyspace:
         return self._node.db.keyspace(b"engine/" + prefix)
 

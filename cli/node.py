@@ -89,6 +89,7 @@ def _testnet_init(args: argparse.Namespace) -> int:
         for name, value in (
             ("checkpoint_interval", args.checkpoint_interval),
             ("log_multiplier", args.log_multiplier),
+            ("max_in_flight", args.max_in_flight),
             ("request_timeout", args.request_timeout),
             ("new_view_timeout", args.request_timeout),
             ("new_view_timeout_cap",
@@ -176,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     tinit.add_argument("--base-metrics-port", type=int, default=6060, help="first metrics port")
     tinit.add_argument("--checkpoint-interval", type=int, help="PBFT checkpoint period K (10)")
     tinit.add_argument("--log-multiplier", type=int, help="watermark window L = K x this (4)")
+    tinit.add_argument("--max-in-flight", type=int,
+                       help="blocks the primary may have proposed and not executed (2)")
     tinit.add_argument(
         "--request-timeout", type=float, help="seconds before a view change (2; also new-view)"
     )

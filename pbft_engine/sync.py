@@ -64,6 +64,7 @@ from pbft_engine.sync_messages import (
     encode_sync,
 )
 from pbft_engine.tasks import BackgroundTasks
+from storage import WriteBatch
 
 log = logging.getLogger(__name__)
 
@@ -273,15 +274,29 @@ class BlockSync:
     # Fetching.
 
     async def fetch(self, target: int, target_hash: bytes) -> Event:
-        """Import certified blocks up to `target` from whichever peers can serve them."""
+        """Import certified blocks up to `target` from whichever peers can serve them; the
+        next range is requested while this one is executed, and a range is committed in one
+        batch."""
         imported: list[ExecutedBlock] = []
-        while self.context.head().block_number < target:
-            first = self.context.head().block_number + 1
-            count = min(MAX_BLOCKS_PER_REQUEST, target - first + 1)
-            if not await self._fetch_range(first, count, imported):
-                log.warning("catch-up to block %d failed at block %d: no peer served it",
-                            target, first)
-                return FetchFailed(target)
+        ahead: tuple[int, asyncio.Future[Blocks]] | None = None
+        try:
+            while self.context.head().block_number < target:
+                first = self.context.head().block_number + 1
+                count = min(MAX_BLOCKS_PER_REQUEST, target - first + 1)
+                prefetched = None
+                if ahead is not None:
+                    prefetched = ahead[1] if ahead[0] == first else None
+                    if prefetched is None:
+                        ahead[1].cancel()
+                following = first + count
+                ahead = self._prefetch(following, target) if following <= target else None
+                if not await self._fetch_range(first, count, imported, prefetched):
+                    log.warning("catch-up to block %d failed at block %d: no peer served it",
+                                target, first)
+                    return FetchFailed(target)
+        finally:
+            if ahead is not None:
+                ahead[1].cancel()
         head = self.context.head()
         if imported and imported[-1].number == target and imported[-1].hash != target_hash:
             # Q validators certified this block, f+1 claimed another: more than f are faulty.
@@ -291,11 +306,34 @@ class BlockSync:
         log.info("caught up to block %d (%d blocks imported)", head.block_number, len(imported))
         return FetchCompleted(head.block_number, head.hash, head.state_root, tx_hashes)
 
-    async def _fetch_range(self, first: int, count: int, imported: list[ExecutedBlock]) -> bool:
-        """Try the connected peers in turn; True once one of them served verified blocks."""
+    def _prefetch(self, first: int, target: int) -> tuple[int, asyncio.Future[Blocks]] | None:
+        """Ask the range from `first` of the peer whose turn it is, in the background."""
+        peers = self._peers_for(first)
+        if not peers:
+            return None
+        count = min(MAX_BLOCKS_PER_REQUEST, target - first + 1)
+        request = asyncio.ensure_future(self._request(peers[0], first, count))
+        request.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return first, request
+
+    def _peers_for(self, first: int) -> list[bytes]:
+        """The connected peers, starting with the one whose turn the range from `first` is
+        (the ranges are spread over the peers)."""
         peers = sorted(self.context.peers())
         turn = first // MAX_BLOCKS_PER_REQUEST % len(peers) if peers else 0
-        for peer in peers[turn:] + peers[:turn]:  # spread the ranges over the peers
+        return peers[turn:] + peers[:turn]
+
+    async def _fetch_range(self, first: int, count: int, imported: list[ExecutedBlock],
+                           prefetched: asyncio.Future[Blocks] | None) -> bool:
+        """The prefetched answer, else the connected peers in turn; True once one of them
+        served verified blocks."""
+        if prefetched is not None:
+            try:
+                imported.extend(await self._import(first, await prefetched))
+                return True
+            except SyncError as exc:
+                log.warning("block sync (prefetched blocks %d..): %s", first, exc)
+        for peer in self._peers_for(first):
             try:
                 blocks = await self._request(peer, first, count)
                 imported.extend(await self._import(first, blocks))
@@ -321,25 +359,33 @@ class BlockSync:
         return answer
 
     async def _import(self, first: int, answer: Blocks) -> list[ExecutedBlock]:
-        imported = []
-        for number, (block, certificate) in enumerate(answer.blocks, first):
-            block_hash = certified_block_hash(
+        """Verify every certificate, execute each block on the one before it, then commit
+        the range (with the certificates) in one batch; nothing of it if one fails."""
+        certified = [
+            (number, block, certificate, certified_block_hash(
                 block, certificate, number=number, validators=self.validators,
-                chain_id=self.context.chain_id)
-            async with self.chain_lock:
-                if self.context.head().block_number >= number:
+                chain_id=self.context.chain_id))
+            for number, (block, certificate) in enumerate(answer.blocks, first)]
+        chain: list[tuple[ExecutedBlock, Callable[[WriteBatch], None]]] = []
+        async with self.chain_lock:
+            head = self.context.head().block_number
+            parent: ExecutedBlock | None = None
+            for number, block, certificate, block_hash in certified:
+                if number <= head:
                     continue  # committed meanwhile through the normal case
-                executed = await self._execute(block, number)
+                executed = await self._execute(block, number, parent)
                 if executed.hash != block_hash:
                     raise SyncError(f"block {number} executes to another hash")
                 ops = [Put(StoreName.COMMIT_CERTIFICATES, u64(number), certificate)]
-                await self.context.commit_block(
-                    executed, extra_writes=partial(self.store.write, ops=ops))
-            imported.append(executed)
-        return imported
+                chain.append((executed, partial(self.store.write, ops=ops)))
+                parent = executed
+            if chain:
+                await self.context.commit_blocks(chain)
+        return [executed for executed, _ in chain]
 
-    async def _execute(self, block: bytes, number: int) -> ExecutedBlock:
+    async def _execute(self, block: bytes, number: int, parent: ExecutedBlock | None
+                       ) -> ExecutedBlock:
         try:
-            return await self.context.validate_block(block)
+            return await self.context.validate_block(block, parent)
         except BlockValidationError as exc:
             raise SyncError(f"certified block {number} does not execute here: {exc}") from None

@@ -1,0 +1,78 @@
+"""Concurrent consensus: several blocks in flight inside the watermarks (DESIGN.md section 4).
+The primary proposes n+1 on n's executed, uncommitted state once n is prepared at it, backups
+validate n+1 on their validated n and PREPARE it once n is prepared (or committed) at them,
+blocks commit strictly in order, and a view change keeps every prepared block's parent."""
+
+from __future__ import annotations
+
+import pytest
+
+from pbft_engine.messages import MessageType, NewView, WireMessage, wire_as
+from tests.simulation.cluster import Cluster, Execution, NetworkFaults
+from tests.unit.pbft.helpers import capture, commit, tx_hashes
+
+
+def pipelined_cluster(depth: int) -> Cluster:
+    """One transaction a block, 20 ms links and 5 ms a block: rounds long enough to overlap."""
+    return Cluster(4, faults=NetworkFaults(20, 20), execution=Execution(5_000),
+                   max_txs_per_block=1, max_in_flight=depth, checkpoint_interval=10,
+                   log_multiplier=4, request_timeout_ms=5_000)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_the_primary_proposes_before_the_previous_block_is_executed_only_when_pipelined(
+        depth: int) -> None:
+    cluster = pipelined_cluster(depth)
+    ahead: list[int] = []  # blocks proposed beyond the primary's last executed one + 1
+
+    def watch(src: int, dst: int, wire: WireMessage) -> bool:
+        body = wire.signed.body
+        if body.TYPE is MessageType.PRE_PREPARE and dst == 1:
+            ahead.append(body.seq_no - len(cluster.nodes[src].chain.blocks) - 1)
+        return True
+
+    cluster.filters.append(watch)
+    commit(cluster, tx_hashes(12))
+    assert cluster.heights() == [12] * 4
+    assert max(ahead) == min(depth, 2) - 1  # beyond 2: the lock on the parent paces it
+    assert all(0 <= a < depth for a in ahead)
+
+
+def test_a_view_change_in_the_middle_of_a_pipeline_keeps_each_prepared_block_on_its_parent(
+        ) -> None:
+    """No COMMIT of view 0 arrives: blocks 1 and 2 are prepared, none commits, the request
+    timer (5 s) replaces the primary, and NEW-VIEW's O re-proposes both, in order, on one
+    chain."""
+    cluster = pipelined_cluster(2)
+    cluster.filters.append(lambda src, dst, wire: not (
+        wire.signed.body.TYPE is MessageType.COMMIT and wire.signed.body.view == 0))
+    new_views: list[WireMessage] = []
+    cluster.filters.append(capture(MessageType.NEW_VIEW, new_views))
+    commit(cluster, tx_hashes(2), limit_ms=30_000)
+    assert cluster.heights() == [2] * 4
+    plan = wire_as(new_views[0], NewView)
+    assert plan is not None
+    assert [pp.body.seq_no for pp in plan.signed.body.pre_prepares] == [1, 2]
+    assert all(node.replica.view >= 1 for node in cluster.nodes)
+
+
+def test_replicas_restarted_with_several_blocks_prepared_commit_them_in_order() -> None:
+    cluster = pipelined_cluster(2)
+    held = True
+    cluster.filters.append(lambda src, dst, wire: not (
+        held and wire.signed.body.TYPE is MessageType.COMMIT))
+    for tx in tx_hashes(3):
+        cluster.submit(tx)
+    assert cluster.run_until(lambda: all(
+        (0, 2) in node.replica.log.certs and len(node.replica.log.pset) == 2
+        for node in cluster.nodes), 2_000)
+    for node in cluster.nodes:
+        cluster.crash(node.index)
+    held = False
+    for node in cluster.nodes:
+        cluster.restart(node.index)
+    # Each resends what it signed: the held COMMITs certify 1 and 2, then 3 is proposed,
+    # all in view 0, well within the 5 s request timer.
+    commit(cluster, tx_hashes(3), limit_ms=4_000)
+    assert cluster.heights() == [3] * 4
+    assert all(node.replica.view == 0 for node in cluster.nodes)
