@@ -191,6 +191,12 @@ class Replica:
         self.building_on = b""  # the parent the block being built goes on
         self.proposed: dict[int, int] = {}  # this primary's blocks in flight: transactions
         self.arrived_while_building = False  # a request came in during the build
+        self.waiting_at_build = 0  # requests not in a block in flight when the build began
+        # The last block built held fewer: it was cut by its time budget or size cap, so the
+        # pool has a backlog and the next block is built before its parent locks (`held`).
+        self.backlogged = False
+        # A block built before its parent locked here: its PRE-PREPARE waits (`_propose_held`).
+        self.held: tuple[BlockBuilt, bytes] | None = None
         self.fetching: int | None = None
         self.block_due = False
         self.halted = False
@@ -577,17 +583,20 @@ class Replica:
 
     def _maybe_propose(self) -> None:
         """The primary builds the next block on the newest one validated here, while fewer
-        than max_in_flight of its blocks wait to be executed (concurrent consensus), once
-        that parent is locked here (`_locked_digest`): it then goes out as soon as it is
-        built, with every transaction that arrived until then."""
+        than max_in_flight of its blocks wait to be executed (concurrent consensus). It
+        builds once that parent is locked here (`_locked_digest`), so the block goes out as
+        soon as it is built, with every transaction that arrived until then; under a backlog
+        it builds at once, overlapping its build with the replicas' validation of the
+        parent, and holds the block until the parent locks."""
         if not (self.active and self.me == self.primary) or self.fetching is not None:
             return
-        if self.building is not None:
+        if self.building is not None or self.held is not None:
             return
         top = max(self.seq_no, self.last_exec)
         if top - self.last_exec >= self.params.max_in_flight:
             return
-        if not (self.block_due or len(self.requests) > self._in_flight_requests()):
+        waiting = len(self.requests) - self._in_flight_requests()
+        if not (self.block_due or waiting > 0):
             return  # nothing waits that the blocks in flight do not hold
         if top + 1 > self.high_watermark:
             self._drop("primary at the high watermark")
@@ -595,10 +604,10 @@ class Replica:
         if not self._may_vote(self.view, top + 1):
             return  # it may have proposed this seqNo in this view before it lost its records
         chain = self._chain_to(top)
-        if chain is None or self._locked_digest(top) != chain[0]:
+        if chain is None or not (self.backlogged or self._locked_digest(top) == chain[0]):
             return
         self.building, self.building_on = top + 1, chain[0]
-        self.arrived_while_building = False
+        self.arrived_while_building, self.waiting_at_build = False, waiting
         self._out.append(BuildBlock(self.building, chain[0], self.block_due,
                                     self.params.block_time_budget_ms, chain[1]))
 
@@ -617,13 +626,26 @@ class Replica:
             if self.arrived_while_building:  # the build missed it: build again, once per arrival
                 self._maybe_propose()
             return
+        self.backlogged = len(event.tx_hashes) < self.waiting_at_build
+        self.held = (event, self.building_on)
+        self._propose_held()
+
+    def _propose_held(self) -> None:
+        """PRE-PREPARE the built block once its parent is locked here: a block is proposed
+        on a parent that f+1 correct replicas hold prepared, so any view change's O keeps
+        that parent at its seqNo (`_locked_digest`)."""
+        if self.held is None:
+            return
+        event, parent = self.held
+        if self._locked_digest(event.seq_no - 1) != parent:
+            return  # released by `_release_votes` when the parent locks
+        self.held = None
         if not (self.active and self.me == self.primary and self._in_window(event.seq_no)):
             return
         if max(self.seq_no, self.last_exec) + 1 != event.seq_no:
             return
-        parent = self.building_on
         chain = self._chain_to(event.seq_no - 1)
-        if chain is None or chain[0] != parent or self._locked_digest(event.seq_no - 1) != parent:
+        if chain is None or chain[0] != parent:
             return  # the chain it was built on is gone (a catch-up)
         self.block_due = False
         pre_prepare = self._sign(PrePrepare(self.view, event.seq_no, event.digest, self.me))
@@ -846,6 +868,7 @@ class Replica:
         primary's next block."""
         if not self.active:
             return
+        self._propose_held()
         for seq_no in range(self.last_exec + 1, self.seq_no + 1):
             slot = self.log.certs.get((self.view, seq_no))
             if slot is not None and slot.validated and self.me not in slot.prepares:
@@ -1044,7 +1067,7 @@ class Replica:
         if self.fetching is None:
             return
         self.fetching = None
-        self.executing = None
+        self.executing, self.held = None, None
         if event.seq_no > self.last_exec:
             self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
         self._forget_requests(event.tx_hashes)
@@ -1094,7 +1117,7 @@ class Replica:
         self._count_view_change(reason)
         self.view, self.active = view, False
         self.new_view_timer_armed = False
-        self.building, self.proposed = None, {}
+        self.building, self.proposed, self.held, self.backlogged = None, {}, None, False
         self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= view}
         self._persist_meta()
         stable = self.stable_checkpoint
@@ -1203,7 +1226,7 @@ class Replica:
         self._out.append(CancelTimer(TimerKind.NEW_VIEW, u64(self.view)))
         self._out.append(CancelTimer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view)))
         self.active, self.new_view_timer_armed = True, False
-        self.proposed = {}  # the new primary builds on O
+        self.proposed, self.held = {}, None  # the new primary builds on O
         self.last_new_view = new_view
         self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
         self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from pbft_engine.core.actions import BuildBlock
 from pbft_engine.messages import MessageType, NewView, WireMessage, wire_as
-from tests.simulation.cluster import Cluster, Execution, NetworkFaults
+from tests.simulation.cluster import Cluster, Execution, NetworkFaults, Node
+from tests.simulation.ledger import decode_block
 from tests.unit.pbft.helpers import capture, commit, tx_hashes
 
 
@@ -36,6 +38,65 @@ def test_the_primary_proposes_before_the_previous_block_is_executed_only_when_pi
     assert cluster.heights() == [12] * 4
     assert max(ahead) == min(depth, 2) - 1  # beyond 2: the lock on the parent paces it
     assert all(0 <= a < depth for a in ahead)
+
+
+def watch_builds(cluster: Cluster) -> list[tuple[int, bool]]:
+    """(seqNo, whether its parent was locked at the primary) of every block it builds."""
+    builds: list[tuple[int, bool]] = []
+    build = cluster._build
+
+    def watched(node: Node, action: BuildBlock):  # type: ignore[no-untyped-def]
+        assert node.replica is not None
+        locked = node.replica._locked_digest(action.seq_no - 1) == action.parent_hash
+        builds.append((action.seq_no, locked))
+        return build(node, action)
+
+    cluster._build = watched  # type: ignore[method-assign]
+    return builds
+
+
+def test_under_a_backlog_the_primary_builds_before_the_parent_locks_and_holds_the_block(
+        ) -> None:
+    """Blocks of one transaction and eight waiting: each block leaves a backlog, so the
+    primary builds n+1 while n is validated; n+1 still goes out only once n is prepared."""
+    cluster = pipelined_cluster(2)
+    builds = watch_builds(cluster)
+    early: list[int] = []  # PRE-PREPAREs sent before their parent was locked at the primary
+
+    def watch(src: int, dst: int, wire: WireMessage) -> bool:
+        body = wire.signed.body
+        replica = cluster.nodes[src].replica
+        if body.TYPE is MessageType.PRE_PREPARE and dst == 1 and replica is not None:
+            parent = replica.log.certs.get((0, body.seq_no - 1))
+            if parent is not None and replica._locked_digest(body.seq_no - 1) != parent.digest:
+                early.append(body.seq_no)
+        return True
+
+    cluster.filters.append(watch)
+    commit(cluster, tx_hashes(8))
+    assert cluster.heights() == [8] * 4
+    assert any(not locked for _, locked in builds)
+    assert early == []
+
+
+def test_without_a_backlog_the_primary_builds_once_the_parent_locks_with_what_arrived(
+        ) -> None:
+    """Blocks hold whatever waits (no count cap, a budget of 200): transactions arriving
+    while block 1 is agreed on all go into block 2, built once block 1 is prepared."""
+    cluster = Cluster(4, faults=NetworkFaults(20, 20), execution=Execution(5_000),
+                      max_in_flight=2, request_timeout_ms=5_000)
+    builds = watch_builds(cluster)
+    txs = tx_hashes(4)
+    cluster.submit(txs[0], to=0)
+    for tx in txs[1:]:
+        cluster.run_for(8)
+        cluster.submit(tx, to=0)
+    assert cluster.run_until(lambda: cluster.all_committed(txs), 20_000)
+    cluster.check_safety()
+    assert all(locked for _, locked in builds)
+    sizes = [len(decode_block(block.block)[2])  # type: ignore[index]
+             for block in cluster.nodes[0].chain.blocks]
+    assert sizes == [1, 3]
 
 
 def test_a_view_change_in_the_middle_of_a_pipeline_keeps_each_prepared_block_on_its_parent(
