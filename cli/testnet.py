@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chain.errors import EngineError
 from chain.genesis import DEFAULT_BASE_FEE, DEFAULT_GAS_LIMIT, parse_genesis
 from chain.node import initialize_datadir
-from chain.registry import available_engines
+from chain.registry import available_engines, load_engine_class
 from cli.errors import CliError
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key, write_keyfile
 from cli.monitoring import write_monitoring
@@ -48,6 +49,10 @@ def _genesis_document(
                 "not installed in this version; use --validators 1 (the dev engine)"
             )
         engine = {"pbft": {"validators": validators, **TESTNET_PBFT_PARAMS, **pbft}}
+        try:
+            load_engine_class("pbft").check_params(engine["pbft"])
+        except EngineError as exc:
+            raise CliError(f"{exc}; change the option") from None
     return {
         "config": {"chainId": chain_id, **engine},
         "alloc": {address: {"balance": hex(DEV_BALANCE)} for address in accounts},

@@ -1,4 +1,5 @@
-"""`pbft-node run` settings: the RPC limits from the config file and flags."""
+"""`pbft-node run` settings: the RPC limits from the config file and flags; `testnet init`'s
+engine parameters."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from chain.rpc.limits import BatchLimits, RpcLimits
 from cli.config import FLAG_KEYS, node_config, resolve_settings
 from cli.errors import CliError
+from cli.testnet import init_testnet
 
 
 def _settings(tmp_path: Path, toml: str, **flags: object) -> dict[str, object]:
@@ -58,3 +60,15 @@ def test_without_settings_the_limits_are_the_defaults(tmp_path: Path) -> None:
 def test_a_bad_limit_is_a_one_line_error(tmp_path: Path, toml: str, message: str) -> None:
     with pytest.raises(CliError, match=message.replace(".", r"\.")):
         node_config(_settings(tmp_path, toml))
+
+
+@pytest.mark.parametrize(("pbft", "message"), [
+    ({"max_in_flight": 0}, "max_in_flight must be between 1 and the watermark window"),
+    ({"max_in_flight": 41}, "x log_multiplier = 40"),
+    ({"checkpoint_interval": 0}, "checkpoint_interval must be >= 1"),
+])
+def test_testnet_init_refuses_bad_engine_parameters_before_writing_anything(
+        tmp_path: Path, pbft: dict[str, int], message: str) -> None:
+    with pytest.raises(CliError, match=message):
+        init_testnet(tmp_path / "net", 4, 1337, 30303, 8545, 6060, pbft)
+    assert not (tmp_path / "net").exists()

@@ -20,6 +20,10 @@ def test_from_genesis_converts_seconds_and_derives_quorums() -> None:
     assert params.log_size == 15 and params.request_timeout_ms == 1500
     assert params.block_period_ms == 500 and params.empty_blocks
     assert [params.primary(v) for v in range(6)] == [0, 1, 2, 3, 0, 1]
+    assert params.max_in_flight == 2  # the default, chosen by measurement (docs/performance.md)
+    widest = EngineParams.from_genesis(5, {"validators": ADDRESSES, "checkpoint_interval": 5,
+                                           "log_multiplier": 2, "max_in_flight": 10})
+    assert widest.max_in_flight == widest.log_size == 10  # never beyond H = h + L
 
 
 @pytest.mark.parametrize("config", [
@@ -30,6 +34,8 @@ def test_from_genesis_converts_seconds_and_derives_quorums() -> None:
     {"validators": ADDRESSES, "checkpoint_interval": 0},
     {"validators": ADDRESSES, "new_view_timeout": 10, "new_view_timeout_cap": 5},
     {"validators": ADDRESSES, "request_timeout": "soon"},
+    {"validators": ADDRESSES, "max_in_flight": 0},
+    {"validators": ADDRESSES, "checkpoint_interval": 5, "log_multiplier": 2, "max_in_flight": 11},
 ])
 def test_invalid_config_is_a_config_error(config: dict) -> None:
     with pytest.raises(ConfigError):
