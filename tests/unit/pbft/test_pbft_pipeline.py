@@ -137,3 +137,29 @@ def test_replicas_restarted_with_several_blocks_prepared_commit_them_in_order() 
     commit(cluster, tx_hashes(3), limit_ms=4_000)
     assert cluster.heights() == [3] * 4
     assert all(node.replica.view == 0 for node in cluster.nodes)
+
+
+def test_no_block_is_prepared_or_certified_while_its_parent_is_not() -> None:
+    """Block 1 commits; in view 0 block 2 never prepares (its PREPAREs and COMMITs are lost),
+    while the backlog has the primary build block 3 on it at once. Block 3 must not go out,
+    prepare or collect COMMITs: a certificate for it would stand on a parent that the view
+    change (whose O ends at the gap at 2) drops, beside the block 3 the next view certifies.
+    The chain then commits in view 1."""
+    cluster = pipelined_cluster(2)
+    cluster.filters.append(lambda src, dst, wire: not (
+        wire.signed.body.view == 0 and wire.signed.body.seq_no == 2
+        and wire.signed.body.TYPE in (MessageType.PREPARE, MessageType.COMMIT)))
+    sent: list[WireMessage] = []
+    for kind in (MessageType.PRE_PREPARE, MessageType.PREPARE, MessageType.COMMIT):
+        cluster.filters.append(capture(kind, sent))
+    builds = watch_builds(cluster)
+    txs = tx_hashes(4)
+    cluster.submit(txs[0], to=0)
+    cluster.run_for(2)  # block 1 is being built: the rest wait for block 2, which holds one
+    for tx in txs[1:]:
+        cluster.submit(tx, to=0)
+    commit(cluster, txs, limit_ms=30_000)
+    assert cluster.heights() == [4] * 4
+    assert (3, False) in builds  # built before block 2 locked
+    assert [(w.signed.body.TYPE, w.signed.body.seq_no) for w in sent
+            if w.signed.body.view == 0 and w.signed.body.seq_no > 2] == []
