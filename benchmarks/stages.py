@@ -292,8 +292,8 @@ def _burst(ctx: Context, net: BenchNet) -> None:
     burst = _burst_load(ctx, net, "n4-burst")
     ctx.results.add(_raw_relative(
         Row("2", f"N=4 {BURST:,}-transfer burst committed", burst.end_to_end_tps, "tx/s",
-            reference_name="raw transfer x 2/4", target=0.6,
-            note="first submission to last commit"),
+            reference_name="raw transfer x 2/4", target=0.7,
+            note="first submission to last commit; issue 12 asked 0.6, issue 16 0.7"),
         lambda: ctx.reference.shared("transfer", 4)))
     head = int(rpc(net.cluster.nodes[0], "eth_blockNumber"), 16)
     hashes = [h for n in range(max(1, head - 20), head + 1)
@@ -351,11 +351,11 @@ def _delayed_cluster(ctx: Context, depth: int | None, delay_ms: int,
             burst.end_to_end_tps, "tx/s", reference=bursts[0],
             reference_name="the same at 0 ms",
             target=0.8 if delay_ms == max(LINK_DELAYS_MS) else None, note=note))
-        if delay_ms == 0 and depth is None:
+        if delay_ms == 0 and depth is None:  # the proxies' cost: against the n4 stage's
             ctx.results.add(_raw_relative(
                 Row("16", "N=4 3,000-transfer burst, default (through the link proxies)",
                     burst.end_to_end_tps, "tx/s", reference_name="raw transfer x 2/4",
-                    target=0.7, note="first submission to last commit"),
+                    note="the proxies run in the benchmark's process, on the same cores"),
                 lambda: ctx.reference.shared("transfer", 4)))
         summary = _latency_at(ctx, net, f"{name}-latency")
         undelayed = delay_ms == 0 and depth is None
@@ -402,8 +402,9 @@ def _latency(ctx: Context, net: BenchNet) -> None:
 
 
 def _catch_up(ctx: Context, net: BenchNet) -> None:
-    """Benchmark 4, second half: a replica stopped while small and then full blocks commit,
-    restarted, timed until it holds the head."""
+    """Benchmark 4, second half: a replica stopped while small blocks commit, restarted and
+    timed until it holds the head; then again for full blocks. Two catch-ups, because a
+    catch-up commits a range of blocks at once, so one range may hold both kinds."""
     sizes = ctx.sizes
     lagging = max(i for i in range(net.size) if i != _primary(net))  # a primary would stall
     live = [i for i in range(net.size) if i != lagging]
@@ -414,14 +415,16 @@ def _catch_up(ctx: Context, net: BenchNet) -> None:
              rate=sizes.catch_up_small_rate, deadline=sizes.catch_up_small_seconds + 120,
              **_paced(ctx, count))
     small_end = net.cluster.head(live[0])
+    small = _restart_and_follow(net, lagging, small_end)
+    net.stop(lagging)
     full_load = {"workload": "transfer", "targets": live}
     full = run_load(net, ctx.workdir, "catch-up-full", senders=sizes.accounts,
                     per_sender=sizes.catch_up_full_rounds, window=window(net, full_load),
                     **full_load)
     end = net.cluster.head(live[0])
     full_txs = sum(b[3] for b in full["blocks"] if b[0] > small_end)
-    progress = _restart_and_follow(net, lagging, end)
-    _add_catch_up(ctx, progress, start, small_end, end, full_txs)
+    _add_catch_up(ctx, small, small_end - start, _restart_and_follow(net, lagging, end),
+                  end - small_end, full_txs)
 
 
 def _primary(net: BenchNet) -> int:
@@ -429,46 +432,49 @@ def _primary(net: BenchNet) -> int:
     return [v.lower() for v in net.cluster.description["validators"]].index(primary)
 
 
-def _restart_and_follow(net: BenchNet, index: int, target: int) -> list[tuple[float, int]]:
-    """Start node `index` and record (time, head) until its head reaches `target`."""
+@dataclass(frozen=True)
+class CatchUp:
+    """One catch-up as the restarted node's RPC showed it."""
+
+    ready: float  # its RPC answered
+    started: float  # first seen catching up (or importing, if it was done before a poll)
+    done: float  # first seen at the target
+
+
+def _restart_and_follow(net: BenchNet, index: int, target: int) -> CatchUp:
+    """Start node `index` and poll its mode and head until its head reaches `target`."""
     net.restart(index)
-    progress: list[tuple[float, int]] = []
+    polls: list[tuple[float, int, str]] = []
 
     def caught_up() -> bool:
-        progress.append((time.time(), net.cluster.head(index)))
-        return progress[-1][1] >= target
+        mode = net.cluster.status(index).get("mode", "")
+        polls.append((time.time(), net.cluster.head(index), mode))
+        return polls[-1][1] >= target
 
     wait_for(caught_up, 600, f"node {index} catching up to block {target}")
-    return progress
+    ready, first_head = polls[0][0], polls[0][1]
+    started = next(t for t, head, mode in polls if mode == "catching-up" or head > first_head)
+    return CatchUp(ready, started, polls[-1][0])
 
 
-def _reached(progress: list[tuple[float, int]], height: int) -> tuple[float, int]:
-    """The first (time, head) observed at or above `height`."""
-    return next((t, head) for t, head in progress if head >= height)
-
-
-def _add_catch_up(ctx: Context, progress: list[tuple[float, int]], start: int, small_end: int,
-                  end: int, full_txs: int) -> None:
-    """Rates from the first block the restarted node imported (start-up, reconnecting and
-    learning that it is behind are reported apart), small blocks then full ones."""
-    ready, restarted_at = progress[0]
-    moved, first = _reached(progress, restarted_at + 1)
-    small_done, small_head = _reached(progress, small_end)
-    done = progress[-1][0]
-    small_rate = (small_head - first) / (small_done - moved) if small_done > moved else None
+def _add_catch_up(ctx: Context, small: CatchUp, small_blocks: int, full: CatchUp,
+                  full_blocks: int, full_txs: int) -> None:
+    """Rates from the moment the restarted node is seen catching up (start-up, reconnecting
+    and learning that it is behind are reported apart)."""
     ctx.results.details["catch-up"] = {
-        "blocks_behind": end - restarted_at, "small_blocks": small_end - start,
-        "full_blocks": end - small_end, "full_block_transactions": full_txs,
-        "seconds_to_first_import": moved - ready, "seconds_small": small_done - moved,
-        "seconds_full": done - small_done}
+        "small_blocks": small_blocks, "full_blocks": full_blocks,
+        "full_block_transactions": full_txs,
+        "seconds_to_catching_up": [small.started - small.ready, full.started - full.ready],
+        "seconds_small": small.done - small.started, "seconds_full": full.done - full.started}
     ctx.results.add(Row(
-        "4", f"catch-up, {small_end - start} small blocks", small_rate, "blocks/s",
-        reference=1 / ctx.reference.single_tx_block, reference_name="raw 1-tx blocks/s",
-        note=f"{moved - ready:.1f} s from restart to the first import"
-        + ("" if end - start >= 1_000 else
-           f"; the issue asks for 1,000 blocks behind, {end - start} fit in the time budget")))
+        "4", f"catch-up, {small_blocks} small blocks", small_blocks / (small.done - small.started),
+        "blocks/s", reference=1 / ctx.reference.single_tx_block,
+        reference_name="raw 1-tx blocks/s",
+        note=f"{small.started - small.ready:.1f} s from restart to catching up"
+        + ("" if small_blocks >= 1_000 else
+           f"; the issue asks for 1,000 blocks behind, {small_blocks} fit in the time budget")))
     ctx.results.add(_raw_relative(
-        Row("4", f"catch-up, {end - small_end} full blocks", full_txs / (done - small_done),
+        Row("4", f"catch-up, {full_blocks} full blocks", full_txs / (full.done - full.started),
             "tx/s", reference_name="raw transfer", target=0.8),
         lambda: ctx.reference.tps("transfer")))
 
