@@ -453,7 +453,8 @@ def _restart_and_follow(net: BenchNet, index: int, target: int) -> CatchUp:
 
     wait_for(caught_up, 600, f"node {index} catching up to block {target}")
     ready, first_head = polls[0][0], polls[0][1]
-    started = next(t for t, head, mode in polls if mode == "catching-up" or head > first_head)
+    started = next((t for t, head, mode in polls if mode == "catching-up" or head > first_head),
+                   ready)  # already at the target when first polled
     return CatchUp(ready, started, polls[-1][0])
 
 
