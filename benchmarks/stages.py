@@ -33,6 +33,7 @@ from benchmarks.load import (
 from benchmarks.report import Results, Row
 from benchmarks.testnet import BenchNet, Sampler
 from cli.testnet import TESTNET_PBFT_PARAMS
+from pbft_engine.core.replica import Mode
 from testkit.cluster import rpc
 from testkit.links import Links
 from testkit.nodes import wait_for
@@ -351,7 +352,7 @@ def _delayed_cluster(ctx: Context, depth: int | None, delay_ms: int,
             burst.end_to_end_tps, "tx/s", reference=bursts[0],
             reference_name="the same at 0 ms",
             target=0.8 if delay_ms == max(LINK_DELAYS_MS) else None, note=note))
-        if delay_ms == 0 and depth is None:  # the proxies' cost: against the n4 stage's
+        if delay_ms == 0 and depth is None:  # beside the n4 stage's burst: the proxies' cost
             ctx.results.add(_raw_relative(
                 Row("16", "N=4 3,000-transfer burst, default (through the link proxies)",
                     burst.end_to_end_tps, "tx/s", reference_name="raw transfer x 2/4",
@@ -453,7 +454,8 @@ def _restart_and_follow(net: BenchNet, index: int, target: int) -> CatchUp:
 
     wait_for(caught_up, 600, f"node {index} catching up to block {target}")
     ready, first_head = polls[0][0], polls[0][1]
-    started = next((t for t, head, mode in polls if mode == "catching-up" or head > first_head),
+    catching_up = Mode.CATCHING_UP.value
+    started = next((t for t, head, mode in polls if mode == catching_up or head > first_head),
                    ready)  # already at the target when first polled
     return CatchUp(ready, started, polls[-1][0])
 

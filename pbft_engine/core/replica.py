@@ -633,29 +633,34 @@ class Replica:
     def _propose_held(self) -> None:
         """PRE-PREPARE the built block once its parent is locked here: a block is proposed
         on a parent that f+1 correct replicas hold prepared, so any view change's O keeps
-        that parent at its seqNo (`_locked_digest`)."""
+        that parent at its seqNo (`_locked_digest`). A block whose chain moved on meanwhile
+        is dropped, and the next one is built on the chain as it is."""
         if self.held is None:
             return
         event, parent = self.held
         if self._locked_digest(event.seq_no - 1) != parent:
             return  # released by `_release_votes` when the parent locks
         self.held = None
-        if not (self.active and self.me == self.primary and self._in_window(event.seq_no)):
-            return
-        if max(self.seq_no, self.last_exec) + 1 != event.seq_no:
-            return
-        chain = self._chain_to(event.seq_no - 1)
-        if chain is None or chain[0] != parent:
-            return  # the chain it was built on is gone (a catch-up)
-        self.block_due = False
-        pre_prepare = self._sign(PrePrepare(self.view, event.seq_no, event.digest, self.me))
-        self._accept_pre_prepare(pre_prepare, event.block)
-        slot = self.log.certs[(self.view, event.seq_no)]
-        slot.validated, slot.parent = True, parent
-        self.proposed[event.seq_no] = len(event.tx_hashes)
-        self._broadcast(pre_prepare, (event.block,))
-        self._check_prepared(self.view, event.seq_no)
+        if self._still_proposable(event.seq_no, parent):
+            self.block_due = False
+            pre_prepare = self._sign(PrePrepare(self.view, event.seq_no, event.digest, self.me))
+            self._accept_pre_prepare(pre_prepare, event.block)
+            slot = self.log.certs[(self.view, event.seq_no)]
+            slot.validated, slot.parent = True, parent
+            self.proposed[event.seq_no] = len(event.tx_hashes)
+            self._broadcast(pre_prepare, (event.block,))
+            self._check_prepared(self.view, event.seq_no)
         self._maybe_propose()
+
+    def _still_proposable(self, seq_no: int, parent: bytes) -> bool:
+        """This replica is the active primary, seq_no is its next and within the window, and
+        the chain up to seq_no - 1 still ends in `parent` (a catch-up may have replaced it)."""
+        if not (self.active and self.me == self.primary and self._in_window(seq_no)):
+            return False
+        if max(self.seq_no, self.last_exec) + 1 != seq_no:
+            return False
+        chain = self._chain_to(seq_no - 1)
+        return chain is not None and chain[0] == parent
 
     def _chain_to(self, seq_no: int) -> tuple[bytes, tuple[bytes, ...]] | None:
         """The digest of the block at seq_no that this replica builds or validates on, and
