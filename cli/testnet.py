@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -171,32 +172,48 @@ def _request_stop(*_: Any) -> None:
 
 
 def run_testnet(directory: Path) -> int:
-    """Start every node as a child process; stop them all on Ctrl-C/SIGTERM or when one dies."""
+    """Start every node as a child process and stop them all on Ctrl-C/SIGTERM. A node that
+    exits (a crash, `kill -9`) is reported and the others keep running, as validators on
+    separate machines would: the supervisor ends when every node has exited. Exit code 1 if
+    any node exited on its own."""
     description = load_testnet(directory)
-    children: list[subprocess.Popen[bytes]] = []
+    children: dict[int, subprocess.Popen[bytes]] = {}
     signal.signal(signal.SIGINT, _request_stop)
     signal.signal(signal.SIGTERM, _request_stop)
-    exit_code = 0
+    exited = 0
     try:
         for node in description["nodes"]:
             log_path = Path(node["datadir"]) / "node.log"
             with open(log_path, "ab") as log_file:
-                children.append(
-                    subprocess.Popen(node["command"], stdout=log_file, stderr=subprocess.STDOUT)
-                )
+                child = subprocess.Popen(node["command"], stdout=log_file,
+                                         stderr=subprocess.STDOUT)
+            children[child.pid] = child
             print(f"node {node['index']} {node['address']} rpc {node['rpc_url']} log {log_path}")
         print(f"chain id {description['chain_id']}; dev accounts in {directory / 'testnet.json'}")
         sys.stdout.flush()
-        _, status = os.wait()  # returns when any node exits
-        print(f"a node exited (status {status}); stopping the testnet")
-        exit_code = 1
+        nodes = dict(zip(children, description["nodes"], strict=True))
+        while exited < len(children):
+            pid, status = os.wait()  # returns when a node exits
+            if pid not in nodes:
+                continue
+            exited += 1
+            _report_exit(nodes[pid], status, len(children) - exited)
     except _StopRequested:
         pass
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        stop_processes(children)
-    return exit_code
+        stop_processes(list(children.values()))
+    return 1 if exited else 0
+
+
+def _report_exit(node: dict[str, Any], status: int, running: int) -> None:
+    how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+           else f"exit code {os.waitstatus_to_exitcode(status)}")
+    command = " ".join(shlex.quote(part) for part in node["command"])
+    print(f"node {node['index']} exited ({how}; log {Path(node['datadir']) / 'node.log'}); "
+          f"{running} still running" + (f"; start it again with: {command}" if running else ""))
+    sys.stdout.flush()
 
 
 def stop_processes(children: list[subprocess.Popen[bytes]]) -> None:

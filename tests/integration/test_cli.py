@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from eth_account import Account
 from web3 import Web3
@@ -108,18 +109,7 @@ def test_testnet_run_serves_web3_end_to_end(tmp_path: Path) -> None:
     try:
         w3 = Web3(Web3.HTTPProvider(description["nodes"][0]["rpc_url"]))
         wait_for(lambda: _connected(w3), 60, "the testnet's JSON-RPC")
-        account = Account.from_key(description["accounts"][0]["private_key"])
-        tx = {
-            "chainId": description["chain_id"],
-            "nonce": 0,
-            "gas": 21_000,
-            "value": 5,
-            "to": description["accounts"][1]["address"],
-            "maxFeePerGas": 10**10,
-            "maxPriorityFeePerGas": 10**9,
-        }
-        tx_hash = w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction)
-        assert w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30).status == 1
+        assert _transfer(w3, description).status == 1
     finally:
         supervisor.send_signal(signal.SIGTERM)
         output = supervisor.communicate(timeout=60)[0].decode()
@@ -127,6 +117,53 @@ def test_testnet_run_serves_web3_end_to_end(tmp_path: Path) -> None:
     assert (
         "committed block #1" in (Path(description["nodes"][0]["datadir"]) / "node.log").read_text()
     )
+
+
+def _transfer(w3: Web3, description: dict[str, Any]) -> Any:
+    """Dev account 0 sends 5 wei to dev account 1 through `w3`; its receipt."""
+    account = Account.from_key(description["accounts"][0]["private_key"])
+    tx = {
+        "chainId": description["chain_id"],
+        "nonce": w3.eth.get_transaction_count(account.address, "pending"),
+        "gas": 21_000,
+        "value": 5,
+        "to": description["accounts"][1]["address"],
+        "maxFeePerGas": 10**10,
+        "maxPriorityFeePerGas": 10**9,
+    }
+    tx_hash = w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction)
+    return w3.eth.wait_for_transaction_receipt(tx_hash, timeout=60)
+
+
+def test_testnet_run_keeps_the_others_running_when_the_primary_is_killed(
+        tmp_path: Path) -> None:
+    """`kill -9` of node 0 (view 0's primary) under `testnet run`: the supervisor says so
+    and how to start it again, the other three change view and commit, and SIGTERM then
+    stops them with exit code 1 (a node exited on its own)."""
+    description = make_testnet(tmp_path / "net", 4)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "cli.node", "testnet", "run", "--dir", str(tmp_path / "net")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        nodes = [Web3(Web3.HTTPProvider(node["rpc_url"])) for node in description["nodes"]]
+        wait_for(lambda: all(_connected(w3) for w3 in nodes), 60, "the testnet's JSON-RPC")
+        assert _transfer(nodes[1], description).status == 1
+        status = nodes[0].provider.make_request("pbft_status", [])["result"]
+        assert status["primary"].lower() == description["validators"][0].lower()
+        pid = int(subprocess.check_output(
+            ["pgrep", "-f", "-P", str(supervisor.pid), "node0/config.toml"]).split()[0])
+        subprocess.run(["kill", "-9", str(pid)], check=True)
+        receipt = _transfer(nodes[1], description)
+        assert receipt.status == 1 and receipt.blockNumber == 2
+        assert nodes[2].provider.make_request("pbft_status", [])["result"]["view"] >= 1
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        output = supervisor.communicate(timeout=90)[0].decode()
+    assert supervisor.returncode == 1, output
+    assert "node 0 exited (killed by signal 9;" in output
+    assert "3 still running; start it again with:" in output
 
 
 def test_dev_period_seals_empty_blocks(tmp_path: Path) -> None:
