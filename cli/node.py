@@ -57,7 +57,11 @@ async def _serve(node: Node) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await node.start()
+    try:
+        await node.start()
+    except BaseException:
+        await node.stop()  # a start that failed half-way: close what it opened, then say why
+        raise
     try:
         await asyncio.wait([loop.create_task(stop.wait()), node.failed],
                            return_when=asyncio.FIRST_COMPLETED)
