@@ -58,6 +58,20 @@ class ReadyChanges:
     unready: tuple[bytes, ...] = ()
 
 
+@dataclass(frozen=True)
+class FeeBounds:
+    """The fee caps a sender's ready run depends on: the lowest one in the run, and the one
+    that stopped it (the next nonce's, under the base fee), if a fee cap stopped it."""
+
+    lowest: int | None
+    stopped_by: int | None
+
+    def moved_by(self, base_fee: int) -> bool:
+        """Whether the run at `base_fee` differs: shorter, or longer."""
+        return ((self.lowest is not None and self.lowest < base_fee)
+                or (self.stopped_by is not None and self.stopped_by >= base_fee))
+
+
 @dataclass
 class PoolEntry:
     tx: SignedTransactionAPI
@@ -107,6 +121,10 @@ class TxPool:
         self._bytes = 0
         self._arrivals = itertools.count()
         self._ready: dict[bytes, tuple[bytes, ...]] = {}  # sender -> its ready run's hashes
+        # sender -> the fee caps its ready run depends on (FeeBounds), for the senders whose
+        # run a change of the base fee could lengthen or shorten
+        self._fee_bounds: dict[bytes, FeeBounds] = {}
+        self._base_fee: int | None = None  # the base fee of the last ready_changes
         # senders whose ready run may have changed, in the order they were touched
         self._touched: dict[bytes, None] = {}
         self._committed: set[bytes] = set()  # removed as committed: not reported unready
@@ -342,12 +360,18 @@ class TxPool:
             for nonce in [n for n in queue if n < account_nonce]:
                 self._drop(queue[nonce])
 
-    def ready_changes(self, base_fee: int, *, every_sender: bool = False) -> ReadyChanges:
+    def ready_changes(self, base_fee: int) -> ReadyChanges:
         """What became ready, and what stopped being ready, since the last call: for the
-        senders touched since then, or for every sender (the head and base fee moved)."""
+        senders touched since then and, when the base fee moved, for those whose run it
+        lengthens or shortens (a commit touches its own senders; the others' runs can change
+        only with the fee, so a commit costs its block's senders, not the pool's)."""
         # In a stable order: the engine counts the age of requests in the order reported.
-        senders = ({**dict.fromkeys(self._ready), **dict.fromkeys(self._senders)}
-                   if every_sender else dict(self._touched))
+        senders = dict(self._touched)
+        if base_fee != self._base_fee:
+            senders.update(dict.fromkeys(
+                sender for sender in self._senders
+                if (bounds := self._fee_bounds.get(sender)) and bounds.moved_by(base_fee)))
+            self._base_fee = base_fee
         ready: list[bytes] = []
         unready: list[bytes] = []
         for sender in senders:
@@ -365,13 +389,22 @@ class TxPool:
         return ReadyChanges(tuple(ready), tuple(unready))
 
     def _ready_run(self, sender: bytes, base_fee: int) -> tuple[bytes, ...]:
-        """The sender's transactions a block on the head could include, in nonce order."""
+        """The sender's transactions a block on the head could include, in nonce order; keeps
+        the fee caps the run depends on in `_fee_bounds`."""
         queue = self._senders.get(sender)
-        if not queue:
-            return ()
         run: list[bytes] = []
-        nonce = self._head_nonce(sender)
-        while nonce in queue and queue[nonce].tx.max_fee_per_gas >= base_fee:
+        lowest: int | None = None
+        nonce = self._head_nonce(sender) if queue else 0
+        while queue and nonce in queue:
+            fee_cap = queue[nonce].tx.max_fee_per_gas
+            if fee_cap < base_fee:
+                self._fee_bounds[sender] = FeeBounds(lowest, fee_cap)
+                return tuple(run)
+            lowest = fee_cap if lowest is None else min(lowest, fee_cap)
             run.append(queue[nonce].tx.hash)
             nonce += 1
+        if lowest is None:
+            self._fee_bounds.pop(sender, None)
+        else:
+            self._fee_bounds[sender] = FeeBounds(lowest, None)
         return tuple(run)

@@ -41,6 +41,12 @@ class SendQueue:
                 await asyncio.wait_for(self._not_empty.wait(), timeout)
             if not self._items:
                 return None
+        return self.get_nowait()
+
+    def get_nowait(self) -> tuple[int, bytes] | None:
+        """The next frame, or None if none is queued."""
+        if not self._items:
+            return None
         channel, payload = self._items.popleft()
         self._bytes -= len(payload)
         return channel, payload

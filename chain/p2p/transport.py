@@ -39,6 +39,7 @@ from chain.p2p.wire import (
 )
 
 log = logging.getLogger(__name__)
+COALESCED_WRITE_BYTES = 256 * 1024  # queued frames joined into one write, up to about this
 
 
 class Transport(PeerTransport):
@@ -429,18 +430,29 @@ class Transport(PeerTransport):
             self._drop("handler_error")
             log.exception("message handler failed for channel %s from 0x%s", name, sender.hex())
 
+    def _count_out(self, channel: int, payload: bytes) -> None:
+        name = channel_name(channel)
+        self._stats.frames_out[name] += 1
+        self._stats.bytes_out[name] += len(payload)
+
     async def _write_loop(self, peer: PeerState, connection: PeerConnection) -> None:
         cipher = connection.session.send_cipher
         try:
             while not connection.closed.is_set():
                 item = await peer.queue.get(self._config.keepalive_interval)
                 channel, payload = item if item is not None else (KEEPALIVE_CHANNEL, b"")
-                frame = encode_frame(cipher.seal(bytes([channel]) + payload))
-                connection.writer.write(frame)
-                await connection.writer.drain()
+                frames = [encode_frame(cipher.seal(bytes([channel]) + payload))]
                 if item is not None:
-                    name = channel_name(channel)
-                    self._stats.frames_out[name] += 1
-                    self._stats.bytes_out[name] += len(payload)
+                    self._count_out(channel, payload)
+                # What else is queued goes out in the same write: a burst's gossip is one
+                # frame per transaction, and a write each costs a system call on both ends.
+                size = len(frames[0])
+                while size < COALESCED_WRITE_BYTES and (item := peer.queue.get_nowait()):
+                    channel, payload = item
+                    frames.append(encode_frame(cipher.seal(bytes([channel]) + payload)))
+                    size += len(frames[-1])
+                    self._count_out(channel, payload)
+                connection.writer.write(b"".join(frames))
+                await connection.writer.drain()
         except (OSError, DecryptError) as exc:
             self._close(connection, f"write failed: {exc}")

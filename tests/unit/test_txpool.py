@@ -320,9 +320,54 @@ def test_ready_changes_report_only_what_a_block_could_include(
     assert pool.ready_changes(2 * GWEI) == ReadyChanges()  # a gap, a fee cap below the base fee
     add(pool, first)
     assert pool.ready_changes(2 * GWEI) == ReadyChanges(ready=(first.hash, gapped.hash))
-    assert pool.ready_changes(GWEI, every_sender=True) == ReadyChanges(ready=(cheap.hash,))
-    assert pool.ready_changes(20 * GWEI, every_sender=True) == ReadyChanges(
+    assert pool.ready_changes(GWEI) == ReadyChanges(ready=(cheap.hash,))
+    assert pool.ready_changes(20 * GWEI) == ReadyChanges(
         unready=(first.hash, gapped.hash, cheap.hash))
+
+
+def test_a_moving_base_fee_cuts_and_restores_runs_where_a_fee_cap_decides(
+    pool: TxPool,
+) -> None:
+    """Alice's fee caps are 5, 3 and 5 gwei, Bob's 10: a base fee of 4 cuts Alice's run
+    after its first nonce, 11 empties both, and 1 gives both back, in the pool's order."""
+    a0, a1, a2 = (tx(nonce=n, max_fee=cap * GWEI, tip=1) for n, cap in enumerate((5, 3, 5)))
+    b0 = tx(key=BOB, max_fee=10 * GWEI, tip=1)
+    for t in (a0, a1, a2, b0):
+        add(pool, t)
+    everything = (a0.hash, a1.hash, a2.hash, b0.hash)
+    assert pool.ready_changes(GWEI) == ReadyChanges(ready=everything)
+    assert pool.ready_changes(4 * GWEI) == ReadyChanges(unready=(a1.hash, a2.hash))
+    assert pool.ready_changes(4 * GWEI) == ReadyChanges()
+    assert pool.ready_changes(11 * GWEI) == ReadyChanges(unready=(a0.hash, b0.hash))
+    assert pool.ready_changes(GWEI) == ReadyChanges(ready=everything)
+
+
+def test_a_commit_reevaluates_its_own_senders_not_the_whole_pool(
+    pool: TxPool, accounts: Accounts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a block, the runs of the senders it did not touch change only with the base
+    fee, and only where a fee cap is at stake: a burst's pool of thousands of senders must
+    not be walked again at every commit."""
+    senders = [keys.PrivateKey(bytes([i + 3]) * 32) for i in range(50)]
+    first = [tx(key=key) for key in senders]
+    for t in first:
+        add(pool, t)
+    pool.ready_changes(GWEI)
+    reevaluated: list[bytes] = []
+    ready_run = pool._ready_run
+    monkeypatch.setattr(pool, "_ready_run",
+                        lambda sender, base_fee: reevaluated.append(sender)
+                        or ready_run(sender, base_fee))
+    pool.remove([first[7].hash], committed=True)
+    accounts.nonces[address(senders[7])] = 1
+    pool.prune([address(senders[7])])
+    assert pool.ready_changes(GWEI) == ReadyChanges()
+    assert reevaluated == [address(senders[7])]
+    reevaluated.clear()
+    assert pool.ready_changes(GWEI // 2) == ReadyChanges()  # lower: no cap was at stake
+    assert reevaluated == []
+    assert len(pool.ready_changes(11 * GWEI).unready) == 49  # higher than every cap
+    assert len(reevaluated) == 49
 
 
 def test_ready_changes_after_replacement_commit_and_prune(
@@ -338,7 +383,7 @@ def test_ready_changes_after_replacement_commit_and_prune(
     pool.remove([first.hash], committed=True)  # committed: the engine hears it from the block
     accounts.nonces[address(ALICE)] = 2  # and another validator's copy of nonce 1 committed
     pool.prune([address(ALICE)])
-    assert pool.ready_changes(GWEI, every_sender=True) == ReadyChanges(unready=(bumped.hash,))
+    assert pool.ready_changes(GWEI) == ReadyChanges(unready=(bumped.hash,))
 
 
 def test_a_fee_bump_keeps_its_place_in_line(pool: TxPool) -> None:
