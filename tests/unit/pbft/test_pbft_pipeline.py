@@ -163,3 +163,49 @@ def test_no_block_is_prepared_or_certified_while_its_parent_is_not() -> None:
     assert (3, False) in builds  # built before block 2 locked
     assert [(w.signed.body.TYPE, w.signed.body.seq_no) for w in sent
             if w.signed.body.view == 0 and w.signed.body.seq_no > 2] == []
+
+
+def test_backups_do_not_vote_for_a_block_a_byzantine_primary_proposed_before_its_parent(
+        ) -> None:
+    """The backups' half of the lock rule. A byzantine primary proposes block 2 at once, on a
+    block 1 that never prepares in view 0 (its PREPAREs are lost). Were the backups to
+    PREPARE block 2, it would be certified at them in view 0 on a parent that the view
+    change, whose O ends at the gap at 1, drops: a second certificate at seqNo 2 beside the
+    one of view 1. So no backup PREPAREs or COMMITs it in view 0 while block 1 is not locked
+    there; view 1 then commits both on one chain."""
+    cluster = pipelined_cluster(2)
+    primary = cluster.nodes[0].replica
+    assert primary is not None
+
+    def anything_proposed(seq_no: int) -> bytes | None:  # the lie: every parent is locked
+        if seq_no == primary.last_exec:
+            return primary.last_exec_hash
+        slot = primary.log.certs.get((primary.view, seq_no))
+        return None if slot is None else slot.digest
+
+    primary._locked_digest = anything_proposed  # type: ignore[method-assign]
+    cluster.byzantine.add(0)
+    cluster.filters.append(lambda src, dst, wire: not (
+        wire.signed.body.view == 0 and wire.signed.body.seq_no == 1
+        and wire.signed.body.TYPE is MessageType.PREPARE))
+    early: list[tuple[MessageType, int]] = []  # a backup's vote for 2 on an unlocked 1
+    proposed: list[int] = []
+
+    def watch(src: int, dst: int, wire: WireMessage) -> bool:
+        body = wire.signed.body
+        replica = cluster.nodes[src].replica
+        if body.view != 0 or replica is None:
+            return True
+        if body.TYPE is MessageType.PRE_PREPARE:
+            proposed.append(body.seq_no)
+        elif (body.TYPE in (MessageType.PREPARE, MessageType.COMMIT) and src != 0
+              and body.seq_no == 2 and replica._locked_digest(1) is None):
+            early.append((body.TYPE, src))
+        return True
+
+    cluster.filters.append(watch)
+    commit(cluster, tx_hashes(2), limit_ms=30_000)
+    assert 2 in proposed  # the lie worked: block 2 went out while block 1 could not prepare
+    assert early == []
+    assert cluster.heights() == [2] * 4
+    assert all(node.replica.view >= 1 for node in cluster.honest())
