@@ -81,7 +81,11 @@ def test_a_validator_whose_records_are_gone_follows_or_refuses_without_its_state
     state = (datadir / "validator_state.json").read_bytes()
     (datadir / "validator_state.json").unlink()
     node = cluster.nodes[3]
-    result = subprocess.run(node.node["command"], capture_output=True, text=True, timeout=60)
+    try:
+        result = subprocess.run(node.node["command"], capture_output=True, text=True,
+                                timeout=60)
+    except subprocess.TimeoutExpired as exc:  # what it said tells why it did not refuse
+        pytest.fail(f"still running after 60 s; its output: {exc.stdout!r} {exc.stderr!r}")
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert "Traceback" not in result.stderr and "validator_state.json" in last, last
