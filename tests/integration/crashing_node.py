@@ -37,13 +37,15 @@ def _install(point: str, count: int, when: str) -> None:
     marked: set[int] = set()  # ids of the batches that are writes of the chosen kind
     seen = [0]
 
-    original_commit = Blockchain.commit
+    original_commit_chain = Blockchain.commit_chain
     original_store_write = LevelDBConsensusStore.write
     original_exit = WriteBatch.__exit__
 
-    def commit(self: Blockchain, executed: Any, batch: WriteBatch | None = None) -> None:
-        original_commit(self, executed, batch)
-        if point == "commit" and batch is not None:
+    # Every block that becomes canonical does so here: a commit in view (`Blockchain.commit`)
+    # and a catch-up range, whose blocks are written in one batch.
+    def commit_chain(self: Blockchain, blocks: Sequence[Any], batch: WriteBatch) -> None:
+        original_commit_chain(self, blocks, batch)
+        if point == "commit":
             marked.add(id(batch))
 
     def store_write(self: LevelDBConsensusStore, batch: WriteBatch, ops: Sequence[StoreOp]
@@ -68,7 +70,7 @@ def _install(point: str, count: int, when: str) -> None:
         if seen[0] == count:
             _die()  # `after`, or `during` when the write beat the timer
 
-    Blockchain.commit = commit  # type: ignore[method-assign]
+    Blockchain.commit_chain = commit_chain  # type: ignore[method-assign]
     LevelDBConsensusStore.write = store_write  # type: ignore[method-assign]
     WriteBatch.__exit__ = exit_  # type: ignore[method-assign]
 
