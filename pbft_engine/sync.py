@@ -148,9 +148,7 @@ class BlockSync:
         """No progress since the last tick: ask every peer where it is."""
         status = self.replica_status()
         if status.fetching is None and status.last_executed == self._last_progress:
-            self._status_asked = set(self.context.peers())
-            for peer in self._status_asked:
-                self.context.send_sync(peer, encode_sync(GetStatus()))
+            self._ask_status()
         self._last_progress = status.last_executed
         self._wanted = {k: None for k in self._wanted if k[0] > status.last_executed}
         self._served_by = {k: v for k, v in self._served_by.items()
@@ -158,6 +156,11 @@ class BlockSync:
         for seq_no, digest in self._wanted:
             self._ask_block(seq_no, digest)
         self._poll = self.context.call_later(self.poll_interval, self._tick)
+
+    def _ask_status(self) -> None:
+        self._status_asked = set(self.context.peers())
+        for peer in self._status_asked:
+            self.context.send_sync(peer, encode_sync(GetStatus()))
 
     def want_block(self, seq_no: int, digest: bytes) -> None:
         """Ask every peer for a block body now and each tick until one arrives (bounded: the
@@ -304,6 +307,7 @@ class BlockSync:
                       target, imported[-1].hash.hex(), target_hash.hex())
         tx_hashes = tuple(h for executed in imported for h in executed.tx_hashes)
         log.info("caught up to block %d (%d blocks imported)", head.block_number, len(imported))
+        self._ask_status()  # the peers went on meanwhile: where are they now?
         return FetchCompleted(head.block_number, head.hash, head.state_root, tx_hashes)
 
     def _prefetch(self, first: int, target: int) -> tuple[int, asyncio.Future[Blocks]] | None:

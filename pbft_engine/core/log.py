@@ -355,10 +355,20 @@ class CheckpointTracker:
             del self.above_window[checkpoint.body.replica]
         return due
 
+    def vouched_above(self, seq_no: int) -> tuple[int, bytes, bytes] | None:
+        """The highest (seqNo, block hash, state root) above seq_no that f+1 other replicas
+        vouch for, in the window or above it: a correct replica executed that far."""
+        held = [c for votes in self.votes.values() for c in votes.values()]
+        return self._weak_top([c for c in [*held, *self.above_window.values()]
+                               if c.body.seq_no > seq_no and c.body.replica != self.me])
+
     def ahead(self) -> tuple[int, bytes, bytes] | None:
         """(seqNo, block hash, state root) that f+1 replicas vouch for above the window: this
         replica fell behind (at least one correct replica is there)."""
-        tally = Counter((c.body.seq_no, c.body.value) for c in self.above_window.values())
+        return self._weak_top(list(self.above_window.values()))
+
+    def _weak_top(self, checkpoints: list[Signed[Checkpoint]]) -> tuple[int, bytes, bytes] | None:
+        tally = Counter((c.body.seq_no, c.body.value) for c in checkpoints)
         weak = [key for key, count in tally.items() if count >= self.params.weak_quorum]
         if not weak:
             return None

@@ -198,6 +198,9 @@ class Replica:
         # A block built before its parent locked here: its PRE-PREPARE waits (`_propose_held`).
         self.held: tuple[BlockBuilt, bytes] | None = None
         self.fetching: int | None = None
+        # The highest head a peer proved with its certificate (block sync's STATUS answers):
+        # kept, since one that arrives while this replica is busy is fetched afterwards.
+        self.peer_head: tuple[int, bytes] = (head.seq_no, head.block_hash)
         self.block_due = False
         self.halted = False
         self.new_view_timer_armed = False
@@ -539,12 +542,12 @@ class Replica:
     def _on_timer(self, event: TimerFired) -> None:
         if event.kind is TimerKind.REQUEST:
             self.request_timer_armed = False
-            if self.requests and self.active and (self.fetching is not None or self._busy()):
-                # Catching up, or still validating or executing the primary's block on a slow
-                # or loaded machine: the lag is ours, not the primary's, and the peers may
-                # well have committed these requests already. A lone VIEW-CHANGE here would
-                # leave this replica waiting in view v+1 until the others change view.
+            if self.requests and self.active and self._lagging():
+                # The lag is ours, not the primary's, and the peers may well have committed
+                # these requests already. A lone VIEW-CHANGE here would leave this replica
+                # waiting in view v+1 until the others change view.
                 self._arm_request_timer()
+                self._catch_up()
             elif self.requests and self.active and self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")
         elif event.kind is TimerKind.RELAY:
@@ -788,10 +791,14 @@ class Replica:
         """The highest seqNo a correct primary may have proposed as far as this replica
         knows: max_in_flight beyond its last certified block (those certified here are
         executed next)."""
+        return self._certified_run_end() + self.params.max_in_flight
+
+    def _certified_run_end(self) -> int:
+        """The last of the certified blocks that follow the head without a gap."""
         top = self.last_exec
         while top + 1 in self.log.certified:
             top += 1
-        return top + self.params.max_in_flight
+        return top
 
     def _replay_future(self) -> None:
         """Messages held for the current view (or for a parent that is now certified)."""
@@ -1054,12 +1061,39 @@ class Replica:
         return (self.executing is not None or self.building is not None
                 or any(slot.validating for slot in self.log.certs.values()))
 
+    def _lagging(self) -> bool:
+        """This replica is behind the cluster, so a request timer that runs out says nothing
+        about the primary: it is catching up or still validating or executing a block (a
+        slow or loaded machine), or it holds proof that a quorum committed above its head:
+        a certificate for its next block (whose body it may still be fetching), a peer's
+        certified head, or f+1 checkpoints (a correct replica executed that far); not a
+        certificate beyond a gap, which a view change may be needed to fill. (A restarted
+        replica replays such blocks, passing over the requests it pooled meanwhile, so its
+        commits soon stop restarting the timer.)"""
+        return (self.fetching is not None or self._busy()
+                or self.peer_head[0] > self.last_exec
+                or self._certified_run_end() > self.last_exec
+                or self.checkpoints.vouched_above(self.last_exec) is not None)
+
+    def _catch_up(self) -> None:
+        """Fetch up to the highest head that peers proved, if nothing else is under way."""
+        if self.fetching is not None or self._busy():
+            return
+        known = self._certified_run_end()
+        vouched = self.checkpoints.vouched_above(known)
+        if vouched is not None and vouched[0] >= self.peer_head[0]:
+            self._fall_behind(*vouched)
+        elif self.peer_head[0] > known:
+            self._fall_behind(*self.peer_head, b"")
+
     def _check_high_checkpoints(self) -> None:
         if self.fetching is not None or self._busy():
             return
         ahead = self.checkpoints.ahead()
         if ahead is not None:
             self._fall_behind(*ahead)
+        elif self.peer_head[0] > self._certified_run_end() + 1:
+            self._fall_behind(*self.peer_head, b"")  # proved while this replica was busy
 
     def _fall_behind(self, seq_no: int, block_hash: bytes, state_root: bytes) -> None:
         """Ask the adapter to fetch certified blocks. The uncommitted blocks stay until the
@@ -1087,7 +1121,10 @@ class Replica:
         The next block is committed here on the peer's certificate instead, with the body we
         hold or fetch by digest: a peer that proves its head and then refuses to serve it
         would otherwise hold us in catch-up."""
-        if event.seq_no <= self.last_exec or self.fetching is not None:
+        if event.seq_no <= self.last_exec:
+            return
+        self.peer_head = max(self.peer_head, (event.seq_no, event.block_hash))
+        if self.fetching is not None:
             return
         if event.seq_no == self.last_exec + 1 and self._adopt_certificate(event):
             return

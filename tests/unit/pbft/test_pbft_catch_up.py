@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 import rlp
@@ -14,6 +15,7 @@ from eth_hash.auto import keccak
 from pbft_engine.core import (
     BlockReceived,
     FetchCommitted,
+    FetchCompleted,
     FetchFailed,
     Mode,
     PeerCommitted,
@@ -160,15 +162,23 @@ def test_certified_block_hash_refuses(fault: str) -> None:
 
 
 def test_a_replica_catching_up_does_not_blame_the_primary_for_its_own_lag() -> None:
+    """Neither while it fetches, nor after a fetch failed while a peer's certified head is
+    still above its own (it fetches again); once it holds that head, the timer blames."""
     cluster = Cluster(4)
     commit(cluster, tx_hashes(1))
     replica = cluster.nodes[3].replica
     replica.step(RequestReceived(keccak(b"waiting")))
-    replica.step(PeerCommitted(replica.last_exec + 5, b"\x02" * 32, b""))
+    target, target_hash = replica.last_exec + 5, b"\x02" * 32
+    replica.step(PeerCommitted(target, target_hash, b""))
+    assert replica.fetching == target
     actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
     assert SetTimer(TimerKind.REQUEST, b"", cluster.params.request_timeout_ms) in actions
     assert replica.view == 0 and replica.active
-    replica.step(FetchFailed(replica.last_exec + 5))  # caught up, or gave up: blame it now
+    replica.step(FetchFailed(target))  # no peer served it: the cluster is still ahead
+    actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
+    assert FetchCommitted(target, target_hash, b"") in actions
+    assert replica.view == 0 and replica.active
+    replica.step(FetchCompleted(target, target_hash, keccak(b"root"), ()))
     replica.step(TimerFired(TimerKind.REQUEST, b""))
     assert replica.view == 1 and not replica.active
 
@@ -192,6 +202,9 @@ class SyncPeers:
 
     def tick(self) -> None:
         self.timers.pop(0)()
+
+    def head(self) -> SimpleNamespace:
+        return SimpleNamespace(block_number=5, hash=keccak(b"head"), state_root=keccak(b"root"))
 
 
 def test_a_peer_head_counts_only_with_a_certificate_for_it() -> None:
@@ -224,6 +237,20 @@ def test_a_peer_head_counts_only_with_a_certificate_for_it() -> None:
     certificate = _certificate(5, head, range(3))
     sync.on_message(b"a" * 20, encode_sync(Status(5, head, certificate, b"")))
     assert delivered == [PeerCommitted(5, head, certificate)]
+
+
+def test_a_finished_fetch_asks_the_peers_where_they_went_meanwhile() -> None:
+    """A catch-up takes seconds on a loaded cluster, which commits on meanwhile: the replica
+    hears where the peers are now at once, not only once it stops making progress (its
+    request timer could run out in between and blame the primary for its own lag)."""
+    peers = SyncPeers()
+    sync = BlockSync(peers, None, VALIDATORS, deliver=lambda event: None,  # type: ignore[arg-type]
+                     replica_status=lambda: None, held_block=lambda n, d: None,  # type: ignore[arg-type,return-value]
+                     chain_lock=asyncio.Lock(), poll_interval=1.0)
+    head = peers.head()
+    outcome = asyncio.run(sync.fetch(5, head.hash))
+    assert outcome == FetchCompleted(5, head.hash, head.state_root, ())
+    assert sorted(peers.sent) == sorted((p, GetStatus()) for p in peers.peers())
 
 
 def test_a_body_is_asked_of_every_peer_and_a_false_server_last() -> None:

@@ -29,6 +29,7 @@ from pbft_engine.core import (
 from pbft_engine.core.records import u64
 from pbft_engine.core.replica import MAX_PASSED_OVER
 from pbft_engine.messages import (
+    Checkpoint,
     Commit,
     KeyVerifier,
     NewView,
@@ -188,6 +189,45 @@ def test_a_timer_that_runs_out_while_this_replica_still_validates_is_rearmed() -
     replica.step(BlockValidated(1, keccak(block), True))
     replica.step(TimerFired(TimerKind.REQUEST, b""))  # validated, and still no block: blame
     assert replica.view == 1 and replica.view_change_reasons == {"request_timeout": 1}
+
+
+def test_checkpoints_of_f_plus_1_peers_above_the_head_are_this_replicas_lag() -> None:
+    """A restarted replica replays the blocks the cluster committed while it was down,
+    passing over the requests it pooled meanwhile (so commits stop restarting the timer).
+    When the timer runs out between two blocks, f+1 peers' checkpoints above its head prove
+    the primary is committing: it fetches up to them instead of changing view alone (it did
+    on a real testnet: view 2 on its own, its votes lost to the others in view 1)."""
+    replica = start_replica()
+    replica.step(RequestReceived(WAITING))
+    block_hash, state_root = keccak(b"block 10"), keccak(b"state 10")
+    replica.step(from_peer(Checkpoint(10, block_hash, state_root, 0)))
+    actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
+    assert replica.view == 1, "one checkpoint vouches for nothing: a faulty peer could lie"
+    replica = start_replica()
+    replica.step(RequestReceived(WAITING))
+    for peer in (0, 1):
+        replica.step(from_peer(Checkpoint(10, block_hash, state_root, peer)))
+    actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
+    assert replica.view == 0 and replica.active and not replica.view_change_reasons
+    assert FetchCommitted(10, block_hash, state_root) in actions
+    assert request_timer(actions) == PARAMS.request_timeout_ms
+
+
+def test_a_peer_head_proved_while_this_replica_was_busy_is_fetched_afterwards() -> None:
+    """Block sync's STATUS answer arrives mid-validation: the replica does not fetch then
+    (the block it validates may be the one it lacks), but it must not forget the head
+    either, or it sits idle behind the cluster until its timer blames the primary."""
+    replica = start_replica()
+    replica.step(RequestReceived(WAITING))
+    block = b"block 1"
+    replica.step(from_peer(PrePrepare(0, 1, keccak(block), 0), (block,)))
+    head = keccak(b"block 6")
+    actions = replica.step(PeerCommitted(6, head, b"")).actions
+    assert not any(isinstance(a, FetchCommitted) for a in actions)
+    actions = replica.step(BlockValidated(1, keccak(block), True)).actions
+    assert FetchCommitted(6, head, b"") in actions
+    actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
+    assert replica.view == 0 and replica.active and not replica.view_change_reasons
 
 
 def relayed(actions: list[Action]) -> list[RelayRequests]:
