@@ -17,6 +17,7 @@ from eth.abc import BlockHeaderAPI, StateAPI
 from eth_keys.datatypes import PrivateKey
 from prometheus_client.core import Metric
 
+from chain import ordered_trie
 from chain.blockchain import Blockchain, ExecutedBlock
 from chain.engine import ConsensusEngine, EngineContext, TimerHandle
 from chain.errors import NodeError, TxPoolError
@@ -164,6 +165,7 @@ class Node:
     """One node process's state. `start()` and `stop()` run on its event loop."""
 
     def __init__(self, config: NodeConfig) -> None:
+        ordered_trie.install()
         self.config = config
         self.rpc_server: Any = None
         self.transport: Transport | None = None
