@@ -3,21 +3,27 @@ committing atomically, and leaving no trace of blocks that are never committed."
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import rlp
+from eth.chains.base import MiningChain
+from eth.db import trie as py_evm_trie
+from eth.db.atomic import AtomicDB
 from eth.db.chain import ChainDB
 from eth.db.trie import _make_trie_root_and_nodes
 from eth.vm.forks import PragueVM
 from eth.vm.forks.london import transactions as london_transactions
 from eth_keys import keys
 
+from chain import ordered_trie
 from chain.blockchain import Blockchain
 from chain.errors import BlockValidationError, ChainError
 from chain.genesis import Genesis, GenesisAccount
 from storage import Database
+from tests.unit.test_ordered_trie import hexary_root_and_nodes
 
 GWEI = 10**9
 SENDER = keys.PrivateKey(b"\x07" * 32)
@@ -246,3 +252,33 @@ def test_blocks_built_and_validated_on_uncommitted_blocks_commit_in_order(
     assert (head.block_number, head.hash) == (2, second.hash)
     state = validator.vm_at(head).state
     assert state.get_nonce(SENDER.public_key.to_canonical_address()) == 5
+
+
+def test_py_evm_alone_accepts_the_blocks_built_and_validated_here(
+    pair: tuple[Blockchain, Blockchain], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node builds block tries in one pass (`chain.ordered_trie`), keeps state-trie nodes
+    across blocks and shares unchanged fields when py-evm copies a block or an account: py-evm
+    on its own (its HexaryTrie tries, no cache, deep copies) must import the same blocks."""
+    proposer, validator = pair
+    ordered_trie.install()
+    nonce, encoded = 0, []
+    for number, (count, value) in enumerate(((150, 1), (3, 10**18), (40, 7)), start=1):
+        proposed, _ = proposer.build_block(transfers(count, nonce, value),
+                                           timestamp=1_700_000_000 + number, coinbase=COINBASE)
+        validated = validator.execute_block(validator.decode_block(proposed.encode()))
+        proposer.commit(proposed)
+        validator.commit(validated)
+        encoded.append(proposed.encode())
+        nonce += count
+    monkeypatch.setattr(py_evm_trie, "_make_trie_root_and_nodes",
+                        functools.lru_cache(4)(hexary_root_and_nodes))
+    genesis = make_genesis()
+    plain = MiningChain.configure(vm_configuration=((0, PragueVM),), chain_id=1337).from_genesis(
+        AtomicDB(), genesis.header_params(), genesis.state())
+    assert plain.get_canonical_head().hash == proposer.genesis_hash
+    for data in encoded:
+        block = rlp.decode(data, sedes=plain.get_vm().get_block_class())
+        assert plain.import_block(block).imported_block.hash == block.hash
+    assert plain.get_canonical_head().hash == validator.head().hash
+    assert plain.get_vm().state.get_balance(b"\x22" * 20) == 150 + 3 * 10**18 + 40 * 7
