@@ -1064,27 +1064,30 @@ class Replica:
     def _lagging(self) -> bool:
         """This replica is behind the cluster, so a request timer that runs out says nothing
         about the primary: it is catching up or still validating or executing a block (a
-        slow or loaded machine), or it holds proof that a quorum committed above its head:
-        a certificate for its next block (whose body it may still be fetching), a peer's
-        certified head, or f+1 checkpoints (a correct replica executed that far); not a
+        slow or loaded machine), it holds the certificate of its next block (whose body it
+        may still be fetching), or peers proved a head above it (`_proved_head`). Not a
         certificate beyond a gap, which a view change may be needed to fill. (A restarted
         replica replays such blocks, passing over the requests it pooled meanwhile, so its
         commits soon stop restarting the timer.)"""
         return (self.fetching is not None or self._busy()
-                or self.peer_head[0] > self.last_exec
                 or self._certified_run_end() > self.last_exec
-                or self.checkpoints.vouched_above(self.last_exec) is not None)
+                or self._proved_head() is not None)
 
-    def _catch_up(self) -> None:
-        """Fetch up to the highest head that peers proved, if nothing else is under way."""
-        if self.fetching is not None or self._busy():
-            return
+    def _proved_head(self) -> tuple[int, bytes, bytes] | None:
+        """The highest head above this replica's certified run that peers proved: a peer's
+        certified head, or f+1 matching checkpoints (a correct replica executed that far)."""
         known = self._certified_run_end()
         vouched = self.checkpoints.vouched_above(known)
         if vouched is not None and vouched[0] >= self.peer_head[0]:
-            self._fall_behind(*vouched)
-        elif self.peer_head[0] > known:
-            self._fall_behind(*self.peer_head, b"")
+            return vouched
+        if self.peer_head[0] > known:
+            return (*self.peer_head, b"")
+        return None
+
+    def _catch_up(self) -> None:
+        """Fetch up to the head peers proved, if nothing else is under way."""
+        if self.fetching is None and not self._busy() and (head := self._proved_head()):
+            self._fall_behind(*head)
 
     def _check_high_checkpoints(self) -> None:
         if self.fetching is not None or self._busy():
