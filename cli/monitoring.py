@@ -19,6 +19,15 @@ SCRAPE_INTERVAL = "5s"
 # PromQL shared by the alerts and the dashboard
 COMMIT_LATENCY = ("histogram_quantile({q}, sum by (le, node) "
                   "(rate(pbft_commit_latency_seconds_bucket[5m])))")
+# Misbehaviour a replica saw in the last 5 minutes, naming whom: evidence against a validator
+# (label accused; the target's own label `validator` is the node that reports it), a block
+# it refused to vote for (not those it could not check: reason unavailable blames nobody),
+# a catch-up peer that served false data (label peer). Every series exists at zero from the
+# start, so the first event is an increase.
+EVIDENCE = "increase(pbft_evidence_total[5m])"
+REFUSED = 'increase(pbft_blocks_refused_total{reason!="unavailable"}[5m])'
+PEER_FAULTS = "increase(pbft_peer_faults_total[5m])"
+MISBEHAVIOUR = f"{EVIDENCE} > 0 or {REFUSED} > 0 or {PEER_FAULTS} > 0"
 
 
 def alert_rules(validators: int) -> list[dict[str, str]]:
@@ -47,6 +56,14 @@ def alert_rules(validators: int) -> list[dict[str, str]]:
          "expr": f"p2p_peers < {validators - 1}",
          "summary": f"{{{{ $labels.node }}}} is connected to fewer than {validators - 1} "
                     "validators"},
+        {"alert": "PbftValidatorMisbehaving", "for": "0m", "severity": "warning",
+         "expr": MISBEHAVIOUR,
+         "summary": "{{ $labels.node }}: {{ if $labels.accused }}validator "
+                    "{{ $labels.accused }} signed conflicting or forbidden {{ $labels.kind }} "
+                    "messages{{ else if $labels.peer }}catch-up peer {{ $labels.peer }} served "
+                    "false data ({{ $labels.kind }}){{ else }}refused a proposed block "
+                    "({{ $labels.reason }}; the log names the primary){{ end }}: see "
+                    "pbft_status misbehaviour and pbft_getEvidence"},
     ]
 
 
@@ -139,6 +156,15 @@ PANELS: list[tuple[str, list[tuple[str, str]], str]] = [
     ("Consensus messages per second",
      [("sum by (node, direction) (rate(pbft_messages_total[1m]))", "{{node}} {{direction}}")],
      "ops"),
+    ("Evidence by accused validator and kind (5 min)",
+     [(f"sum by (node, accused, kind) ({EVIDENCE})", "{{node}}: {{accused}} {{kind}}")],
+     "short"),
+    ("Blocks refused by reason (5 min)",
+     [("sum by (node, reason) (increase(pbft_blocks_refused_total[5m]))",
+       "{{node}} {{reason}}")], "short"),
+    ("Catch-up peers that served false data (5 min)",
+     [(f"sum by (node, peer, kind) ({PEER_FAULTS})", "{{node}}: {{peer}} {{kind}}")],
+     "short"),
 ]
 
 

@@ -388,6 +388,7 @@ class PbftEngine(ConsensusEngine):
             "validator": "0x" + self.engine_params.validators[self.replica.me].hex(),
             "peers": len(self.context.peers()),
             "mode": status.mode.value,
+            "misbehaviour": self.metrics.misbehaviour(),
         }
 
     def rpc_methods(self) -> dict[str, RpcHandler]:

@@ -6,6 +6,21 @@ from collections import Counter
 
 from chain.p2p.wire import Channel
 
+# Every reason the transport drops a frame for (a unit test reads them from its source): each
+# is counted from zero at start, so the metric p2p_dropped_frames_total exists for every
+# reason before the first drop and `increase()` sees that first one.
+DROP_REASONS = (
+    "unknown_peer",  # send: not a validator of this transport
+    "too_large",  # send: over the frame cap
+    "not_running",  # send: the transport is stopped
+    "queue_full",  # send: the peer's queue is at its bound
+    "bad_frame",  # read or handshake: a malformed frame
+    "auth_failure",  # a refused handshake
+    "decrypt_failure",  # a frame that does not open under the session keys
+    "unknown_channel",  # a frame on no channel this node serves
+    "handler_error",  # a message handler raised
+)
+
 
 class TransportStats:
     """Counters for metrics; `snapshot()` is what `Transport.stats()` returns."""
@@ -15,7 +30,7 @@ class TransportStats:
         self.bytes_in: Counter[str] = Counter()
         self.frames_out: Counter[str] = Counter()
         self.bytes_out: Counter[str] = Counter()
-        self.dropped: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter(dict.fromkeys(DROP_REASONS, 0))
         self.handshakes_refused: Counter[str] = Counter()
         self.handshakes_completed = 0
         self.duplicates_closed = 0

@@ -45,6 +45,8 @@ def test_status_and_validators(cluster: Cluster) -> None:
     validators = [v.lower() for v in cluster.description["validators"]]
     assert [s["validator"] for s in statuses] == validators
     assert all(s["peers"] == 3 and s["checkpointInterval"] == 10 for s in statuses)
+    assert all(s["misbehaviour"]["evidence"] == {} and s["misbehaviour"]["peerFaults"] == {}
+               and "blocksRefused" in s["misbehaviour"] for s in statuses)
     assert rpc(cluster.nodes[1], "pbft_getValidators") == validators
     provider = cluster.nodes[2].web3().provider
     assert provider.make_request("pbft_getCommitCertificate", ["0xffffff"])["result"] is None
@@ -129,7 +131,9 @@ MODE_SELECTOR = re.compile(r'pbft_mode\{mode="([a-z-]+)"\}')
 def test_the_monitoring_files_name_only_what_a_node_serves(cluster: Cluster) -> None:
     """testnet init's Prometheus configuration scrapes every node; every metric the alert
     rules and the Grafana dashboard query (and every pbft_mode they select) is on a live
-    node's /metrics, so the dashboard cannot drift from the code."""
+    node's /metrics, so the dashboard cannot drift from the code; and every metric a rule
+    reads has series before its first event (a counter whose series appears with its first
+    event gives `increase()` nothing to increase from: the alert would miss that event)."""
     monitoring = cluster.directory / "monitoring"
     config = yaml.safe_load((monitoring / "prometheus.yml").read_text())
     assert config["rule_files"] == ["alerts.yml"]
@@ -141,13 +145,18 @@ def test_the_monitoring_files_name_only_what_a_node_serves(cluster: Cluster) -> 
     dashboard = json.loads((monitoring / "grafana-dashboard.json").read_text())
     queries = [r["expr"] for r in rules] + [t["expr"] for panel in dashboard["panels"]
                                             for t in panel["targets"]]
-    assert {r["alert"] for r in rules} >= {"PbftNoCommit", "PbftValidatorDown", "PbftHalted"}
+    assert {r["alert"] for r in rules} >= {"PbftNoCommit", "PbftValidatorDown", "PbftHalted",
+                                           "PbftValidatorMisbehaving"}
     with urllib.request.urlopen(cluster.nodes[1].node["metrics_url"], timeout=10) as reply:
         families = list(text_string_to_metric_families(reply.read().decode()))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
     served = {f.name + suffix for f in families for suffix in ("", *suffixes.get(f.type, ()))}
     named = {name for query in queries for name in METRIC_NAME.findall(query)}
     assert len(named) >= 15 and named <= served, sorted(named - served)
+    alerted = {name for rule in rules for name in METRIC_NAME.findall(rule["expr"])}
+    with_series = {s.name for f in families for s in f.samples}
+    assert "pbft_view_changes_total" in alerted and alerted <= with_series, sorted(
+        alerted - with_series)
     modes = {s.labels["mode"] for f in families if f.name == "pbft_mode" for s in f.samples}
     selected = {mode for query in queries for mode in MODE_SELECTOR.findall(query)}
     assert selected and selected <= modes, sorted(selected - modes)
@@ -162,7 +171,7 @@ def test_promtool_accepts_the_configuration_the_rules_and_every_dashboard_query(
     checked = subprocess.run(["promtool", "check", "config", "prometheus.yml"],
                              cwd=monitoring, capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 7 rules found" in checked.stdout
+    assert "SUCCESS: 8 rules found" in checked.stdout
     dashboard = json.loads((monitoring / "grafana-dashboard.json").read_text())
     rules = [{"record": f"dashboard:query{i}", "expr": target["expr"]}
              for i, target in enumerate(t for p in dashboard["panels"] for t in p["targets"])]

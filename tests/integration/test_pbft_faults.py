@@ -130,6 +130,10 @@ def test_unknown_key_refused_and_conflicting_pre_prepares_recorded(cluster: Clus
         evidence = rpc(cluster.nodes[index], "pbft_getEvidence")
         assert {(e["signer"], e["type"], e["seqNo"]) for e in evidence} == {
             (primary, "pre-prepare", "0x1")}
+        misbehaviour = cluster.status(index)["misbehaviour"]
+        assert misbehaviour["evidence"] == {primary: {"pre-prepare": len(evidence)}}
+        samples = cluster.metrics(index)  # labels accused, kind
+        assert samples[f"pbft_evidence_total|{primary}|pre_prepare"] == len(evidence)
     wait_for(lambda: all(cluster.status(i)["view"] >= 1 for i in (1, 2, 3)), 30, "view 1")
     cluster.commit(via=2)
     cluster.assert_consistent()
