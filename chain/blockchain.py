@@ -52,11 +52,12 @@ from rlp.sedes.serializable import merge_args_to_kwargs
 from trie import HexaryTrie
 from trie.constants import BLANK_NODE_HASH
 
-from chain.errors import BlockValidationError, ChainError
+from chain import ordered_trie
+from chain.errors import BlockValidationError, ChainError, FalseBodyError, StaleParentError
 from chain.genesis import Genesis
 from chain.read_store import ReadStore, TxRecord, block_records
 from encoding.rlp import check_rlp_depth
-from storage import Database, Keyspace, KeyspaceDB, OverlayDB, WriteBatch
+from storage import Database, Keyspace, KeyspaceDB, OverlayDB, StorageError, WriteBatch
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,58 @@ def block_hash_of(data: bytes) -> bytes | None:
     if outer_type is not list or header_type is not list or start + outer_length != len(data):
         return None
     return keccak(data[start:end]) if end <= len(data) else None
+
+# An encoded block: [header, transactions, uncles, withdrawals]; the header's fields that
+# commit to the body.
+UNCLES_HASH_FIELD, TRANSACTIONS_ROOT_FIELD, WITHDRAWALS_ROOT_FIELD = 1, 4, 16
+
+
+def check_body_matches_header(data: bytes) -> None:
+    """FalseBodyError unless the body of the encoded block is the one its header commits to
+    (transaction and withdrawal roots, uncles hash). Checked on the raw RLP before py-evm
+    decodes a transaction: whoever signed the header (by its hash) is then answerable for
+    every byte of the block, and a copy with a false body is told apart from a bad block.
+    A header too short to hold the roots is its signer's fault (BlockValidationError)."""
+    try:
+        check_rlp_depth(data, MAX_BLOCK_DEPTH)
+        header, transactions, uncles, withdrawals = rlp.decode(data)
+        if not all(isinstance(x, list) for x in (header, transactions, uncles, withdrawals)):
+            raise ValueError("a block is four lists")
+        body = (
+            keccak(rlp.encode(uncles)),
+            ordered_trie.ordered_trie_root_and_nodes(
+                [tx if isinstance(tx, bytes) else rlp.encode(tx) for tx in transactions])[0],
+            ordered_trie.ordered_trie_root_and_nodes(
+                [rlp.encode(withdrawal) for withdrawal in withdrawals])[0],
+        )
+    except (rlp.DecodingError, ValueError) as exc:
+        raise FalseBodyError(f"undecodable block: {exc}") from None
+    if len(header) <= WITHDRAWALS_ROOT_FIELD:
+        raise BlockValidationError(f"a header of {len(header)} fields")
+    if body != (header[UNCLES_HASH_FIELD], header[TRANSACTIONS_ROOT_FIELD],
+                header[WITHDRAWALS_ROOT_FIELD]):
+        raise FalseBodyError("the block's body does not match the roots in its header")
+
+
+@dataclass(frozen=True)
+class CommittedBlock:
+    """What a consensus engine reads back of a canonical block."""
+
+    hash: bytes
+    state_root: bytes
+    tx_hashes: tuple[bytes, ...]
+
+
+STATE_ROOT_FIELD = 3
+
+
+def committed_block(data: bytes) -> CommittedBlock:
+    """Hash, state root and transaction hashes of an encoded block from our own chain."""
+    header, transactions = rlp.decode(data)[:2]
+    return CommittedBlock(
+        keccak(rlp.encode(header)), header[STATE_ROOT_FIELD],
+        tuple(keccak(tx if isinstance(tx, bytes) else rlp.encode(tx)) for tx in transactions))
+
 
 class _SenderMemo:
     """Transaction senders by transaction hash, for this process.
@@ -595,6 +648,21 @@ class Blockchain:
         except (rlp.DecodingError, rlp.DeserializationError, ValueError, TypeError) as exc:
             raise BlockValidationError(f"undecodable block: {exc}") from None
 
+    def validate_encoded(self, data: bytes, parent: ExecutedBlock | None = None
+                         ) -> ExecutedBlock:
+        """A block from a peer, from its bytes: its body checked against its header, then
+        decoded and executed (`execute_block`). Whatever py-evm raises for bytes it cannot
+        take (an unknown transaction type, an impossible signature) is a
+        BlockValidationError: a refusal of the block, never a failure of the caller."""
+        check_body_matches_header(data)
+        try:
+            return self.execute_block(self.decode_block(data), parent)
+        except (BlockValidationError, StorageError):
+            raise
+        except Exception as exc:  # noqa: BLE001 (py-evm's errors for bad input have no base)
+            raise BlockValidationError(
+                f"invalid block: {type(exc).__name__}: {exc}") from None
+
     def execute_block(self, block: BlockAPI, parent: ExecutedBlock | None = None
                       ) -> ExecutedBlock:
         """Validate `block` completely by executing it on the head (or on `parent`, executed
@@ -603,7 +671,7 @@ class Blockchain:
         chain = self.chain_class(overlay)
         head = chain.get_canonical_head()
         if block.header.parent_hash != head.hash:
-            raise BlockValidationError(
+            raise StaleParentError(
                 f"block {block.number} does not extend the head "
                 f"(parent {block.header.parent_hash.hex()}, head {head.hash.hex()})"
             )

@@ -13,6 +13,16 @@ class BlockValidationError(ChainError):
     """A block that must not be imported; the message says why."""
 
 
+class FalseBodyError(BlockValidationError):
+    """A block whose body does not match its header's roots: a false copy of whatever block
+    the header belongs to, not evidence against that block's proposer."""
+
+
+class StaleParentError(BlockValidationError):
+    """A block that does not extend the chain it was executed on (the chain moved meanwhile):
+    it says nothing about the block."""
+
+
 class EngineError(ChainError):
     """A consensus engine that cannot be found or configured."""
 

@@ -439,7 +439,7 @@ class NodeContext(EngineContext):
 
         def validate() -> ExecutedBlock:
             with node.metrics.timing("validate"):
-                return node.blockchain.execute_block(node.blockchain.decode_block(data), parent)
+                return node.blockchain.validate_encoded(data, parent)
 
         return await node.run_in_executor(validate)
 

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, assert_never
 
-from chain.blockchain import ExecutedBlock, block_hash_of
+from chain.blockchain import ExecutedBlock, block_hash_of, committed_block
 from chain.engine import ConsensusEngine, EngineContext, InvalidParams, RpcHandler, TimerHandle
-from chain.errors import BlockValidationError, EngineError
+from chain.errors import BlockValidationError, EngineError, FalseBodyError, StaleParentError
 from encoding import EncodingError
 from encoding.hexcodec import parse_quantity
 from pbft_engine.core import (
@@ -34,10 +34,10 @@ from pbft_engine.core import (
     Event,
     FetchBlock,
     FetchCommitted,
-    FetchFailed,
     MessageReceived,
     Persist,
     Ready,
+    Refusal,
     RelayRequests,
     Replica,
     RequestDropped,
@@ -60,6 +60,15 @@ from pbft_engine.validator_state import ValidatorStateFile
 from storage import StorageFailure
 
 log = logging.getLogger(__name__)
+
+# Failures of this node itself, not of what a peer sent: they stop the node (the database
+# reports its own failure) or the task (cancellation), and are never a refusal.
+_LOCAL_FAILURES = (StorageFailure, asyncio.CancelledError)
+
+
+class _AncestorFailed(PbftError):
+    """A block validated here before failed when executed again: the chain moved under it."""
+
 
 # Blocks executed and not committed that the adapter keeps: the pipeline's, and some of the
 # views that did not survive (two full windows of the default checkpoint interval).
@@ -150,6 +159,7 @@ class PbftEngine(ConsensusEngine):
             deliver=self._step, replica_status=self.replica.status,
             held_block=self.replica.block_for,
             chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
+            on_peer_fault=self.metrics.peer_fault,
         )
         self.sync.start()
         self._perform(self.replica.start())
@@ -205,9 +215,13 @@ class PbftEngine(ConsensusEngine):
             self._perform_one(action)
 
     def _persist(self, persist: Persist) -> None:
-        if persist.signing_bound is not None:  # before the records that rely on it
-            self._write_signing_bound(persist.signing_bound)
+        """The step's records, then the signing bound, then (the caller) its messages. A
+        crash between the two writes leaves the store ahead of the file, which a restart
+        joins and writes again before it sends anything; a file ahead of the store means
+        records were lost (`core.signing_bound`), so the file must never get there first."""
         self.store.apply(persist.ops)  # synced, before anything of this step is sent
+        if persist.signing_bound is not None:
+            self._write_signing_bound(persist.signing_bound)
 
     def _perform_one(self, action: Action) -> None:
         match action:
@@ -265,19 +279,25 @@ class PbftEngine(ConsensusEngine):
 
         def fire() -> None:
             self._timers.pop(key, None)
+            if action.kind is TimerKind.VALIDATION:  # (cancelled when answered in time)
+                self.metrics.block_refused("timeout")
             self._step(TimerFired(action.kind, action.key))
 
         self._timers[key] = self.context.call_later(action.duration_ms / 1000, fire)
 
     async def _build(self, action: BuildBlock) -> None:
+        executed: ExecutedBlock | None = None
         try:
             parent = await self._parent(action.ancestors)
             executed = await self.context.build_block(
                 coinbase=self._coinbase(), time_budget=action.time_budget_ms / 1000,
                 parent=parent)
         except BlockValidationError as exc:
-            executed = None
             self.log.warning("cannot build block %d: %s", action.seq_no, exc)
+        except _LOCAL_FAILURES:
+            raise
+        except Exception:  # the core must hear back, whatever went wrong (logged)
+            self.log.exception("cannot build block %d", action.seq_no)
         if executed is None or executed.number != action.seq_no:
             # The chain it was to go on is gone (the head moved past it): nothing to propose.
             self._step(BlockBuilt(action.seq_no, b"", b"", ()))
@@ -288,18 +308,34 @@ class PbftEngine(ConsensusEngine):
         )
 
     async def _validate(self, action: ValidateBlock) -> None:
-        ok = False
+        """Every outcome reaches the core: valid, or refused with whose fault it is."""
+        refusal: Refusal | None = None
         try:
             executed = self._executed.get(action.digest)
             if executed is None:
                 parent = await self._parent(action.ancestors)
                 executed = await self.context.validate_block(action.block, parent)
-            ok = executed.hash == action.digest and executed.number == action.seq_no
-            if ok:
+            if executed.hash == action.digest and executed.number == action.seq_no:
                 self._keep_executed(executed)
+            else:
+                refusal = Refusal.FALSE_COPY
+        except (FalseBodyError, StaleParentError, _AncestorFailed) as exc:
+            refusal = Refusal.UNAVAILABLE if not isinstance(exc, FalseBodyError) else (
+                Refusal.FALSE_COPY)
+            self.log.info("block %d not validated here (%s): %s", action.seq_no,
+                          refusal.value, exc)
         except BlockValidationError as exc:
-            self.log.warning("block %d rejected: %s", action.seq_no, exc)
-        self._step(BlockValidated(action.seq_no, action.digest, ok))
+            refusal = Refusal.INVALID
+            self.log.warning("block %d 0x%s from primary %d refused: %s", action.seq_no,
+                             action.digest.hex()[:12], self._primary(), exc)
+        except _LOCAL_FAILURES:
+            raise
+        except Exception:
+            refusal = Refusal.UNAVAILABLE
+            self.log.exception("block %d could not be validated", action.seq_no)
+        if refusal is not None:
+            self.metrics.block_refused(refusal.value)
+        self._step(BlockValidated(action.seq_no, action.digest, refusal is None, refusal))
 
     async def _parent(self, ancestors: tuple[bytes, ...]) -> ExecutedBlock | None:
         """The executed state of the newest of `ancestors` (None: the chain head), executing
@@ -316,7 +352,10 @@ class PbftEngine(ConsensusEngine):
                 break
             missing.append(block)
         for block in reversed(missing):
-            parent = await self.context.validate_block(block, parent)
+            try:
+                parent = await self.context.validate_block(block, parent)
+            except BlockValidationError as exc:  # validated here before: the chain moved
+                raise _AncestorFailed(str(exc)) from None
             self._keep_executed(parent)
         return parent
 
@@ -329,8 +368,11 @@ class PbftEngine(ConsensusEngine):
 
     async def _commit(self, action: CommitBlock) -> None:
         async with self._chain_lock:
-            if self.context.head().block_number >= action.seq_no:
-                return  # a catch-up imported it meanwhile, and the replica moved on with it
+            head = self.context.head().block_number
+            if head >= action.seq_no:
+                # A catch-up imported it meanwhile: the chain says what was committed.
+                self._step(await self._committed_from_chain(action.seq_no))
+                return
             executed = self._executed.get(action.digest)
             if executed is not None and executed.block.header.parent_hash != (
                     self.context.head().hash):
@@ -339,8 +381,10 @@ class PbftEngine(ConsensusEngine):
                 try:
                     executed = await self.context.validate_block(action.block)
                 except BlockValidationError as exc:
+                    # A quorum certified the header, so the body is false (or the chain moved).
                     self.log.warning("the copy of certified block %d is false, fetching "
                                      "another: %s", action.seq_no, exc)
+                    self.metrics.block_refused(Refusal.FALSE_COPY.value)
                     self._step(CommitRefused(action.seq_no, action.digest))
                     return
             if executed.hash != action.digest:
@@ -355,15 +399,27 @@ class PbftEngine(ConsensusEngine):
             BlockCommitted(action.seq_no, executed.hash, executed.state_root, executed.tx_hashes)
         )
 
+    async def _committed_from_chain(self, seq_no: int) -> BlockCommitted:
+        """The canonical block at seq_no as the reply to its CommitBlock: the core compares
+        its hash with the certified one (a mismatch is an alarm)."""
+        encoded = (await self.context.canonical_blocks(seq_no, 1))[0]
+        block = committed_block(encoded)
+        return BlockCommitted(seq_no, block.hash, block.state_root, block.tx_hashes)
+
     async def _fetch(self, action: FetchCommitted) -> None:
         assert self.sync is not None
         self.log.info("catching up to block %d from peers", action.target_seq_no)
         try:
             outcome = await self.sync.fetch(action.target_seq_no, action.block_hash)
-        except Exception:
-            self._step(FetchFailed(action.target_seq_no))
+        except _LOCAL_FAILURES:
             raise
+        except Exception:
+            self.log.exception("catch-up to block %d failed", action.target_seq_no)
+            outcome = self.sync.failed(action.target_seq_no)
         self._step(outcome)
+
+    def _primary(self) -> int:
+        return self.replica.primary if self.replica is not None else -1
 
     def _coinbase(self) -> bytes:
         assert self.replica is not None

@@ -28,11 +28,12 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 # reads them from the replica's source).
 VIEW_CHANGE_REASONS = ("request_timeout", "new_view_timeout", "evidence", "invalid_block",
                        "join", "new_view")
-# Why this replica refused to vote for a proposed block: it does not execute or breaks the
-# rules (invalid), does not decode (undecodable), was not checked in time (timeout), the copy
-# held is not the proposer's (false_copy), or could not be checked here at all (unavailable:
-# says nothing about the proposer, so the misbehaviour alert leaves it out).
-BLOCK_REFUSAL_REASONS = ("invalid", "undecodable", "timeout", "false_copy", "unavailable")
+# Why this replica refused to vote for a proposed block: it does not decode or execute and
+# its body is the one its header commits to (invalid: the proposer's fault), was not checked
+# by the deadline the core gives a validation (timeout), the copy held is not the proposer's
+# (false_copy), or could not be checked here at all (unavailable: says nothing about the
+# proposer, so the misbehaviour alert leaves it out).
+BLOCK_REFUSAL_REASONS = ("invalid", "timeout", "false_copy", "unavailable")
 # What a catch-up peer served that proved false: bytes that are no block (undecodable),
 # another block than the one asked for (wrong_block), a commit certificate that does not
 # verify (bad_certificate), a certified block that does not execute to its hash

@@ -31,7 +31,7 @@ from eth_utils import keccak
 
 from chain.blockchain import ExecutedBlock, block_hash_of
 from chain.engine import EngineContext, TimerHandle
-from chain.errors import BlockValidationError
+from chain.errors import BlockValidationError, StaleParentError
 from pbft_engine.core import (
     BlockReceived,
     Event,
@@ -78,6 +78,16 @@ class SyncError(PbftError):
     """A peer could not serve a range, or served something that does not verify."""
 
 
+class PeerLied(SyncError):
+    """A peer served what it cannot have honestly: a false certificate or a certified block
+    whose body is not the certified one. It is blamed (`on_peer_fault`, with `kind`, one of
+    `pbft_engine.metrics.PEER_FAULT_KINDS`) and asked last."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def certified_block_hash(
     block: bytes, certificate: bytes, *, number: int, validators: tuple[bytes, ...],
     chain_id: int,
@@ -87,15 +97,15 @@ def certified_block_hash(
         header = rlp.decode(block, strict=True)[0]
         claimed = int.from_bytes(header[HEADER_NUMBER_INDEX], "big")
         block_hash = keccak(rlp.encode(header))
-    except (rlp.exceptions.RLPException, IndexError, TypeError, RecursionError):
-        raise SyncError(f"block {number} is not an encoded block") from None
+    except (rlp.exceptions.RLPException, IndexError, TypeError, ValueError, RecursionError):
+        raise PeerLied("undecodable", f"block {number} is not an encoded block") from None
     if claimed != number:
-        raise SyncError(f"asked for block {number}, got block {claimed}")
+        raise PeerLied("wrong_block", f"asked for block {number}, got block {claimed}")
     try:
         verify_commit_certificate(certificate, validators=validators, chain_id=chain_id,
                                   block_number=number, block_hash=block_hash)
     except MessageError as exc:
-        raise SyncError(f"block {number}: {exc}") from None
+        raise PeerLied("bad_certificate", f"block {number}: {exc}") from None
     return block_hash
 
 
@@ -113,6 +123,7 @@ class BlockSync:
         held_block: Callable[[int, bytes], bytes | None],
         chain_lock: asyncio.Lock,
         poll_interval: float,
+        on_peer_fault: Callable[[bytes, str], None] = lambda peer, kind: None,
     ) -> None:
         self.context = context
         self.store = store
@@ -122,6 +133,12 @@ class BlockSync:
         self.held_block = held_block  # the replica's copy of an uncommitted block, by digest
         self.chain_lock = chain_lock  # held while a block is imported (here or by the adapter)
         self.poll_interval = poll_interval
+        self.on_peer_fault = on_peer_fault  # (peer, kind): a peer served a provable lie
+        # Failed range requests so far: each moves the order in which peers are asked on by
+        # one, so a retry starts with another peer; liars of this fetch are asked last.
+        self._rotation = 0
+        self._liars: set[bytes] = set()
+        self._imported: list[ExecutedBlock] = []  # by the fetch under way
         self._request_ids = itertools.count(1)
         self._pending: dict[int, tuple[bytes, asyncio.Future[Blocks]]] = {}
         self._status_asked: set[bytes] = set()
@@ -279,38 +296,51 @@ class BlockSync:
     async def fetch(self, target: int, target_hash: bytes) -> Event:
         """Import certified blocks up to `target` from whichever peers can serve them; the
         next range is requested while this one is executed, and a range is committed in one
-        batch."""
+        batch. A fetch that fails part-way says how far it got (`failed`)."""
         imported: list[ExecutedBlock] = []
-        ahead: tuple[int, asyncio.Future[Blocks]] | None = None
+        self._imported = imported
+        ahead: tuple[int, bytes, asyncio.Future[Blocks]] | None = None
         try:
             while self.context.head().block_number < target:
                 first = self.context.head().block_number + 1
                 count = min(MAX_BLOCKS_PER_REQUEST, target - first + 1)
                 prefetched = None
                 if ahead is not None:
-                    prefetched = ahead[1] if ahead[0] == first else None
+                    prefetched = ahead[1:] if ahead[0] == first else None
                     if prefetched is None:
-                        ahead[1].cancel()
+                        ahead[2].cancel()
                 following = first + count
                 ahead = self._prefetch(following, target) if following <= target else None
                 if not await self._fetch_range(first, count, imported, prefetched):
                     log.warning("catch-up to block %d failed at block %d: no peer served it",
                                 target, first)
-                    return FetchFailed(target)
+                    return self.failed(target)
         finally:
             if ahead is not None:
-                ahead[1].cancel()
+                ahead[2].cancel()
         head = self.context.head()
         if imported and imported[-1].number == target and imported[-1].hash != target_hash:
             # Q validators certified this block, f+1 claimed another: more than f are faulty.
             log.error("catch-up: certified block %d is 0x%s, the fetch target said 0x%s",
                       target, imported[-1].hash.hex(), target_hash.hex())
-        tx_hashes = tuple(h for executed in imported for h in executed.tx_hashes)
         log.info("caught up to block %d (%d blocks imported)", head.block_number, len(imported))
         self._ask_status()  # the peers went on meanwhile: where are they now?
+        self._liars.clear()
+        return self._reached(imported)
+
+    def failed(self, target: int) -> FetchFailed:
+        """The fetch of `target` gave up: with what it imported before, if anything."""
+        self._rotation += 1
+        imported, self._imported = self._imported, []
+        return FetchFailed(target, self._reached(imported) if imported else None)
+
+    def _reached(self, imported: list[ExecutedBlock]) -> FetchCompleted:
+        head = self.context.head()
+        tx_hashes = tuple(h for executed in imported for h in executed.tx_hashes)
         return FetchCompleted(head.block_number, head.hash, head.state_root, tx_hashes)
 
-    def _prefetch(self, first: int, target: int) -> tuple[int, asyncio.Future[Blocks]] | None:
+    def _prefetch(self, first: int, target: int
+                  ) -> tuple[int, bytes, asyncio.Future[Blocks]] | None:
         """Ask the range from `first` of the peer whose turn it is, in the background."""
         peers = self._peers_for(first)
         if not peers:
@@ -318,33 +348,47 @@ class BlockSync:
         count = min(MAX_BLOCKS_PER_REQUEST, target - first + 1)
         request = asyncio.ensure_future(self._request(peers[0], first, count))
         request.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return first, request
+        return first, peers[0], request
 
     def _peers_for(self, first: int) -> list[bytes]:
         """The connected peers, starting with the one whose turn the range from `first` is
-        (the ranges are spread over the peers)."""
+        (the ranges are spread over the peers, and each failure moves the turn on), those
+        that lied in this fetch last."""
         peers = sorted(self.context.peers())
-        turn = first // MAX_BLOCKS_PER_REQUEST % len(peers) if peers else 0
-        return peers[turn:] + peers[:turn]
+        turn = (first // MAX_BLOCKS_PER_REQUEST + self._rotation) % len(peers) if peers else 0
+        ordered = peers[turn:] + peers[:turn]
+        return ([p for p in ordered if p not in self._liars]
+                + [p for p in ordered if p in self._liars])
 
     async def _fetch_range(self, first: int, count: int, imported: list[ExecutedBlock],
-                           prefetched: asyncio.Future[Blocks] | None) -> bool:
+                           prefetched: tuple[bytes, asyncio.Future[Blocks]] | None) -> bool:
         """The prefetched answer, else the connected peers in turn; True once one of them
         served verified blocks."""
         if prefetched is not None:
+            peer, answer = prefetched
             try:
-                imported.extend(await self._import(first, await prefetched))
+                imported.extend(await self._import(first, await answer))
                 return True
             except SyncError as exc:
-                log.warning("block sync (prefetched blocks %d..): %s", first, exc)
+                self._failed_peer(peer, first, exc)
         for peer in self._peers_for(first):
             try:
                 blocks = await self._request(peer, first, count)
                 imported.extend(await self._import(first, blocks))
                 return True
             except SyncError as exc:
-                log.warning("block sync from 0x%s: %s", peer.hex(), exc)
+                self._failed_peer(peer, first, exc)
         return False
+
+    def _failed_peer(self, peer: bytes, first: int, exc: SyncError) -> None:
+        self._rotation += 1
+        name = "0x" + peer.hex()
+        if isinstance(exc, PeerLied):
+            self._liars.add(peer)
+            self.on_peer_fault(peer, exc.kind)
+            log.warning("block sync: %s served false blocks from %d: %s", name, first, exc)
+        else:
+            log.info("block sync from %s (blocks %d..): %s", name, first, exc)
 
     async def _request(self, peer: bytes, first: int, count: int) -> Blocks:
         request_id = next(self._request_ids)
@@ -379,7 +423,7 @@ class BlockSync:
                     continue  # committed meanwhile through the normal case
                 executed = await self._execute(block, number, parent)
                 if executed.hash != block_hash:
-                    raise SyncError(f"block {number} executes to another hash")
+                    raise PeerLied("invalid_block", f"block {number} executes to another hash")
                 ops = [Put(StoreName.COMMIT_CERTIFICATES, u64(number), certificate)]
                 chain.append((executed, partial(self.store.write, ops=ops)))
                 parent = executed
@@ -389,7 +433,12 @@ class BlockSync:
 
     async def _execute(self, block: bytes, number: int, parent: ExecutedBlock | None
                        ) -> ExecutedBlock:
+        """A certified block's body that does not execute is false: its header was certified
+        by a quorum, who executed the block the header commits to."""
         try:
             return await self.context.validate_block(block, parent)
+        except StaleParentError as exc:
+            raise SyncError(f"block {number}: {exc}") from None
         except BlockValidationError as exc:
-            raise SyncError(f"certified block {number} does not execute here: {exc}") from None
+            raise PeerLied("invalid_block",
+                           f"certified block {number} does not execute here: {exc}") from None

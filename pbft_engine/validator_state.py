@@ -3,8 +3,8 @@
 The file outlives `chaindata` (rebuilding a validator or recovering a damaged database removes
 that directory and keeps this file), as CometBFT's `priv_validator_state.json` outlives its
 `data/`. `pbft_engine.core.signing_bound` says what it holds and why. It is replaced
-atomically (a synced temporary file renamed over it, then the directory synced), before the
-consensus records and messages of the step that raised the bound.
+atomically (a synced temporary file renamed over it, then the directory synced), after the
+consensus records and before the messages of the step that raised the bound.
 """
 
 from __future__ import annotations

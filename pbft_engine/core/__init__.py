@@ -29,6 +29,7 @@ from pbft_engine.core.events import (
     FetchFailed,
     MessageReceived,
     PeerCommitted,
+    Refusal,
     RequestDropped,
     RequestReceived,
     TimerFired,
@@ -44,7 +45,7 @@ __all__ = [
     "Delete", "DeleteRange",
     "EngineParams", "Event", "FetchBlock", "FetchCommitted", "FetchCompleted", "FetchFailed",
     "MessageReceived", "Mode", "PeerCommitted", "Persist", "Put", "Ready", "RecordReader",
-    "Replica", "ReplicaStatus", "RelayRequests",
+    "Refusal", "Replica", "ReplicaStatus", "RelayRequests",
     "RequestDropped", "RequestReceived", "SendTo", "SetTimer", "StoreName", "StoreOp",
     "TimerFired", "TimerKind", "ValidateBlock",
 ]

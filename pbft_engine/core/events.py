@@ -12,6 +12,8 @@ class TimerKind(Enum):
     VIEW_CHANGE_RESEND = "view_change_resend"  # key: view; resend our VIEW-CHANGE
     BLOCK_PERIOD = "block_period"  # key: b""; the primary may propose an empty block
     RELAY = "relay"  # key: b""; halfway through REQUEST: relay the oldest requests again
+    # key: seqNo; a ValidateBlock not answered by then is given up (the adapter may hang)
+    VALIDATION = "validation"
 
 
 @dataclass(frozen=True)
@@ -58,13 +60,29 @@ class BlockBuilt:
     tx_hashes: tuple[bytes, ...]
 
 
+class Refusal(Enum):
+    """Why a block was not validated (`BlockValidated.refusal`)."""
+
+    # The proposer's block breaks the rules: its body matches the header the proposer signed
+    # (by digest) and does not decode or execute. Every correct replica refuses it alike.
+    INVALID = "invalid"
+    # The copy held is not the proposer's: its header hashes to the digest, its body does not
+    # match that header's roots (bodies travel unsigned). Another copy is fetched.
+    FALSE_COPY = "false_copy"
+    # It could not be checked here: the chain moved under it, or the executor failed. Says
+    # nothing about the proposer.
+    UNAVAILABLE = "unavailable"
+
+
 @dataclass(frozen=True)
 class BlockValidated:
-    """Reply to `ValidateBlock`: ok iff the block hashes to digest and executes on the head."""
+    """Reply to `ValidateBlock`: ok iff the block hashes to digest and executes on the head;
+    otherwise `refusal` says whose fault it was."""
 
     seq_no: int
     digest: bytes
     ok: bool
+    refusal: Refusal | None = None
 
 
 @dataclass(frozen=True)
@@ -126,9 +144,12 @@ class BlockReceived:
 
 @dataclass(frozen=True)
 class FetchFailed:
-    """Reply to `FetchCommitted` when no peer could serve the target."""
+    """Reply to `FetchCommitted` when no peer could serve the target. A fetch commits a range
+    at a time: `reached` is what it imported before it failed (None: nothing), so the
+    replica's head never goes stale."""
 
     target_seq_no: int
+    reached: FetchCompleted | None = None
 
 
 Event = (

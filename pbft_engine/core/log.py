@@ -82,6 +82,9 @@ class Slot:
     commits: dict[int, Signed[Commit]] = field(default_factory=dict)
     validated: bool = False
     validating: bool = False
+    # Refused here as the proposer's fault, or given up on (no answer by its deadline): this
+    # replica never votes for it, nor validates anything on it, in this view.
+    refused: bool = False
     # The block it was validated (or built) on: its parent's digest (None: restored, unknown).
     parent: bytes | None = None
 

@@ -44,6 +44,7 @@ from pbft_engine.core.events import (
     FetchFailed,
     MessageReceived,
     PeerCommitted,
+    Refusal,
     RequestDropped,
     RequestReceived,
     TimerFired,
@@ -553,6 +554,8 @@ class Replica:
         elif event.kind is TimerKind.RELAY:
             if self.request_timer_armed and self.requests and self.active:
                 self._relay_oldest_requests(again=True)
+        elif event.kind is TimerKind.VALIDATION:
+            self._on_validation_deadline(read_u64(event.key))
         elif event.kind is TimerKind.BLOCK_PERIOD:
             self.block_due = True
             self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
@@ -830,7 +833,7 @@ class Replica:
         seq_no = self.last_exec + 1
         while (slot := self.log.certs.get((self.view, seq_no))) is not None and slot.validated:
             seq_no += 1
-        if slot is None or slot.pre_prepare is None:
+        if slot is None or slot.pre_prepare is None or slot.refused:
             return
         chain = self._chain_to(seq_no - 1)
         if chain is None:
@@ -842,6 +845,24 @@ class Replica:
             return
         slot.validating, slot.parent = True, chain[0]
         self._out.append(ValidateBlock(seq_no, digest, block, chain[1]))
+        self._set_timer(TimerKind.VALIDATION, u64(seq_no), self._validation_deadline_ms())
+
+    def _validation_deadline_ms(self) -> int:
+        """How long a validation may take before it is given up: twice the request timeout,
+        escalated like it (a primary's block takes a fifth of one to build)."""
+        return 2 * self.params.escalated(self.params.request_timeout_ms,
+                                         self.views_without_commit)
+
+    def _on_validation_deadline(self, seq_no: int) -> None:
+        """The adapter never answered: the block is not voted for here (the others may
+        still commit it, and this replica then executes it on their certificate), and
+        "busy" stops holding back a view change or a catch-up."""
+        slot = self.log.certs.get((self.view, seq_no))
+        if slot is not None and slot.validating:
+            slot.validating, slot.refused = False, True
+            self._drop("validation deadline")
+            self._check_high_checkpoints()
+            self._advance()
 
     def _on_block_validated(self, event: BlockValidated) -> None:
         slot = self.log.certs.get((self.view, event.seq_no))
@@ -849,8 +870,18 @@ class Replica:
         for (_, seq_no), other in self.log.certs.items():  # an older view's, if the view moved
             if seq_no == event.seq_no and other.digest == event.digest:
                 other.validating = False
-        if current and not event.ok:
+        if current:
+            self._out.append(CancelTimer(TimerKind.VALIDATION, u64(event.seq_no)))
+        if current and event.refusal is Refusal.INVALID:
+            # The body matches the header the primary signed: every correct replica refuses
+            # it alike, so the primary is faulty; no timer needs to run out to say so.
+            assert slot is not None
+            slot.refused = True
             self._drop("invalid block")
+            self._start_view_change(self.view + 1, "invalid_block")
+            return
+        if current and not event.ok:
+            self._drop("block copy not validated")
             self.log.discard_block(event.seq_no, event.digest)
         elif current:
             self._restart_request_timer()  # our own execution time is not the primary's delay
@@ -1000,7 +1031,9 @@ class Replica:
 
     def _on_checkpoint(self, checkpoint: Signed[Checkpoint]) -> None:
         seq_no = checkpoint.body.seq_no
-        if seq_no <= self.low_watermark:
+        # One at h still counts while h is not stable (a catch-up moved h to a checkpoint
+        # this replica executed, whose proof it collects only now).
+        if seq_no < self.low_watermark or seq_no <= self.stable_checkpoint:
             self._drop("checkpoint below the low watermark")
         elif seq_no > self.high_watermark:
             self._note_high_checkpoint(checkpoint)
@@ -1056,10 +1089,12 @@ class Replica:
         self._check_high_checkpoints()
 
     def _busy(self) -> bool:
-        """A block is being built, validated or executed here: it may be exactly the block
-        the peers are ahead by, and executing it again after a fetch would be wasted."""
+        """A block is being built, validated (in this view: an older view's validation no
+        longer holds anything up) or executed here: it may be exactly the block the peers
+        are ahead by, and executing it again after a fetch would be wasted."""
         return (self.executing is not None or self.building is not None
-                or any(slot.validating for slot in self.log.certs.values()))
+                or any(slot.validating for (view, _), slot in self.log.certs.items()
+                       if view == self.view))
 
     def _lagging(self) -> bool:
         """This replica is behind the cluster, so a request timer that runs out says nothing
@@ -1069,9 +1104,13 @@ class Replica:
         certificate beyond a gap, which a view change may be needed to fill. (A restarted
         replica replays such blocks, passing over the requests it pooled meanwhile, so its
         commits soon stop restarting the timer.)"""
-        return (self.fetching is not None or self._busy()
-                or self._certified_run_end() > self.last_exec
-                or self._proved_head() is not None)
+        if self.fetching is not None or self._proved_head() is not None:
+            return True
+        # Our own work on the blocks the primary proposed excuses it only while it does not
+        # keep passing over the oldest request: a censoring primary that keeps this replica
+        # busy with other blocks is replaced all the same.
+        return self.passed_over <= MAX_PASSED_OVER and (
+            self._busy() or self._certified_run_end() > self.last_exec)
 
     def _proved_head(self) -> tuple[int, bytes, bytes] | None:
         """The highest head above this replica's certified run that peers proved: a peer's
@@ -1149,7 +1188,12 @@ class Replica:
         return True
 
     def _on_fetch_failed(self, event: FetchFailed) -> None:
-        if self.fetching == event.target_seq_no:
+        """What the fetch imported before it failed is this replica's head now."""
+        if self.fetching != event.target_seq_no:
+            return
+        if event.reached is not None and event.reached.seq_no > self.last_exec:
+            self._on_fetch_completed(event.reached)
+        else:
             self.fetching = None
 
     # --- view change ------------------------------------------------------------------

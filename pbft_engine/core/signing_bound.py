@@ -13,8 +13,10 @@ checkpoint interval.
 
 A replica that starts with an empty store and a bound above zero has lost its records
 (amnesia); so has one whose store's view and high watermark fall short of the bound (a
-backup put back: the bound is written before the store in each step, so it never passes them
-otherwise). A backup from the bound's own view and window cannot be told apart, because the
+backup put back: in each step the store is written first, then the bound, then the messages,
+so the bound never passes the store otherwise, and a crash between the two writes leaves the
+store ahead, which a restart joins into the bound before it sends anything). A backup from
+the bound's own view and window cannot be told apart, because the
 bound moves a window at a time: the operations guide says never to restore one. Such a
 replica follows: it fetches and executes certified blocks and sends CHECKPOINTs, and it signs
 a vote only where `may_vote` / `may_view_change` allow. Why that is safe, with bound

@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import rlp
 from eth_hash.auto import keccak
 
 from chain.errors import BlockValidationError
@@ -39,6 +40,7 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
+from pbft_engine.core.records import u64
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.engine import PbftEngine
 from pbft_engine.errors import LostRecordsError, StoreError
@@ -80,6 +82,7 @@ class Disk:
     store: MemoryConsensusStore = field(default_factory=MemoryConsensusStore)
     bound: SigningBound | None = None
     bound_writes: int = 0
+    crash_before_bound: bool = False  # the next step that raises the bound dies in between
 
     def start(self, head: int = 0, fresh: bool = False) -> Replica:
         replica = Replica.restore(PARAMS, ME, SIGNERS[ME], KeyVerifier(), ChainHead(head, GENESIS),
@@ -89,11 +92,19 @@ class Disk:
         return replica
 
     def run(self, ready: Ready) -> list[Action]:
+        """As the adapter performs a step: the store, then the bound, then the actions."""
         if ready.persist is not None:
-            if ready.persist.signing_bound is not None:
-                self.bound, self.bound_writes = ready.persist.signing_bound, self.bound_writes + 1
             self.store.apply(ready.persist.ops)
+            if ready.persist.signing_bound is not None:
+                if self.crash_before_bound:
+                    self.crash_before_bound = False
+                    raise Crashed
+                self.bound, self.bound_writes = ready.persist.signing_bound, self.bound_writes + 1
         return ready.actions
+
+
+class Crashed(Exception):
+    """The process died between two writes of one step; nothing of the step was sent."""
 
 
 def votes(actions: list[Action]) -> list[tuple[MessageType, int, int, bytes]]:
@@ -344,6 +355,10 @@ def test_the_adapter_refuses_to_commit_a_block_other_than_the_certified_one() ->
     assert isinstance(engine.alarms[0], Alarm)
 
 
+# An encoded block as the chain serves it: a header (its state root fourth) and transactions.
+CHAIN_BLOCK = rlp.encode([[b"parent", b"uncles", b"coinbase", b"root"], [b"tx"], [], []])
+
+
 def _adapter(validate_block: Callable[[bytes], Awaitable[object]], head: int = 0
              ) -> tuple[PbftEngine, list[object], list[object]]:
     """The engine adapter's commit path alone, on a chain at `head`: the engine, what it
@@ -354,11 +369,16 @@ def _adapter(validate_block: Callable[[bytes], Awaitable[object]], head: int = 0
     async def commit_block(executed: object) -> None:
         committed.append(executed)
 
+    async def canonical_blocks(first: int, count: int) -> list[bytes]:
+        return [CHAIN_BLOCK] if first <= head else []
+
     engine = PbftEngine.__new__(PbftEngine)
     engine.context = SimpleNamespace(validate_block=validate_block, commit_block=commit_block,
-                                     head=lambda: SimpleNamespace(block_number=head))
+                                     head=lambda: SimpleNamespace(block_number=head),
+                                     canonical_blocks=canonical_blocks)
     engine._executed, engine._chain_lock, engine.alarms = {}, asyncio.Lock(), []
     engine.log = SimpleNamespace(error=lambda *args: None, warning=lambda *args: None)
+    engine.metrics = SimpleNamespace(block_refused=lambda reason: None)
     engine._step = stepped.append  # type: ignore[method-assign]
     return engine, committed, stepped
 
@@ -395,7 +415,9 @@ def test_a_certified_block_whose_copy_does_not_execute_is_fetched_again() -> Non
 def test_the_adapter_reports_a_certified_copy_that_does_not_execute() -> None:
     """`_commit` of a held copy that fails validation commits nothing and raises nothing: the
     replica hears `CommitRefused` and fetches another copy. A block a catch-up imported
-    while the commit waited for the chain is left alone (the replica moved on with it)."""
+    while the commit waited for the chain is reported committed as the chain holds it (it
+    used to be left without an answer: a replica whose head the catch-up did not reach then
+    waited in "executing" for good)."""
 
     async def validate_block(data: bytes) -> object:
         raise BlockValidationError("transaction root mismatch")
@@ -408,7 +430,9 @@ def test_the_adapter_reports_a_certified_copy_that_does_not_execute() -> None:
 
     engine, committed, stepped = _adapter(validate_block, head=1)
     asyncio.run(engine._commit(CommitBlock(1, digest, b"a false body", b"certificate")))
-    assert committed == stepped == engine.alarms == []
+    assert committed == engine.alarms == []
+    header = rlp.decode(CHAIN_BLOCK)[0]
+    assert stepped == [BlockCommitted(1, keccak(rlp.encode(header)), b"root", (keccak(b"tx"),))]
 
 
 def test_a_proven_head_commits_the_next_block_here_and_a_failed_fetch_keeps_blocks() -> None:
@@ -461,7 +485,71 @@ def test_a_state_file_that_cannot_be_written_stops_the_node_before_the_vote_leav
     failures: list[Exception] = []
     engine = PbftEngine.__new__(PbftEngine)
     engine.state_file = ValidatorStateFile(tmp_path / "gone", SIGNERS[ME].address)
-    engine.context = SimpleNamespace(database=SimpleNamespace(on_failure=failures.append))
+    engine.store = MemoryConsensusStore()
+    sent: list[bytes] = []
+    engine.context = SimpleNamespace(database=SimpleNamespace(on_failure=failures.append),
+                                     broadcast=sent.append)
     with pytest.raises(StorageFailure):
         engine._perform(Ready(Persist((), SigningBound(0, H)), [Broadcast(b"a vote")]))
-    assert len(failures) == 1 and "cannot write" in str(failures[0])
+    assert len(failures) == 1 and "cannot write" in str(failures[0]) and sent == []
+
+
+def test_the_adapter_writes_the_store_before_the_state_file(tmp_path: Path) -> None:
+    """The order that makes a crash between the two writes harmless (next test)."""
+    order: list[str] = []
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.state_file = SimpleNamespace(write=lambda bound: order.append("file"))
+    engine.store = SimpleNamespace(apply=lambda ops: order.append("store"))
+    engine.context = SimpleNamespace(broadcast=lambda data: order.append("send"))
+    engine._perform(Ready(Persist((), SigningBound(0, H)), [Broadcast(b"a vote")]))
+    assert order == ["store", "file", "send"]
+
+
+@pytest.mark.parametrize("crash_at", range(3))
+def test_a_crash_between_the_two_writes_of_a_step_restarts_a_replica_that_votes(
+    crash_at: int,
+) -> None:
+    """Each step of a run that raises the signing bound (the first vote of the window, a
+    VIEW-CHANGE, the next VIEW-CHANGE) dies after its store write and before its state file:
+    the restarted replica is not amnesic (with the file written first it was, and with f
+    silent validators nothing committed again), writes the bound before anything leaves,
+    and sends what the crash kept from leaving."""
+    disk = Disk()
+    replica = disk.start()
+    expected = [MessageType.PREPARE, MessageType.VIEW_CHANGE, MessageType.VIEW_CHANGE]
+    for index, step in enumerate(_steps_raising_the_bound()):
+        disk.crash_before_bound = index == crash_at
+        try:
+            step(disk, replica)
+        except Crashed:
+            break
+    writes = disk.bound_writes
+    restarted = Replica.restore(PARAMS, ME, SIGNERS[ME], KeyVerifier(), ChainHead(0, GENESIS),
+                                disk.store, block_digest=keccak, signing_bound=disk.bound)
+    assert restarted.amnesia is None and restarted.status().mode is not Mode.FOLLOWING
+    sent = disk.run(restarted.start())
+    assert disk.bound_writes == writes + 1  # the bound written again, before any send
+    assert disk.bound == SigningBound(restarted.view, H)
+    assert expected[crash_at] in sent_types(sent)
+
+
+def _steps_raising_the_bound() -> Iterator[Callable[[Disk, Replica], None]]:
+    """Steps that each raise the signing bound once (the first write of the bound included:
+    the first start writes it)."""
+
+    def vote(disk: Disk, replica: Replica) -> None:
+        digest, message = pre_prepare(1, b"voted for")
+        disk.run(replica.step(message))
+        disk.run(replica.step(BlockValidated(1, digest, True)))
+
+    def view_change(disk: Disk, replica: Replica) -> None:
+        disk.run(replica.step(RequestReceived(keccak(b"waiting"))))
+        disk.run(replica.step(TimerFired(TimerKind.REQUEST, b"")))
+
+    def new_view_vote(disk: Disk, replica: Replica) -> None:
+        view_change(disk, replica)  # view 2, never installed: the next VIEW-CHANGE
+        disk.run(replica.step(TimerFired(TimerKind.NEW_VIEW, u64(replica.view))))
+
+    yield vote
+    yield view_change
+    yield new_view_vote
