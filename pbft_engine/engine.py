@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, assert_never
 
@@ -52,6 +53,7 @@ from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import LostRecordsError, PbftError, StoreError
 from pbft_engine.messages import KeySigner, KeyVerifier
 from pbft_engine.metrics import PbftMetrics
+from pbft_engine.peer_budget import PeerBudget
 from pbft_engine.record_store import LevelDBConsensusStore
 from pbft_engine.rpc_records import MAX_RANGE, ConsensusRecords
 from pbft_engine.sync import BlockSync
@@ -108,6 +110,7 @@ class PbftEngine(ConsensusEngine):
         self.sync: BlockSync | None = None
         self.state_file: ValidatorStateFile | None = None  # known once the key is
         self.alarms: list[Alarm] = []
+        self.budget = PeerBudget(time.monotonic)
 
     @staticmethod
     def _params(chain_id: int, params: Mapping[str, Any]) -> EngineParams:
@@ -187,7 +190,10 @@ class PbftEngine(ConsensusEngine):
             self._step(RequestDropped(tx_hash))
 
     def on_message(self, sender: bytes, payload: bytes) -> None:
-        self._step(MessageReceived(payload))
+        if self.budget.allows(sender):
+            self._step(MessageReceived(payload), sender)
+        else:
+            self.metrics.peer_dropped(sender)
 
     def on_sync_message(self, sender: bytes, payload: bytes) -> None:
         if self.sync is not None:
@@ -196,12 +202,20 @@ class PbftEngine(ConsensusEngine):
     def is_proposer(self) -> bool:
         return self.replica is not None and self.replica.me == self.replica.primary
 
-    def _step(self, event: Event) -> None:
+    def _step(self, event: Event, sender: bytes | None = None) -> None:
+        """One step of the core; a peer's message is charged to its sender's share of the
+        loop (`peer_budget`): the core's own time on it (decoding, signature checks, the
+        protocol), not the writes and sends that follow, which an honest load causes too."""
         replica = self.replica
         if replica is None:
             return
         before = (replica.view, replica.active, replica.fetching)
+        started = time.perf_counter()
         ready = replica.step(event)
+        if sender is not None and self.budget.charge(sender, time.perf_counter() - started):
+            self.metrics.peer_fault(sender, "over_budget")
+            self.log.warning("validator 0x%s used up its budget of message handling: its "
+                             "messages are dropped while it refills", sender.hex())
         if (replica.view, replica.active, replica.fetching) != before:
             self.log.info("consensus state changed (was view=%d active=%s fetching=%s)", *before)
         self._perform(ready)

@@ -39,7 +39,7 @@ BLOCK_REFUSAL_REASONS = ("invalid", "timeout", "false_copy", "unavailable")
 # verify (bad_certificate), a certified block that does not execute to its hash
 # (invalid_block), a body that does not match its header (false_copy).
 PEER_FAULT_KINDS = ("undecodable", "wrong_block", "bad_certificate", "invalid_block",
-                    "false_copy")
+                    "false_copy", "over_budget")
 
 
 def _hex(address: bytes) -> str:
@@ -60,6 +60,7 @@ class PbftMetrics:
         self._started: dict[int, float] = {}  # seqNo -> when this replica began on it
         self.blocks_refused: Counter[str] = Counter()  # by reason, since start
         self.peer_faults: Counter[tuple[str, ...]] = Counter()  # (0x peer, kind), since start
+        self.budget_dropped: Counter[tuple[str, ...]] = Counter()  # (0x peer,), since start
         # Evidence counted by (accused, kind), recounted only when the replica holds more.
         self._evidence_counted: tuple[int, int] = (0, -1)  # (id of the replica, keys counted)
         self._evidence: Counter[tuple[str, ...]] = Counter()
@@ -87,6 +88,10 @@ class PbftMetrics:
         """A catch-up peer served data that proved false, of `kind` (one of
         PEER_FAULT_KINDS; another is counted too, but exists only once it happened)."""
         self.peer_faults[(_hex(peer), kind)] += 1
+
+    def peer_dropped(self, peer: bytes) -> None:
+        """A message of a peer that had used up its budget (`peer_budget`) was dropped."""
+        self.budget_dropped[(_hex(peer),)] += 1
 
     def evidence_counts(self) -> Counter[tuple[str, ...]]:
         """Evidence this replica holds (stored, so it survives a restart), by (0x accused
@@ -175,7 +180,12 @@ class PbftMetrics:
                              "Evidence of misbehaviour this replica holds, by accused "
                              "validator and message type", ["accused", "kind"], evidence),
             labelled_counter("pbft_peer_faults",
-                             "Catch-up peers that served data that proved false since this "
-                             "replica started, by peer and kind", ["peer", "kind"], faults),
+                             "Peers that served data that proved false, or used up their "
+                             "budget of message handling, since this replica started, by "
+                             "peer and kind", ["peer", "kind"], faults),
+            labelled_counter("pbft_budget_dropped_messages",
+                             "Messages dropped because their sender had used up its budget "
+                             "of message handling, by peer", ["peer"],
+                             {(v,): 0 for v in validators} | dict(self.budget_dropped)),
         ]
         return families

@@ -85,6 +85,7 @@ from pbft_engine.messages import (
     Body,
     Checkpoint,
     Commit,
+    MessageLimits,
     MessageType,
     NewView,
     PhaseMessage,
@@ -455,11 +456,12 @@ class Replica:
     def _set_timer(self, kind: TimerKind, key: bytes, duration_ms: int) -> None:
         self._out.append(SetTimer(kind, key, duration_ms))
 
-    def _record_evidence(self, first: Signed[Body], second: Signed[Body] | None) -> None:
+    def _record_evidence(self, first: Signed[Body], second: Signed[Body] | None,
+                         fault: str = "equivocation") -> None:
         body = first.body
         view, seq_no = message_slot(body)
         key = evidence_key(body.replica, body.TYPE, view, seq_no)
-        self._drop("equivocation")
+        self._drop(fault)
         if key not in self.evidence:
             self.evidence.add(key)
             pair = [first.encode(), second.encode() if second else b""]
@@ -712,7 +714,7 @@ class Replica:
 
     def _on_message(self, event: MessageReceived) -> None:
         try:
-            wire = WireMessage.decode(event.data)
+            wire = WireMessage.decode(event.data, MessageLimits.for_params(self.params))
             self.auth.verify(wire.signed)
         except MessageError as exc:
             self._drop(type(exc).__name__)
@@ -753,12 +755,28 @@ class Replica:
             self._on_vote(commit, self.log.slot(body.view, body.seq_no).commits)
 
     def _buffer_future(self, wire: WireMessage[PhaseMessage]) -> None:
-        """Keep (bounded: one per replica, type and seqNo) messages for a view not yet entered."""
+        """Keep messages for a view not yet entered (or a seqNo beyond the pipeline), bounded:
+        one per replica, type and seqNo, and blocks (only a PRE-PREPARE carries one) of at
+        most `future_block_bytes` in all, the oldest of the heaviest sender dropped first, so
+        a byzantine replica's flood pushes out only its own."""
         body = wire.signed.body
         key = (body.replica, body.TYPE, body.seq_no)
         held = self.future.get(key)
-        if held is None or held.signed.body.view <= body.view:
-            self.future[key] = wire
+        if held is not None and held.signed.body.view > body.view:
+            return
+        self.future.pop(key, None)
+        self.future[key] = wire  # the newest
+        if not wire.blocks:
+            return
+        # The other steps that shrink `future` replace it: its bytes are summed here.
+        senders: Counter[int] = Counter()
+        for message in self.future.values():
+            senders[message.signed.body.replica] += sum(map(len, message.blocks))
+        while senders.total() > self.params.future_block_bytes:
+            [(heaviest, _)] = senders.most_common(1)
+            oldest = next(k for k, m in self.future.items() if m.blocks and k[0] == heaviest)
+            senders[heaviest] -= len(self.future.pop(oldest).blocks[0])
+            self._drop("future blocks over their bound")
 
     def _on_pre_prepare(self, wire: WireMessage[PrePrepare]) -> None:
         pre_prepare = wire.signed
@@ -875,9 +893,9 @@ class Replica:
         if current and event.refusal is Refusal.INVALID:
             # The body matches the header the primary signed: every correct replica refuses
             # it alike, so the primary is faulty; no timer needs to run out to say so.
-            assert slot is not None
+            assert slot is not None and slot.pre_prepare is not None
             slot.refused = True
-            self._drop("invalid block")
+            self._record_evidence(slot.pre_prepare, None, "invalid block")
             self._start_view_change(self.view + 1, "invalid_block")
             return
         if current and not event.ok:

@@ -42,6 +42,7 @@ def test_a_block_the_primary_got_wrong_changes_the_view_at_once() -> None:
     actions = replica.step(BlockValidated(1, keccak(block), False, Refusal.INVALID)).actions
     assert replica.view == 1 and not replica.active
     assert replica.view_change_reasons == {"invalid_block": 1}
+    assert len(replica.evidence) == 1 and replica.dropped["invalid block"] == 1
     assert not any(isinstance(a, FetchBlock | ValidateBlock) for a in actions)
 
 

@@ -1,0 +1,56 @@
+"""A peer's share of the loop that runs consensus (`pbft_engine.peer_budget`): a validator
+that floods the others with messages that are expensive to check uses up its budget, is
+counted as a fault, and is dropped while the budget refills; the others are not."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from pbft_engine.engine import PbftEngine
+from pbft_engine.peer_budget import BURST, RATE, PeerBudget
+
+FLOODER, HONEST = b"\x01" * 20, b"\x02" * 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_peer_that_spends_its_burst_is_dropped_until_it_refills() -> None:
+    clock = Clock()
+    budget = PeerBudget(clock)
+    assert budget.allows(FLOODER)
+    assert not budget.charge(FLOODER, BURST / 2)
+    assert budget.charge(FLOODER, BURST / 2)  # ran dry: one fault
+    assert not budget.allows(FLOODER) and budget.allows(HONEST)
+    assert not budget.charge(FLOODER, 0.01)  # still dry: not a second fault
+    clock.now += 0.02 / RATE  # refilled past what it owes
+    assert budget.allows(FLOODER)
+    assert budget.charge(FLOODER, 1.0)  # a new episode: a new fault
+
+
+def test_the_adapter_charges_the_sender_and_drops_it_once_dry() -> None:
+    """The engine measures how long each message took the loop and charges its sender."""
+    clock = Clock()
+    handled: list[bytes] = []
+    faults: list[tuple[bytes, str]] = []
+    dropped: list[bytes] = []
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.budget = PeerBudget(clock, rate=RATE, burst=1e-9)  # any message runs it dry
+    engine.metrics = SimpleNamespace(peer_fault=lambda p, k: faults.append((p, k)),
+                                     peer_dropped=dropped.append)
+    engine.log = SimpleNamespace(warning=lambda *a: None, info=lambda *a: None)
+    engine._perform = lambda ready: None  # type: ignore[method-assign]
+    engine.replica = SimpleNamespace(  # the core's step: what is charged
+        view=0, active=True, fetching=None,
+        step=lambda event: handled.append(event.data))
+    engine.on_message(FLOODER, b"an expensive VIEW-CHANGE")
+    engine.on_message(FLOODER, b"another")
+    engine.on_message(HONEST, b"a PREPARE")
+    assert handled == [b"an expensive VIEW-CHANGE", b"a PREPARE"]
+    assert faults == [(FLOODER, "over_budget"), (HONEST, "over_budget")]
+    assert dropped == [FLOODER]
