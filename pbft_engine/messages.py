@@ -2,9 +2,9 @@
 
 Importable on its own: the audit ETL uses it to verify commit certificates. It depends only on
 rlp, eth-hash, eth-keys (coincurve backend), `encoding` and pbft_engine's `errors` and `quorum`
-modules. Why one module of ~500 lines: every message kind, its strict decoder, the signing
-rule and the certificate checks are the one wire contract the audit imports alone; split,
-the ETL would load the pieces anyway.
+modules. Why one module of ~750 lines: every message kind, its strict decoder and limits, the
+signing rule and the certificate checks are the one wire contract the audit imports alone;
+split, the ETL would load the pieces anyway.
 
 Encoding (every integer is a canonical RLP big-endian integer, every hash 32 bytes):
 
@@ -16,15 +16,21 @@ The signature (65 bytes r || s || v) is never part of the signed bytes. A block 
 its PRE-PREPARE unsigned: the signed body carries the digest (block hash) and a copy is used
 only if it hashes to it. VIEW-CHANGE and NEW-VIEW name blocks by digest and carry none (a
 missing body is fetched by digest, pbft_engine.sync).
+
+A peer's message is bounded by what its kind allows for N validators and the watermark window
+L (`MessageLimits`): bytes, RLP items and nesting before pyrlp decodes it (pyrlp's time grows
+with the square of a list's length), its entries before any signature is checked.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, Generic, Self, TypeVar, cast, overload
+from functools import cache
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, cast, overload
 
 import rlp
 from eth_hash.auto import keccak
@@ -33,9 +39,20 @@ from eth_keys.backends import CoinCurveECCBackend
 from eth_keys.exceptions import BadSignature, ValidationError
 
 from encoding import EncodingError
-from encoding.rlp import MAX_UINT64, RlpTooDeep, check_rlp_depth, decode_uint, encode_uint
+from encoding.rlp import (
+    MAX_UINT64,
+    RlpTooDeep,
+    RlpTooManyItems,
+    check_rlp_bounds,
+    check_rlp_depth,
+    decode_uint,
+    encode_uint,
+)
 from pbft_engine.errors import CertificateError, MessageError, SignatureError
 from pbft_engine.quorum import quorum
+
+if TYPE_CHECKING:  # the core imports this module: no import of it at run time
+    from pbft_engine.core.params import EngineParams
 
 DOMAIN = b"pbft-chain/consensus/v1"
 MAX_REPLICAS = 2**16
@@ -232,6 +249,26 @@ class ViewChange:
             _replica(replica),
         )
 
+    def check_sets(self, log_size: int | None) -> None:
+        """P holds one certificate per seqNo and Q each (seqNo, digest) once, both sorted,
+        from views below this one and inside the window above the checkpoint, (stable,
+        stable + L], where a correct replica prepares and pre-prepares. `log_size` None: L
+        is not known here (a message decoded with MessageLimits had its window checked)."""
+        stable = self.stable_seq_no
+        top = MAX_UINT64 if log_size is None else stable + log_size
+        seq_nos = [p.seq_no for p in self.pset]
+        if seq_nos != sorted(set(seq_nos)) or any(not stable < n <= top for n in seq_nos):
+            raise MessageError("view-change P set not sorted, unique and in the window above "
+                               "its checkpoint")
+        if any(p.view >= self.view for p in self.pset):
+            raise MessageError("view-change P entry from a view not below the new view")
+        qkeys = [(q.seq_no, q.digest) for q in self.qset]
+        if qkeys != sorted(set(qkeys)) or any(
+            not stable < q.seq_no <= top or q.view >= self.view for q in self.qset
+        ):
+            raise MessageError("view-change Q set not sorted, unique, in the window above its "
+                               "checkpoint and below its view")
+
 
 @dataclass(frozen=True)
 class NewView:
@@ -272,6 +309,174 @@ BODY_TYPES: dict[MessageType, type[Body]] = {
 }
 
 
+# --- what each message kind may hold --------------------------------------------------------
+
+
+class MessageTooLarge(MessageError):
+    """A message holds more bytes, items, entries or blocks than its kind allows."""
+
+
+# Q reports each (seqNo, digest) a replica pre-prepared, with its latest view, so a seqNo
+# re-proposed with another block after a view change holds several: Q may hold this many
+# entries per seqNo of the window. The simulator's honest replicas (1,300 chaos seeds, N = 2
+# to 10, with and without a replica that lost its store): up to three at one seqNo, Q at most
+# 1.1 x L.
+PRE_PREPARED_PER_SEQ_NO = 2
+
+
+@dataclass(frozen=True)
+class RlpExtent:
+    """The most an RLP item may take: its encoded bytes, its items (strings and lists, itself
+    included) and how deeply its lists nest."""
+
+    size: int
+    items: int
+    depth: int
+
+
+def _header(length: int) -> int:
+    return 1 if length < 56 else 1 + (length.bit_length() + 7) // 8
+
+
+def _string(length: int) -> RlpExtent:
+    """A byte string of at most `length` bytes."""
+    return RlpExtent(_header(length) + length, 1, 0)
+
+
+def _integer(bound: int) -> RlpExtent:
+    """A canonical integer of at most `bound`."""
+    return RlpExtent(1, 1, 0) if bound < 0x80 else _string((bound.bit_length() + 7) // 8)
+
+
+def _rlp_list(*parts: RlpExtent) -> RlpExtent:
+    payload = sum(p.size for p in parts)
+    return RlpExtent(_header(payload) + payload, 1 + sum(p.items for p in parts),
+                     1 + max((p.depth for p in parts), default=0))
+
+
+def _repeated(part: RlpExtent, count: int) -> RlpExtent:
+    """`count` items of one kind side by side, inside a list."""
+    return RlpExtent(part.size * count, part.items * count, part.depth if count else 0)
+
+
+_TYPE = _integer(max(MessageType))
+_U64 = _integer(MAX_UINT64)
+_HASH = _string(HASH_SIZE)
+_SIGNATURE = _string(SIGNATURE_SIZE)
+_BLOCK = RlpExtent(0, 1, 0)  # its size is the transport's frame cap's business
+_WIDEST_BODY = 6  # a VIEW-CHANGE's fields
+
+
+def _signed(body: RlpExtent) -> RlpExtent:
+    return _rlp_list(_TYPE, body, _SIGNATURE)
+
+
+def _wire(body: RlpExtent, blocks: int = 0) -> RlpExtent:
+    return _rlp_list(_TYPE, body, _SIGNATURE, _rlp_list(_repeated(_BLOCK, blocks)))
+
+
+@cache
+def _largest_wire_messages(replicas: int, log_size: int) -> dict[MessageType, RlpExtent]:
+    """Each kind's largest wire message: every integer at its largest; a VIEW-CHANGE with C
+    of N checkpoints, P of L prepared certificates (a PRE-PREPARE and N-1 PREPAREs each) and
+    Q of PRE_PREPARED_PER_SEQ_NO x L entries; a NEW-VIEW with N VIEW-CHANGEs (N-f are
+    needed) and L PRE-PREPAREs."""
+    replica = _integer(replicas - 1)
+    phase = _rlp_list(_U64, _U64, _HASH, replica)
+    checkpoint = _rlp_list(_U64, _HASH, _HASH, replica)
+    prepared_proof = _rlp_list(_signed(phase), _rlp_list(_repeated(_signed(phase), replicas - 1)))
+    view_change = _rlp_list(
+        _U64, _U64,
+        _rlp_list(_repeated(_signed(checkpoint), replicas)),
+        _rlp_list(_repeated(prepared_proof, log_size)),
+        _rlp_list(_repeated(_rlp_list(_U64, _HASH, _U64), PRE_PREPARED_PER_SEQ_NO * log_size)),
+        replica,
+    )
+    new_view = _rlp_list(_U64, _rlp_list(_repeated(_signed(view_change), replicas)),
+                         _rlp_list(_repeated(_signed(phase), log_size)), replica)
+    return {
+        MessageType.PRE_PREPARE: _wire(phase, blocks=1),
+        MessageType.PREPARE: _wire(phase),
+        MessageType.COMMIT: _wire(phase),
+        MessageType.CHECKPOINT: _wire(checkpoint),
+        MessageType.VIEW_CHANGE: _wire(view_change),
+        MessageType.NEW_VIEW: _wire(new_view),
+    }
+
+
+@dataclass(frozen=True)
+class MessageLimits:
+    """What a peer's message of each kind may hold, for N validators and a watermark window
+    of L seqNos: bytes, RLP items and nesting (checked before pyrlp decodes anything), then
+    its entries (checked before any signature is). A PRE-PREPARE carries exactly one block
+    and nothing else does; votes and checkpoints are a few hundred bytes; a VIEW-CHANGE's P
+    and Q sets hold the window above its checkpoint and its C proof at most N checkpoints;
+    a NEW-VIEW holds at most N VIEW-CHANGEs and L PRE-PREPAREs."""
+
+    replicas: int  # N
+    log_size: int  # L
+
+    @classmethod
+    def for_params(cls, params: EngineParams) -> MessageLimits:
+        return cls(params.n, params.log_size)
+
+    @property
+    def max_pre_prepared(self) -> int:
+        """Q entries in a VIEW-CHANGE."""
+        return PRE_PREPARED_PER_SEQ_NO * self.log_size
+
+    def extent(self, kind: MessageType) -> RlpExtent:
+        """The largest wire message of this kind (a PRE-PREPARE's without its block's bytes)."""
+        return _largest_wire_messages(self.replicas, self.log_size)[kind]
+
+    def max_list_items(self, kind: MessageType) -> int:
+        if kind in (MessageType.VIEW_CHANGE, MessageType.NEW_VIEW):
+            return max(_WIDEST_BODY, self.replicas, self.max_pre_prepared)
+        return 4  # [type, body, signature, blocks] and bodies of four fields
+
+    def check_bytes(self, data: bytes) -> None:
+        """Size, items and nesting of a wire message, before it is decoded."""
+        kind = _peek_type(data)
+        extent = self.extent(kind)
+        if kind is not MessageType.PRE_PREPARE and len(data) > extent.size:
+            raise MessageTooLarge(f"{kind.name} of {len(data)} bytes, at most {extent.size}")
+        try:
+            check_rlp_bounds(data, max_depth=extent.depth, max_items=extent.items,
+                             max_list_items=self.max_list_items(kind))
+        except RlpTooManyItems as exc:
+            raise MessageTooLarge(f"{kind.name}: {exc}") from None
+        except RlpTooDeep as exc:
+            raise MessageError(f"{kind.name}: {exc}") from None
+
+    def check_entries(self, body: Body) -> None:
+        """The entries of a decoded VIEW-CHANGE or NEW-VIEW, before any signature is checked."""
+        if isinstance(body, ViewChange):
+            self._check_view_change(body)
+        elif isinstance(body, NewView):
+            if len(body.view_changes) > self.replicas or len(body.pre_prepares) > self.log_size:
+                raise MessageTooLarge("new-view with more than N view-changes or L pre-prepares")
+            for view_change in body.view_changes:
+                self._check_view_change(view_change.body)
+
+    def _check_view_change(self, vc: ViewChange) -> None:
+        if len(vc.checkpoint_proof) > self.replicas or len(vc.qset) > self.max_pre_prepared:
+            raise MessageTooLarge("view-change with more than N checkpoints or too large a Q set")
+        if any(len(proof.prepares) >= self.replicas for proof in vc.pset):
+            raise MessageTooLarge("view-change with a prepared certificate of N prepares")
+        vc.check_sets(self.log_size)
+
+
+def _peek_type(data: bytes) -> MessageType:
+    """The kind of a wire message from its first bytes, so its bounds apply before decoding."""
+    if not data or data[0] < 0xC0:
+        raise MessageError("a message must be an RLP list")
+    header = 1 if data[0] < 0xF8 else 1 + data[0] - 0xF7
+    try:
+        return MessageType(data[header])
+    except (IndexError, ValueError):
+        raise MessageError("unknown message type") from None
+
+
 @dataclass(frozen=True)
 class Signed(Generic[B_co]):
     """A message body and the signature of its sender over `signing_hash(body, chain_id)`."""
@@ -303,13 +508,18 @@ def decode_signed(item: object, expected: type[Any] | None = None) -> Signed[Any
     return Signed(body_type.from_fields(fields), _fixed(signature, SIGNATURE_SIZE))
 
 
-def _rlp_decode(data: bytes) -> Any:
+def _rlp_decode(data: bytes, limits: MessageLimits | None = None) -> Any:
+    """pyrlp's decoding of `data`, which must be canonical, once a linear walk bounded it: by
+    what its kind allows (`limits`: a peer's message), or only in depth."""
     if not isinstance(data, bytes):
         raise MessageError("a message must be bytes")
-    try:
-        check_rlp_depth(data, MAX_MESSAGE_DEPTH)
-    except RlpTooDeep as exc:
-        raise MessageError(str(exc)) from None
+    if limits is not None:
+        limits.check_bytes(data)
+    else:
+        try:
+            check_rlp_depth(data, MAX_MESSAGE_DEPTH)
+        except RlpTooDeep as exc:
+            raise MessageError(str(exc)) from None
     try:
         item = rlp.decode(data, strict=True)
     except (rlp.exceptions.RLPException, RecursionError) as exc:
@@ -347,15 +557,21 @@ class WireMessage(Generic[B_co]):
         return rlp.encode([*self.signed.to_rlp(), list(self.blocks)])
 
     @staticmethod
-    def decode(data: bytes) -> WireMessage[Body]:
+    def decode(data: bytes, limits: MessageLimits | None = None) -> WireMessage[Body]:
+        """A wire message; `limits` bound a peer's (None: what this node sent or stored)."""
         try:
-            item = _list(_rlp_decode(data), 4)
+            item = _list(_rlp_decode(data, limits), 4)
             blocks = _list(item[3])
             if not all(isinstance(block, bytes) for block in blocks):
                 raise MessageError("blocks must be byte strings")
-            return WireMessage(decode_signed(item[:3]), tuple(blocks))
+            signed = decode_signed(item[:3])
         except RecursionError:
             raise MessageError("message nested too deeply") from None
+        if len(blocks) != (signed.body.TYPE is MessageType.PRE_PREPARE):
+            raise MessageError("a PRE-PREPARE carries exactly one block, other messages none")
+        if limits is not None:
+            limits.check_entries(signed.body)
+        return WireMessage(signed, tuple(blocks))
 
 
 def wire_as(wire: WireMessage[Body], kind: type[B]) -> WireMessage[B] | None:
@@ -409,15 +625,36 @@ class KeySigner(Signer):
         return _KEYS.ecdsa_sign(message_hash, self._key).to_bytes()
 
 
+# Signatures recovered lately, kept so that what arrives again (a VIEW-CHANGE's proofs, sent
+# for every higher view and echoed in NEW-VIEWs) costs a lookup: room for the N-f largest
+# VIEW-CHANGEs of 16 validators and the default window (about 7,000 signatures) and the
+# votes meanwhile; 5.6 MiB.
+SIGNATURE_CACHE_SIZE = 2**14
+
+
 class KeyVerifier(Verifier):
-    """Public-key recovery with eth-keys (coincurve backend)."""
+    """Public-key recovery with eth-keys (coincurve backend), the last `cache_size` recovered
+    signatures remembered (least recently used dropped first)."""
+
+    def __init__(self, cache_size: int = SIGNATURE_CACHE_SIZE) -> None:
+        self._cache_size = cache_size
+        self._recovered: OrderedDict[tuple[bytes, bytes], bytes] = OrderedDict()
 
     def recover(self, message_hash: bytes, signature: bytes) -> bytes:
+        key = (message_hash, signature)
+        address = self._recovered.get(key)
+        if address is not None:
+            self._recovered.move_to_end(key)
+            return address
         try:
             public_key = _KEYS.Signature(signature).recover_public_key_from_msg_hash(message_hash)
         except (BadSignature, ValidationError) as exc:
             raise SignatureError(f"unrecoverable signature: {exc}") from None
-        return public_key.to_canonical_address()
+        address = public_key.to_canonical_address()
+        self._recovered[key] = address
+        if len(self._recovered) > self._cache_size:
+            self._recovered.popitem(last=False)
+        return address
 
 
 @dataclass(frozen=True)

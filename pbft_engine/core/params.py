@@ -13,6 +13,7 @@ ADDRESS_SIZE = 20
 BLOCK_BUDGET_SHARE = 5  # the block's execution budget is request_timeout / 5
 MAX_DOUBLINGS = 32  # beyond any cap: keeps the shift small
 DEFAULT_MAX_IN_FLIGHT = 2
+FUTURE_BLOCK_BYTES = 64 * 2**20  # four of the transport's largest frames
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,13 @@ class EngineParams:
     def log_size(self) -> int:
         """L: the width of the watermark window, H = h + L."""
         return self.checkpoint_interval * self.log_multiplier
+
+    @property
+    def future_block_bytes(self) -> int:
+        """The block bytes a replica holds for views and seqNos it has not reached (PRE-PREPAREs
+        of a primary ahead of it): room for a correct primary's blocks in flight, not for a
+        flood; beyond it the oldest of the sender holding the most are dropped."""
+        return FUTURE_BLOCK_BYTES
 
     @property
     def block_time_budget_ms(self) -> int:

@@ -31,25 +31,19 @@ class NewViewPlan:
     entries: tuple[tuple[int, bytes], ...]
 
 
-def verify_view_change(auth: Authenticator, signed: Signed[ViewChange]) -> None:
-    """Signature, checkpoint proof C, and every prepared certificate in P; raises MessageError."""
-    auth.verify(signed)
+def verify_view_change(auth: Authenticator, signed: Signed[ViewChange],
+                       log_size: int | None = None) -> None:
+    """The P and Q sets' shape (in the window of `log_size` L above the checkpoint, when
+    given: see `ViewChange.check_sets`) before any signature, then the signature, checkpoint
+    proof C and every prepared certificate in P; raises MessageError."""
     vc = signed.body
     if vc.view == 0:
         raise MessageError("view-change to view 0")
+    vc.check_sets(log_size)
+    auth.verify(signed)
     auth.verify_checkpoint_proof(vc.stable_seq_no, vc.checkpoint_proof)
-    seq_nos = [p.seq_no for p in vc.pset]
-    if seq_nos != sorted(set(seq_nos)) or any(n <= vc.stable_seq_no for n in seq_nos):
-        raise MessageError("view-change P set not sorted, unique and above its checkpoint")
     for proof in vc.pset:
-        if proof.view >= vc.view:
-            raise MessageError("view-change P entry from a view not below the new view")
         auth.verify_prepared_proof(proof)
-    qkeys = [(q.seq_no, q.digest) for q in vc.qset]
-    if qkeys != sorted(set(qkeys)) or any(
-        q.seq_no <= vc.stable_seq_no or q.view >= vc.view for q in vc.qset
-    ):
-        raise MessageError("view-change Q set not sorted, unique, above its checkpoint and view")
 
 
 def plan_new_view(view_changes: Sequence[ViewChange]) -> NewViewPlan:
@@ -100,7 +94,7 @@ def verify_new_view(
     for vc in nv.view_changes:
         if vc.body.view != nv.view:
             raise MessageError("new-view: a view-change for another view")
-        verify_view_change(auth, vc)
+        verify_view_change(auth, vc, params.log_size)
     plan = plan_new_view([vc.body for vc in nv.view_changes])
     issued = tuple((pp.body.seq_no, pp.body.digest) for pp in nv.pre_prepares)
     if issued != plan.entries:
