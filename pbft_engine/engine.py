@@ -404,7 +404,12 @@ class PbftEngine(ConsensusEngine):
             if executed.hash != action.digest:
                 self._alarm(Alarm("commit", f"block {action.seq_no} is not the certified one"))
                 return
-            await self.context.commit_block(executed)
+            try:
+                await self.context.commit_block(executed)
+            except BlockValidationError as exc:  # the chain moved under the lock: not ours
+                self.log.error("block %d not committed: %s", action.seq_no, exc)
+                self._step(CommitRefused(action.seq_no, action.digest))
+                return
         self.metrics.block_committed(action.seq_no)
         self.log.debug("committed block %d 0x%s in view %d", action.seq_no,
                       executed.hash.hex()[:12], self.replica.view if self.replica else -1)

@@ -19,11 +19,16 @@ from typing import Any
 import rlp
 
 from encoding import EncodingError
-from encoding.rlp import RlpTooDeep, check_rlp_depth, decode_uint
+from encoding.rlp import RlpTooDeep, RlpTooManyItems, check_rlp_bounds, decode_uint
 from pbft_engine.errors import MessageError
 
 MAX_BLOCKS_PER_REQUEST = 32
 MAX_SYNC_DEPTH = 4  # BLOCKS: [kind, id, [[block, certificate], ...]]
+# Items a message may hold, walked before pyrlp decodes anything (its decoder is quadratic in
+# a list's length): BLOCKS, the largest, holds 3 per block and 4 around them; blocks,
+# certificates and NEW-VIEWs travel as byte strings, one item each.
+MAX_SYNC_ITEMS = 4 + 3 * MAX_BLOCKS_PER_REQUEST
+MAX_SYNC_LIST_ITEMS = MAX_BLOCKS_PER_REQUEST
 
 
 class SyncKind(IntEnum):
@@ -105,9 +110,10 @@ def encode_sync(message: SyncMessage) -> bytes:
 def decode_sync(data: bytes) -> SyncMessage:
     """A block-sync message; MessageError for anything malformed."""
     try:
-        check_rlp_depth(data, MAX_SYNC_DEPTH)
+        check_rlp_bounds(data, max_depth=MAX_SYNC_DEPTH, max_items=MAX_SYNC_ITEMS,
+                         max_list_items=MAX_SYNC_LIST_ITEMS)
         item = rlp.decode(data, strict=True)
-    except RlpTooDeep as exc:
+    except (RlpTooDeep, RlpTooManyItems) as exc:
         raise MessageError(f"block sync: {exc}") from None
     except (rlp.exceptions.RLPException, RecursionError) as exc:
         raise MessageError(f"block sync: not RLP ({type(exc).__name__})") from None

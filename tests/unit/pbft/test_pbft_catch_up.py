@@ -273,3 +273,20 @@ def test_a_body_is_asked_of_every_peer_and_a_false_server_last() -> None:
     peers.sent.clear()
     sync.want_block(3, digest)
     assert {p for p, _ in peers.sent} == {b"b" * 20, b"c" * 20}
+
+
+def test_a_sync_message_with_more_items_than_its_kind_allows_is_refused_unread() -> None:
+    """A 16 MiB frame of one-byte items (pyrlp's decoder is quadratic in a list's length:
+    this took minutes on the loop) is refused after the items a BLOCKS answer may hold."""
+    import time
+
+    payload = b"\x01" * (16 * 1024 * 1024 - 8)
+    length = len(payload).to_bytes(3, "big")
+    flat = bytes([0xF7 + len(length)]) + length + payload  # a list of one-byte items
+    started = time.perf_counter()
+    with pytest.raises(MessageError, match="items"):
+        decode_sync(flat)
+    assert time.perf_counter() - started < 0.05
+    full = Blocks(1, tuple((b"block %d" % i, b"certificate") for i in range(
+        MAX_BLOCKS_PER_REQUEST)))
+    assert decode_sync(encode_sync(full)) == full
