@@ -1269,7 +1269,7 @@ class Replica:
             self._check_view_change_quorum()  # a duplicate re-arms; it never re-sends
             return
         try:
-            verify_view_change(self.auth, signed)
+            verify_view_change(self.auth, signed, self.params.log_size)
         except MessageError as exc:
             self._drop(f"view-change: {type(exc).__name__}")
             return
