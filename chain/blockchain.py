@@ -94,6 +94,7 @@ def block_hash_of(data: bytes) -> bytes | None:
 # An encoded block: [header, transactions, uncles, withdrawals]; the header's fields that
 # commit to the body.
 UNCLES_HASH_FIELD, TRANSACTIONS_ROOT_FIELD, WITHDRAWALS_ROOT_FIELD = 1, 4, 16
+LIST_PREFIX = b"\xc0"  # an RLP list's encoding starts at or above it; a typed one below 0x80
 
 
 def check_body_matches_header(data: bytes) -> None:
@@ -116,6 +117,10 @@ def check_body_matches_header(data: bytes) -> None:
         )
     except (rlp.DecodingError, ValueError) as exc:
         raise FalseBodyError(f"undecodable block: {exc}") from None
+    if any(isinstance(tx, bytes) and tx[:1] >= LIST_PREFIX for tx in transactions):
+        # A legacy transaction is a list; the same bytes sent as a string are the same trie
+        # leaf, so they pass the root and fail to decode: a copy anyone could have made.
+        raise FalseBodyError("a transaction's list sent as a string")
     if len(header) <= WITHDRAWALS_ROOT_FIELD:
         raise BlockValidationError(f"a header of {len(header)} fields")
     if body != (header[UNCLES_HASH_FIELD], header[TRANSACTIONS_ROOT_FIELD],

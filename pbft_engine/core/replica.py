@@ -410,7 +410,16 @@ class Replica:
         self._out.append(Broadcast(data) if to is None else SendTo(to, data))
 
     def _in_window(self, seq_no: int) -> bool:
-        return self.low_watermark < seq_no <= self.high_watermark
+        """Where this replica takes phase messages and votes: above h, and at most L above
+        both h and its stable checkpoint. A VIEW-CHANGE reports everything prepared above
+        its stable checkpoint and the others take at most L of that; a catch-up to a head
+        that is no stable checkpoint here moves h past the stable checkpoint, and voting
+        beyond it then would make this replica's next VIEW-CHANGE one nobody accepts (with
+        f silent validators, no NEW-VIEW ever formed: found by an attacker's review)."""
+        return self.low_watermark < seq_no <= self._vote_limit()
+
+    def _vote_limit(self) -> int:
+        return min(self.high_watermark, self.stable_checkpoint + self.params.log_size)
 
     def _persist_meta(self) -> None:
         amnesia = self.amnesia or SigningBound()
@@ -606,7 +615,7 @@ class Replica:
         waiting = len(self.requests) - self._in_flight_requests()
         if not (self.block_due or waiting > 0):
             return  # nothing waits that the blocks in flight do not hold
-        if top + 1 > self.high_watermark:
+        if top + 1 > self._vote_limit():
             self._drop("primary at the high watermark")
             return
         if not self._may_vote(self.view, top + 1):
@@ -762,8 +771,8 @@ class Replica:
         body = wire.signed.body
         key = (body.replica, body.TYPE, body.seq_no)
         held = self.future.get(key)
-        if held is not None and held.signed.body.view > body.view:
-            return
+        if held is not None and held.signed.body.view >= body.view:
+            return  # the first copy stays: a relay sent after it must not replace its block
         self.future.pop(key, None)
         self.future[key] = wire  # the newest
         if not wire.blocks:
