@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,7 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from chain.p2p import Transport
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
 from pbft_engine.messages import verify_commit_certificate
-from testkit.nodes import RunningNode, make_testnet, wait_for
+from testkit import byzantine
+from testkit.nodes import RunningNode, copy_testnet, make_testnet, wait_for
 
 GWEI = 10**9
 RECEIPT_DEADLINE = 60.0
@@ -34,12 +37,25 @@ class Cluster:
 
     @classmethod
     def create(cls, directory: Path, validators: int = 4, *pbft_flags: str) -> Cluster:
-        description = make_testnet(directory, validators, *pbft_flags)
+        return cls.describe(directory, make_testnet(directory, validators, *pbft_flags))
+
+    @classmethod
+    def copy(cls, template: Path, directory: Path) -> Cluster:
+        """A fresh copy of the never-started testnet in `template`, on free ports."""
+        return cls.describe(directory, copy_testnet(template, directory))
+
+    @classmethod
+    def describe(cls, directory: Path, description: dict[str, Any]) -> Cluster:
         nodes = [
             RunningNode(description, node, directory / f"node{node['index']}.log")
             for node in description["nodes"]
         ]
         return cls(directory, description, nodes)
+
+    def make_byzantine(self, index: int, behaviour: str, *options: str) -> None:
+        """Node `index` runs from now on as `python -m testkit.byzantine --behaviour ...`."""
+        node = self.nodes[index]
+        node.argv = byzantine.command(node.node["command"], behaviour, *options)
 
     @property
     def running(self) -> list[RunningNode]:
@@ -67,6 +83,25 @@ class Cluster:
                 node.process.send_signal(signal.SIGCONT)
             codes.append(node.stop())
         return codes
+
+    def terminate(self, grace: float = 10) -> None:
+        """SIGTERM to every running node at once, SIGKILL to those still up after `grace`
+        seconds in all (a node whose event loop is stuck cannot handle SIGTERM)."""
+        running = [n for n in self.running if n.process is not None]
+        for node in running:
+            assert node.process is not None
+            if node.process.poll() is None:
+                node.process.send_signal(signal.SIGCONT)
+                node.process.send_signal(signal.SIGTERM)
+        end = time.monotonic() + grace
+        for node in running:
+            assert node.process is not None
+            try:
+                node.process.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                node.process.kill()
+                node.process.wait()
+            node.process = None
 
     def status(self, index: int) -> dict[str, Any]:
         return rpc(self.nodes[index], "pbft_status")
