@@ -340,8 +340,9 @@ class PbftEngine(ConsensusEngine):
                           refusal.value, exc)
         except BlockValidationError as exc:
             refusal = Refusal.INVALID
-            self.log.warning("block %d 0x%s from primary %d refused: %s", action.seq_no,
-                             action.digest.hex()[:12], self._primary(), exc)
+            self.log.warning("block %d 0x%s proposed by validator 0x%s refused: %s",
+                             action.seq_no, action.digest.hex()[:12],
+                             self.engine_params.validators[action.proposer].hex(), exc)
         except _LOCAL_FAILURES:
             raise
         except Exception:
@@ -436,9 +437,6 @@ class PbftEngine(ConsensusEngine):
             self.log.exception("catch-up to block %d failed", action.target_seq_no)
             outcome = self.sync.failed(action.target_seq_no)
         self._step(outcome)
-
-    def _primary(self) -> int:
-        return self.replica.primary if self.replica is not None else -1
 
     def _coinbase(self) -> bytes:
         assert self.replica is not None

@@ -93,6 +93,7 @@ class ValidateBlock:
     digest: bytes
     block: bytes
     ancestors: tuple[bytes, ...] = ()
+    proposer: int = 0  # the replica whose PRE-PREPARE it is (named in a refusal's log line)
 
 
 @dataclass(frozen=True)

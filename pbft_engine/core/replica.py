@@ -871,7 +871,8 @@ class Replica:
             self._want(seq_no, digest)
             return
         slot.validating, slot.parent = True, chain[0]
-        self._out.append(ValidateBlock(seq_no, digest, block, chain[1]))
+        self._out.append(ValidateBlock(seq_no, digest, block, chain[1],
+                                       slot.pre_prepare.body.replica))
         self._set_timer(TimerKind.VALIDATION, u64(seq_no), self._validation_deadline_ms())
 
     def _validation_deadline_ms(self) -> int:
@@ -896,15 +897,19 @@ class Replica:
         current = slot is not None and slot.validating and slot.digest == event.digest
         for (_, seq_no), other in self.log.certs.items():  # an older view's, if the view moved
             if seq_no == event.seq_no and other.digest == event.digest:
+                if other.validating and other.pre_prepare is not None and (
+                        event.refusal is Refusal.INVALID):
+                    # Against the primary that proposed it, whichever view this replica is in
+                    # now (faster replicas may have taken it to the next view meanwhile).
+                    self._record_evidence(other.pre_prepare, None, "invalid block")
                 other.validating = False
         if current:
             self._out.append(CancelTimer(TimerKind.VALIDATION, u64(event.seq_no)))
         if current and event.refusal is Refusal.INVALID:
             # The body matches the header the primary signed: every correct replica refuses
             # it alike, so the primary is faulty; no timer needs to run out to say so.
-            assert slot is not None and slot.pre_prepare is not None
+            assert slot is not None
             slot.refused = True
-            self._record_evidence(slot.pre_prepare, None, "invalid block")
             self._start_view_change(self.view + 1, "invalid_block")
             return
         if current and not event.ok:

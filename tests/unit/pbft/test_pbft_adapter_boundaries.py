@@ -105,6 +105,7 @@ def validating_adapter(error: Exception) -> tuple[PbftEngine, list[object], list
     engine.context = SimpleNamespace(validate_block=validate_block,
                                      head=lambda: SimpleNamespace(hash=b"head"))
     engine._executed, engine.replica = {}, None
+    engine.engine_params = SimpleNamespace(validators=(b"\x01" * 20,))
     engine.log = SimpleNamespace(info=lambda *a: None, warning=lambda *a: None,
                                  exception=lambda *a: None)
     engine.metrics = SimpleNamespace(block_refused=refused.append)

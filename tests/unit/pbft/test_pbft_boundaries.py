@@ -23,7 +23,7 @@ from pbft_engine.core import (
 )
 from pbft_engine.core.records import u64
 from pbft_engine.core.replica import MAX_PASSED_OVER
-from pbft_engine.messages import Checkpoint, PrePrepare
+from pbft_engine.messages import Checkpoint, PrePrepare, ViewChange
 from tests.unit.pbft.helpers import PARAMS, from_peer
 from tests.unit.pbft.test_pbft_request_timer import WAITING, commit_block, start_replica
 
@@ -44,6 +44,20 @@ def test_a_block_the_primary_got_wrong_changes_the_view_at_once() -> None:
     assert replica.view_change_reasons == {"invalid_block": 1}
     assert len(replica.evidence) == 1 and replica.dropped["invalid block"] == 1
     assert not any(isinstance(a, FetchBlock | ValidateBlock) for a in actions)
+
+
+def test_a_refusal_that_arrives_after_the_view_moved_still_accuses_its_proposer() -> None:
+    """Faster backups refused the block and took this one to view 1 (f+1 VIEW-CHANGEs)
+    while it still validated: its refusal is evidence against primary 0, not forgotten (the
+    real-process suite saw it in one run in five)."""
+    replica = start_replica()
+    block = b"a block with an undecodable transaction"
+    propose(replica, 1, block)
+    for peer in (0, 1):
+        replica.step(from_peer(ViewChange(1, 0, (), (), (), peer)))
+    assert replica.view == 1
+    replica.step(BlockValidated(1, keccak(block), False, Refusal.INVALID))
+    assert [key[:2] for key in replica.evidence] == [(0).to_bytes(2, "big")]
 
 
 def test_a_false_copy_is_fetched_again_and_blames_no_one() -> None:

@@ -80,6 +80,7 @@ def adapter_refusal(backup: Blockchain, action: ValidateBlock) -> BlockValidated
     engine = PbftEngine.__new__(PbftEngine)
     engine.context = SimpleNamespace(validate_block=validate_block, head=backup.head)
     engine._executed, engine.replica = {}, None
+    engine.engine_params = PARAMS
     engine.log = SimpleNamespace(info=lambda *a: None, warning=lambda *a: None,
                                  exception=lambda *a: None)
     engine.metrics = SimpleNamespace(block_refused=lambda reason: None)
