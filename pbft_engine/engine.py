@@ -395,12 +395,16 @@ class PbftEngine(ConsensusEngine):
             if executed is None:
                 try:
                     executed = await self.context.validate_block(action.block)
-                except BlockValidationError as exc:
-                    # A quorum certified the header, so the body is false (or the chain moved).
+                except FalseBodyError as exc:  # a quorum certified the header: the body is false
                     self.log.warning("the copy of certified block %d is false, fetching "
                                      "another: %s", action.seq_no, exc)
                     self.metrics.block_refused(Refusal.FALSE_COPY.value)
                     self._step(CommitRefused(action.seq_no, action.digest))
+                    return
+                except BlockValidationError as exc:  # its body is the header's: ours failed
+                    self.log.error("certified block %d did not execute here, trying again: "
+                                   "%s", action.seq_no, exc)
+                    self._step(CommitRefused(action.seq_no, action.digest, false_copy=False))
                     return
             if executed.hash != action.digest:
                 self._alarm(Alarm("commit", f"block {action.seq_no} is not the certified one"))

@@ -101,11 +101,13 @@ class CommitRefused:
 
     A quorum certified its digest, the hash of its header, so the body that came with that
     header is false: a fetched copy (bodies travel unsigned) whose transactions are not the
-    ones the header's roots commit to.
+    ones the header's roots commit to. `false_copy` False: the body is the header's and the
+    failure was this node's own (its executor raised): the copy is kept and tried again.
     """
 
     seq_no: int
     digest: bytes
+    false_copy: bool = True
 
 
 @dataclass(frozen=True)

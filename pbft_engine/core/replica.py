@@ -410,15 +410,16 @@ class Replica:
         self._out.append(Broadcast(data) if to is None else SendTo(to, data))
 
     def _in_window(self, seq_no: int) -> bool:
-        """Where this replica takes phase messages and votes: above h, and at most L above
-        both h and its stable checkpoint. A VIEW-CHANGE reports everything prepared above
-        its stable checkpoint and the others take at most L of that; a catch-up to a head
-        that is no stable checkpoint here moves h past the stable checkpoint, and voting
-        beyond it then would make this replica's next VIEW-CHANGE one nobody accepts (with
-        f silent validators, no NEW-VIEW ever formed: found by an attacker's review)."""
-        return self.low_watermark < seq_no <= self._vote_limit()
+        return self.low_watermark < seq_no <= self.high_watermark
 
     def _vote_limit(self) -> int:
+        """The highest seqNo this replica signs a PRE-PREPARE, PREPARE or COMMIT for: L above
+        its stable checkpoint. A VIEW-CHANGE reports what it prepared above its stable
+        checkpoint and the others take at most L of that; a catch-up to a head that is no
+        stable checkpoint here moves h past the stable checkpoint, and voting up to h + L
+        then made its next VIEW-CHANGE one nobody accepted (with f silent validators, no
+        NEW-VIEW ever formed: found by an attacker's review). Above the limit it still takes
+        the others' messages, and commits on their certificates."""
         return min(self.high_watermark, self.stable_checkpoint + self.params.log_size)
 
     def _persist_meta(self) -> None:
@@ -451,6 +452,8 @@ class Replica:
             self._bound_raised = True
 
     def _may_vote(self, view: int, seq_no: int) -> bool:
+        if seq_no > self._vote_limit():
+            return False
         return self.amnesia is None or self.amnesia.may_vote(view, seq_no)
 
     def _may_view_change(self, view: int) -> bool:
@@ -637,8 +640,9 @@ class Replica:
         if self.building != event.seq_no:
             return
         self.building = None
-        if not event.block:
-            return  # the chain it was to go on is gone: proposed again on the new one
+        if not event.block:  # the chain it was to go on is gone, or the build failed
+            self._maybe_propose()  # on the chain as it is now
+            return
         if not event.tx_hashes and not self.block_due:
             if self.arrived_while_building:  # the build missed it: build again, once per arrival
                 self._maybe_propose()
@@ -1042,8 +1046,11 @@ class Replica:
         if self.executing != event.seq_no:
             return
         self.executing = None
-        self._drop("false copy of a certified block")
-        self.log.discard_block(event.seq_no, event.digest)
+        if event.false_copy:
+            self._drop("false copy of a certified block")
+            self.log.discard_block(event.seq_no, event.digest)
+        else:  # the only copy may be this one (a lone validator's): keep it, try again
+            self._drop("certified block not executed here")
         self._advance()
 
     def _after_execution(self) -> None:
@@ -1243,8 +1250,11 @@ class Replica:
         self._persist_meta()
         stable = self.stable_checkpoint
         proof = self.checkpoints.proof(stable) if stable else ()
+        # Q: what it accepted, up to where it may have voted (Q builds no part of O).
+        pre_prepared = tuple(entry for entry in self.log.pre_prepared_above(stable)
+                             if entry.seq_no <= self._vote_limit())
         self._sign(ViewChange(view, stable, proof, self.log.prepared_above(stable),
-                              self.log.pre_prepared_above(stable), self.me))
+                              pre_prepared, self.me))
         self._resend_view_change()
         self._check_view_change_quorum()
 

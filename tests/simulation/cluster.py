@@ -9,6 +9,14 @@ to the core only transactions that are executable at its head, and reports every
 stops being so. The cluster records what honest replicas sign and commit, and when each
 transaction became executable and committed on each node, so safety and liveness can be
 checked after (and during) a run.
+
+The adapter answers as `pbft_engine/engine.py` does (issue 28): a refused validation says
+whose fault it was (`Refusal`), a fetch commits a range of 32 blocks at a time and one that
+fails part-way reports the head it reached, a CommitBlock for a block the chain already holds
+is answered from the chain, and a step writes its store batch, then the signing bound, then
+sends. The world can be hostile (`ExecutorFaults`, `poisoners`, `fetch_failure`,
+`arm_crash`): an executor that raises, loses an answer or stalls, a primary whose blocks do
+not execute, fetches that fail part-way, and crashes between any two writes.
 """
 
 from __future__ import annotations
@@ -16,12 +24,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, assert_never
 
+import rlp
 from eth_hash.auto import keccak
 
 from pbft_engine.core import (
@@ -44,6 +53,7 @@ from pbft_engine.core import (
     MessageReceived,
     PeerCommitted,
     Ready,
+    Refusal,
     RelayRequests,
     Replica,
     RequestDropped,
@@ -59,12 +69,15 @@ from pbft_engine.core.records import META_NEW_VIEW, StoreName
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import MessageError
 from pbft_engine.messages import (
+    Body,
     KeySigner,
     KeyVerifier,
     NewView,
+    Signed,
     Verifier,
     WireMessage,
     decode_commit_certificate,
+    decode_signed,
     decode_signed_bytes,
     encode_commit_certificate,
     verify_commit_certificate,
@@ -86,15 +99,35 @@ from tests.simulation.ledger import (
 )
 
 __all__ = [
-    "CHAIN_ID", "GENESIS_HASH", "GENESIS_ROOT", "MAX_TXS_PER_BLOCK", "ChainBlock", "Cluster",
-    "Execution", "FeeMarket", "NetworkFaults", "Node", "SafetyViolation", "SimChain", "Tx",
-    "block_digest", "block_txs", "make_block",
+    "CHAIN_ID", "CRASH_POINTS", "GENESIS_HASH", "GENESIS_ROOT", "MAX_TXS_PER_BLOCK",
+    "ChainBlock", "Cluster", "Execution", "ExecutorFaults", "FeeMarket", "NetworkFaults", "Node",
+    "PoisonKept", "RestartAmnesia", "SafetyViolation", "SimChain", "Tx", "block_digest",
+    "block_txs", "make_block",
 ]
 
 CHAIN_ID = 1337
 MAX_TXS_PER_BLOCK = 8  # the default cap for the unit tests' cluster (scenarios lift it)
 FETCH_OVERHEAD_MS = 5
 BYZANTINE_FETCH_MS = 2_000  # how long a lying catch-up source may hold a fetch
+BLOCKS_PER_RANGE = 32  # pbft_engine.sync.MAX_BLOCKS_PER_REQUEST: a fetch commits a range at once
+MAX_EXECUTED = 64  # pbft_engine.engine.MAX_EXECUTED: executed blocks the adapter keeps
+# The adapter's write order in a step (pbft_engine/engine.py `_persist`): the store batch, then
+# the validator state file. False is the order before issue 28 (the file first), kept so a test
+# can show that a crash between the two writes then restarts an amnesic replica.
+STORE_FIRST = True
+# Where a crash can fall (`Cluster.arm_crash`): before a step's store batch ("step": the event
+# is lost), between the store batch and the signing bound ("bound"), between two actions of a
+# step ("send": some messages out, some not, timers unset), after a block's chain commit before
+# the core hears of it ("chain": the store still says the block was not executed), and after a
+# fetched range is committed, before the next ("range").
+CRASH_POINTS = ("step", "bound", "send", "chain", "range")
+
+
+def signed_part(data: bytes) -> Signed[Body]:
+    """The signed message in a wire message this simulation sent, however many blocks it
+    carries (a PRE-PREPARE resent without the block it no longer holds is no valid wire
+    message since the decoder wants exactly one)."""
+    return decode_signed(rlp.decode(data)[:3])
 
 
 class CachingVerifier(Verifier):
@@ -136,6 +169,33 @@ class Execution:
         return max(1, math.floor(budget_ms * 1000 / (self.cost_us_per_tx * self.of(index))))
 
 
+@dataclass(frozen=True)
+class ExecutorFaults:
+    """How one node's block executor fails (its machine, not its code), per job:
+
+    raises  the job raises something the adapter does not expect; its catch-all answers: a
+            validation `Refusal.UNAVAILABLE`, a build with no block, a fetch `FetchFailed`
+            with the head it reached; a commit's re-execution (of a block not executed here
+            since the restart) `CommitRefused` (chain.validate_encoded makes every error a
+            BlockValidationError), and a commit's write stops the node (a StorageFailure:
+            it restarts after `restart_ms`). Only the job kinds in `raises_in`.
+    lose    a validation's answer never reaches the core (the task died after the executor
+            ran the job: the executor is free again, so later jobs run; a thread that never
+            returns would stop every later job too, and that node is simply dead).
+    stall   the job holds the executor stall_ms longer (swapping, a disk stall, a GC pause):
+            every job behind it waits, and its answer comes late (after the deadline, if the
+            stall is long enough), so the hang is bounded, as a real one is unless the node
+            is dead.
+    """
+
+    raises: float = 0.0
+    lose: float = 0.0
+    stall: float = 0.0
+    stall_ms: tuple[int, int] = (0, 0)
+    raises_in: frozenset[str] = frozenset(("build", "validate", "commit", "fetch"))
+    restart_ms: int = 500
+
+
 @dataclass
 class Node:
     index: int
@@ -148,12 +208,17 @@ class Node:
     epoch: int = 0  # bumped on crash: events scheduled for an older epoch are void
     timers: dict[tuple[TimerKind, bytes], int] = field(default_factory=dict)
     alarms: list[Alarm] = field(default_factory=list)
-    jobs: deque[Callable[[], tuple[int, Callable[[], None]]]] = field(default_factory=deque)
+    jobs: deque[_Queued] = field(default_factory=deque)
     busy: bool = False  # the executor runs a job
     ready: dict[bytes, dict[bytes, None]] = field(default_factory=dict)  # reported, by sender
     last_view: int = 0
     last_progress: int = -1  # last_executed at the previous status poll
     view_changes: int = 0  # times this node's view went up (across restarts)
+    amnesic: bool = False  # its records were lost (wiped), or it followed when it crashed
+    # Blocks executed here since the start and not committed (the adapter's `_executed`, by
+    # digest, with their parent): a commit of one of them on that parent executes nothing.
+    executed: dict[bytes, bytes] = field(default_factory=dict)
+    restarts: int = 0  # restarts after a crash at a write point (`Cluster.arm_crash`)
 
     @property
     def up(self) -> bool:
@@ -194,6 +259,33 @@ class _Status:
 
 
 @dataclass(frozen=True)
+class _Call:
+    """Something the world does at a time, whatever the state of the nodes."""
+
+    action: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """A job in a node's executor queue, with the kind of block work it is."""
+
+    kind: str  # "build", "validate", "commit" or "fetch"
+    start: Job
+    action: BuildBlock | ValidateBlock | CommitBlock | FetchCommitted | None = None
+
+
+@dataclass
+class _CrashPlan:
+    point: str  # one of CRASH_POINTS
+    countdown: int  # crash at the countdown-th time this node reaches that point
+    restart_after_ms: int
+
+
+class _Crashed(Exception):  # noqa: N818 (an event of the world, not an error)
+    """The node crashed at a write point: the rest of its step never happens."""
+
+
+@dataclass(frozen=True)
 class _BlockAsk:
     """Ask one peer for a block body the replica wants (`FetchBlock`), then again later."""
 
@@ -207,6 +299,15 @@ Job = Callable[[], tuple[int, Callable[[], None]]]  # start: (duration, what hap
 
 class SafetyViolation(AssertionError):
     pass
+
+
+class RestartAmnesia(AssertionError):
+    """A replica that lost no records restarted as if it had (it would follow, not vote)."""
+
+
+class PoisonKept(AssertionError):
+    """A correct replica validated a block that breaks the rules, in its view, and stayed in
+    that view: its primary should be replaced at once, not after a timer."""
 
 
 class Cluster:
@@ -268,6 +369,23 @@ class Cluster:
         self.ready_at: dict[bytes, dict[int, int]] = {}
         self.commit_at: dict[bytes, dict[int, int]] = {}
         self.reported: set[bytes] = set()
+        # The hostile world (none by default): per node, how its executor fails; the
+        # byzantine primaries whose blocks do not execute (node -> (how, chance per block));
+        # the chance that a fetched range fails outright (every peer timed out); the chance
+        # that block sync takes the chain lock before a CommitBlock queued ahead of it; the
+        # crashes armed at write points.
+        self.executor_faults: dict[int, ExecutorFaults] = {}
+        self.poisoners: dict[int, tuple[str, float]] = {}
+        self.poisoned: dict[bytes, str] = {}  # digests of the poisoners' blocks: how
+        self.fetch_failure = 0.0
+        # Blocks a peer serves per range request: 32, or fewer when blocks are large (block
+        # sync's server stops at MAX_RESPONSE_BYTES), so a fetch takes more ranges.
+        self.range_blocks = BLOCKS_PER_RANGE
+        self.lock_race = 0.0
+        self.seen: Counter[str] = Counter()  # the hostile world's events that happened
+        self.crash_plans: dict[int, _CrashPlan] = {}
+        self.write_crashes: list[tuple[int, int, str]] = []  # (time, node, point): what fell
+        self._in_event = False  # crashes fall only inside an event (not in the test's code)
         for node in self.nodes:
             self.restart(node.index)
 
@@ -277,6 +395,11 @@ class Cluster:
         self._sequence += 1
         heapq.heappush(self._queue, (self.now + delay, self._sequence, node.index, node.epoch,
                                      item))
+
+    def at(self, delay: int, action: Callable[[], None]) -> None:
+        """Do `action` after delay ms, whatever the nodes' state (a crash, a restart)."""
+        self._sequence += 1
+        heapq.heappush(self._queue, (self.now + delay, self._sequence, -1, 0, _Call(action)))
 
     def run_until(self, done: Callable[[], bool], limit_ms: int) -> bool:
         deadline = self.now + limit_ms
@@ -293,6 +416,18 @@ class Cluster:
     def _pop(self) -> None:
         when, _, index, epoch, item = heapq.heappop(self._queue)
         self.now = max(self.now, when)
+        self._in_event = True
+        try:
+            self._dispatch(index, epoch, when, item)
+        except _Crashed:
+            pass  # the node crashed at a write point: the rest of the event never happened
+        finally:
+            self._in_event = False
+
+    def _dispatch(self, index: int, epoch: int, when: int, item: Any) -> None:
+        if isinstance(item, _Call):
+            item.action()
+            return
         node = self.nodes[index]
         if not node.up or node.epoch != epoch:
             return
@@ -304,7 +439,8 @@ class Cluster:
             self.feed(index, TimerFired(kind, key))
         elif isinstance(item, _JobDone):
             item.finish()
-            self._start_next_job(node)
+            if node.up:
+                self._start_next_job(node)
         elif isinstance(item, _Arrival):
             self._gossip(index, item.tx)
         elif isinstance(item, _Evict):
@@ -331,11 +467,24 @@ class Cluster:
     # --- the adapter side ---------------------------------------------------------------
 
     def perform(self, node: Node, ready: Ready) -> None:
+        """The step's store batch, then its signing bound, then its actions in order (the
+        adapter's `_persist` and `_perform`); a crash may fall between any two of them."""
         if ready.persist is not None:  # before anything of the step is sent
-            if ready.persist.signing_bound is not None:
-                node.signing_bound = ready.persist.signing_bound
-            node.store.apply(ready.persist.ops)
-        for action in ready.actions:
+            persist = ready.persist
+            self._write_point(node, "step")
+            if STORE_FIRST:
+                node.store.apply(persist.ops)
+                if persist.signing_bound is not None:
+                    self._write_point(node, "bound")
+                    node.signing_bound = persist.signing_bound
+            else:
+                if persist.signing_bound is not None:
+                    node.signing_bound = persist.signing_bound
+                    self._write_point(node, "bound")
+                node.store.apply(persist.ops)
+        for position, action in enumerate(ready.actions):
+            if position:
+                self._write_point(node, "send")
             match action:
                 case Broadcast():
                     self._send(node, None, action.data)
@@ -360,19 +509,27 @@ class Cluster:
     def _block_action(self, node: Node,
                       action: BuildBlock | ValidateBlock | CommitBlock | FetchCommitted) -> None:
         """Block work goes to the node's one executor, in order."""
-        job: Job
+        queued: _Queued
         match action:
             case BuildBlock():
-                job = partial(self._build, node, action)
+                queued = _Queued("build", partial(self._build, node, action), action)
             case ValidateBlock():
-                job = partial(self._validate, node, action)
+                queued = _Queued("validate", partial(self._validate, node, action), action)
             case CommitBlock():
-                job = partial(self._commit, node, action)
+                queued = _Queued("commit", partial(self._commit, node, action), action)
             case FetchCommitted():
-                job = partial(self._fetch, node, action.target_seq_no)
+                queued = _Queued("fetch", partial(self._fetch, node, action.target_seq_no),
+                                 action)
             case _:
                 assert_never(action)
-        node.jobs.append(job)
+        if (queued.kind == "fetch" and self.lock_race
+                and self.rng.random() < self.lock_race):
+            # Block sync runs beside the commit task and takes the chain lock first: a
+            # CommitBlock waiting for the executor finds its block in the chain.
+            commits = [i for i, q in enumerate(node.jobs) if q.kind == "commit"]
+            node.jobs.insert(commits[0] if commits else len(node.jobs), queued)
+        else:
+            node.jobs.append(queued)
         if not node.busy:
             self._start_next_job(node)
 
@@ -383,8 +540,64 @@ class Cluster:
             node.busy = False
             return
         node.busy = True
-        duration, finish = node.jobs.popleft()()
+        queued = node.jobs.popleft()
+        duration, finish = queued.start()
+        faults = self.executor_faults.get(node.index)
+        if faults is not None and queued.kind != "fetch":  # (a fetch fails range by range)
+            duration, finish = self._executor_fault(node, faults, queued, duration, finish)
         self._schedule(duration, node, _JobDone(finish))
+
+    def _executor_fault(self, node: Node, faults: ExecutorFaults, queued: _Queued,
+                        duration: int, finish: Callable[[], None]
+                        ) -> tuple[int, Callable[[], None]]:
+        """A job of a faulty executor: stalled, raising (the adapter's catch-all answers), or
+        a validation whose answer is lost."""
+        if faults.stall and self.rng.random() < faults.stall:
+            duration += self.rng.randint(*faults.stall_ms)
+            self.seen["stall"] += 1
+        action = queued.action
+        if (queued.kind in faults.raises_in and faults.raises
+                and self.rng.random() < faults.raises):
+            failed: Event
+            match action:
+                case BuildBlock():
+                    failed = BlockBuilt(action.seq_no, b"", b"", ())
+                case ValidateBlock():
+                    failed = BlockValidated(action.seq_no, action.digest, False,
+                                            Refusal.UNAVAILABLE)
+                case CommitBlock() if self._executed_on_head(node, action):
+                    # Nothing to execute: the write failed, and the node stops.
+                    return duration, partial(self._fail_stop, node, faults.restart_ms)
+                case CommitBlock():  # its body is the header's: the copy is kept, tried again
+                    failed = CommitRefused(action.seq_no, action.digest, false_copy=False)
+                case _:
+                    return duration, finish
+            self.seen[f"{queued.kind} raised"] += 1
+            return self.rng.randint(1, duration), partial(self.feed, node.index, failed)
+        if (isinstance(action, ValidateBlock) and faults.lose
+                and self.rng.random() < faults.lose):
+            self.seen["validation answer lost"] += 1
+            return duration, lambda: None
+        return duration, finish
+
+    def _fail_stop(self, node: Node, restart_ms: int) -> None:
+        """A database write failed: the node stops, and its supervisor starts it again."""
+        self.seen["commit write failed"] += 1
+        self.crash(node.index)
+        epoch = node.epoch
+        self.at(restart_ms, lambda: self._restart_crashed(node.index, epoch))
+        raise _Crashed
+
+    @staticmethod
+    def _executed_on_head(node: Node, action: CommitBlock) -> bool:
+        return node.executed.get(action.digest) == node.chain.head.block_hash
+
+    def _executed_here(self, node: Node, digest: bytes, block: bytes) -> None:
+        decoded = decode_block(block)
+        if decoded is not None:
+            node.executed[digest] = decoded[1]
+            while len(node.executed) > MAX_EXECUTED:
+                del node.executed[next(iter(node.executed))]
 
     def _build(self, node: Node, action: BuildBlock) -> tuple[int, Callable[[], None]]:
         limits = [self.max_txs_per_block,
@@ -396,27 +609,86 @@ class Cluster:
             return FETCH_OVERHEAD_MS, lambda: self.feed(node.index, failed)
         txs = node.pool.select(tip, max_count, skip=self.censors.get(node.index))
         hashes = tuple(tx.hash for tx in txs)
-        block = make_block(action.seq_no, action.parent_hash, hashes,
-                           bytes(self.block_padding))
+        parent = action.parent_hash
+        poison = self.poisoners.get(node.index)
+        if poison is not None and self.rng.random() < poison[1]:
+            if poison[0] == "parent":  # a header of its own naming a parent that is not
+                parent = keccak(b"poisoned parent %d" % action.seq_no)
+            else:  # a body that matches its header and does not execute (an undecodable tx)
+                hashes = (*hashes, keccak(b"poisoned transaction %d" % action.seq_no))
+        block = make_block(action.seq_no, parent, hashes, bytes(self.block_padding))
         digest = block_digest(block)
         assert digest is not None
+        if parent != action.parent_hash or len(hashes) > len(txs):
+            self.poisoned[digest] = "parent" if parent != action.parent_hash else "body"
+            self.seen[f"poisoned {self.poisoned[digest]}"] += 1
         built = BlockBuilt(action.seq_no, digest, block, hashes)
-        return (self.execution.block_ms(node.index, len(txs)),
-                lambda: self.feed(node.index, built))
+
+        def finish() -> None:
+            self._executed_here(node, digest, block)
+            self.feed(node.index, built)
+
+        return self.execution.block_ms(node.index, len(txs)), finish
 
     def _validate(self, node: Node, action: ValidateBlock) -> tuple[int, Callable[[], None]]:
         decoded = decode_block(action.block)
         size = len(decoded[2]) if decoded is not None else 0
 
         def finish() -> None:
+            refusal = self._refusal(node, action)
+            if refusal is not None:
+                self.seen[f"refused {refusal.value}"] += 1
+            if refusal is None:
+                self._executed_here(node, action.digest, action.block)
+            replica = node.replica
+            assert replica is not None
+            slot = replica.log.certs.get((replica.view, action.seq_no))
+            current = slot is not None and slot.validating and slot.digest == action.digest
+            view = replica.view
             tip = node.chain.extended(action.ancestors)
-            ok = tip is not None and tip.valid(action.seq_no, action.digest, action.block)
-            self.feed(node.index, BlockValidated(action.seq_no, action.digest, ok))
+            extends = (tip is not None and decoded is not None
+                       and decoded[1] == tip.head.block_hash)  # (else the chain moved)
+            self.feed(node.index, BlockValidated(action.seq_no, action.digest, refusal is None,
+                                                 refusal))
+            if (current and extends and self.poisoned.get(action.digest) == "body"
+                    and node.index not in self.byzantine and node.replica is not None
+                    and node.replica.view <= view):
+                raise PoisonKept(f"replica {node.index} validated the invalid block "
+                                 f"{action.seq_no} of view {view} and stayed in that view")
 
         return self.execution.block_ms(node.index, size), finish
 
+    @staticmethod
+    def _refusal(node: Node, action: ValidateBlock) -> Refusal | None:
+        """Whose fault a block that does not validate here is, as the adapter tells it
+        (`PbftEngine._validate`): a copy whose body is not its header's, or that is not the
+        block it claims to be, is FALSE_COPY (fetched again); ancestors that no longer
+        execute, or a block that does not extend them, say nothing about the proposer
+        (UNAVAILABLE, a StaleParentError); a block whose body matches its header and does not
+        execute is the proposer's fault (INVALID)."""
+        decoded = decode_block(action.block)
+        if block_digest(action.block) != action.digest or decoded is None:
+            return Refusal.FALSE_COPY
+        tip = node.chain.extended(action.ancestors)
+        if tip is None:
+            return Refusal.UNAVAILABLE  # an ancestor validated before fails: the chain moved
+        number, parent, txs = decoded
+        if parent != tip.head.block_hash:
+            return Refusal.UNAVAILABLE
+        if number != tip.head.seq_no + 1 or tip.executes(txs) is None:
+            return Refusal.INVALID  # (py-evm checks the number against the parent's)
+        return None
+
     def _commit(self, node: Node, action: CommitBlock) -> tuple[int, Callable[[], None]]:
         def finish() -> None:
+            if len(node.chain.blocks) >= action.seq_no:
+                # A catch-up imported it meanwhile: the chain says what was committed (the
+                # core compares the hash with the certified one: a mismatch is an alarm).
+                self.seen["commit answered from the chain"] += 1
+                entry = node.chain.blocks[action.seq_no - 1]
+                self.feed(node.index, BlockCommitted(action.seq_no, entry.block_hash,
+                                                     entry.state_root, block_txs(entry.block)))
+                return
             if block_digest(action.block) == action.digest and decode_block(action.block) is None:
                 # a lying peer's body under the certified header: the adapter refuses it
                 self.feed(node.index, CommitRefused(action.seq_no, action.digest))
@@ -428,33 +700,64 @@ class Cluster:
                 action.certificate, validators=self.params.validators, chain_id=CHAIN_ID,
                 block_number=action.seq_no, block_hash=action.digest, verifier=self.verifier)
             entry = self._import(node, action.block, action.certificate)
+            self._write_point(node, "chain")
             self.feed(node.index, BlockCommitted(action.seq_no, entry.block_hash,
                                                  entry.state_root, block_txs(action.block)))
             self._refresh(node)  # after the commit: first BlockCommitted, then the deltas
 
-        size = len(block_txs(action.block))
-        return self.execution.block_ms(node.index, size, self.execution.commit_share), finish
+        # Executed here on this head (validated, or built): only the import; else the
+        # adapter executes it first (a block certified before this replica validated it).
+        size = len(block_txs(action.block)) if decode_block(action.block) is not None else 0
+        share = self.execution.commit_share if self._executed_on_head(node, action) else 1.0
+        return self.execution.block_ms(node.index, size, share), finish
 
-    def _fetch(self, node: Node, target: int) -> tuple[int, Callable[[], None]]:
-        """Catch-up from any peer that has the target: every certificate is verified, every
-        block executed (so it takes as long as executing them). A byzantine source serves
-        wrong blocks or partial certificates, slowly: nothing verifies, and the fetch fails
-        after the sync's request timeout."""
-        sources = [p for p in self.nodes if p is not node and p.up
-                   and len(p.chain.blocks) >= target]
-        if not sources or target <= len(node.chain.blocks):
-            return FETCH_OVERHEAD_MS, lambda: self.feed(node.index, FetchFailed(target))
-        source = sources[self.rng.randrange(len(sources))]
-        if source.index in self.byzantine:
-            return (self.rng.randint(FETCH_OVERHEAD_MS, BYZANTINE_FETCH_MS),
-                    lambda: self.feed(node.index, self._forged_range(node, source, target)))
-        entries = source.chain.blocks[len(node.chain.blocks):target]
+    def _fetch(self, node: Node, target: int, imported: tuple[bytes, ...] = ()
+               ) -> tuple[int, Callable[[], None]]:
+        """Catch-up as block sync does it (`BlockSync.fetch`): a range of up to 32 certified
+        blocks at a time, asked of the peers in turn, every certificate verified and every
+        block executed (so it takes as long as executing them), each range committed in one
+        batch; then the next range, queued behind whatever the executor holds. A byzantine
+        source serves wrong blocks or partial certificates, slowly: nothing verifies, and the
+        next peer is asked. A fetch that fails part-way (no peer served a range, the network
+        failed, the executor raised) answers `FetchFailed` with the head it reached.
+        `imported`: the transactions of the ranges this fetch committed so far."""
         first = len(node.chain.blocks) + 1
-        duration = FETCH_OVERHEAD_MS + sum(
-            self.execution.block_ms(node.index, len(block_txs(e.block))) for e in entries)
+        self.seen["fetched range"] += 1
+        if first > target:
+            return FETCH_OVERHEAD_MS, lambda: self._fetch_done(node, target, imported, True)
+        count = min(self.range_blocks, target - first + 1)
+        last = first + count - 1
+        sources = [p for p in self.nodes if p is not node and p.up
+                   and len(p.chain.blocks) >= last and self._connected(node.index, p.index)]
+        self.rng.shuffle(sources)
+        duration, lies = FETCH_OVERHEAD_MS, []
+        while sources and sources[0].index in self.byzantine:
+            liar = sources.pop(0)
+            duration += self.rng.randint(FETCH_OVERHEAD_MS, BYZANTINE_FETCH_MS)
+            lies.append(liar)
+        faults = self.executor_faults.get(node.index)
+        failed = not sources or (self.fetch_failure and self.rng.random() < self.fetch_failure)
+        if faults is not None and faults.raises and self.rng.random() < faults.raises:
+            failed = True
+        if failed:
+            self.seen["fetch failed part-way" if imported else "fetch failed"] += 1
+
+            def give_up() -> None:
+                for liar in lies:
+                    self._forged_range(node, liar, first)
+                self._fetch_done(node, target, imported, False)
+
+            return duration, give_up
+        entries = sources[0].chain.blocks[first - 1:last]
+        duration += sum(self.execution.block_ms(node.index, len(block_txs(e.block)))
+                        for e in entries)
+        if faults is not None and faults.stall and self.rng.random() < faults.stall:
+            duration += self.rng.randint(*faults.stall_ms)
 
         def finish() -> None:
-            txs: list[bytes] = []
+            for liar in lies:
+                self._forged_range(node, liar, first)
+            txs = list(imported)
             for seq_no, entry in enumerate(entries, start=first):
                 verify_commit_certificate(
                     entry.certificate, validators=self.params.validators, chain_id=CHAIN_ID,
@@ -462,19 +765,35 @@ class Cluster:
                 assert node.chain.valid(seq_no, entry.block_hash, entry.block)
                 self._import(node, entry.block, entry.certificate)
                 txs.extend(block_txs(entry.block))
-            head = node.chain.blocks[-1]
-            self.feed(node.index, FetchCompleted(target, head.block_hash, head.state_root,
-                                                 tuple(txs)))
-            self._refresh(node)
+            self._write_point(node, "range")
+            if last >= target:
+                self._fetch_done(node, target, tuple(txs), True)
+            else:
+                node.jobs.append(_Queued("fetch", partial(self._fetch, node, target, tuple(txs))))
 
         return duration, finish
 
-    def _forged_range(self, node: Node, source: Node, target: int) -> FetchFailed:
+    def _fetch_done(self, node: Node, target: int, imported: tuple[bytes, ...], done: bool
+                    ) -> None:
+        """FetchCompleted at the head, or FetchFailed with the head reached (None: nothing
+        imported), as `BlockSync.fetch` / `BlockSync.failed` answer."""
+        head = node.chain.blocks[-1] if node.chain.blocks else None
+        reached = FetchCompleted(len(node.chain.blocks), node.chain.head.block_hash,
+                                 head.state_root if head is not None else GENESIS_ROOT,
+                                 imported)
+        if done:
+            self.feed(node.index, reached)
+        else:
+            self.feed(node.index, FetchFailed(target, reached if imported else None))
+        self._refresh(node)
+
+    def _forged_range(self, node: Node, source: Node, seq_no: int) -> None:
         """What a lying source serves for the first block wanted, slowly: the true header over
         a false body, or another block, each with the true certificate, or the true block
         with a certificate short of a quorum. The node's checks (the certificate over the
         header's hash, then execution) must refuse every one."""
-        seq_no = len(node.chain.blocks) + 1
+        if len(source.chain.blocks) < seq_no:
+            return
         entry = source.chain.blocks[seq_no - 1]
         block, certificate = entry.block, entry.certificate
         lie = self.rng.choice(("false body", "other block", "short certificate"))
@@ -491,10 +810,9 @@ class Cluster:
                 certificate, validators=self.params.validators, chain_id=CHAIN_ID,
                 block_number=seq_no, block_hash=digest or b"", verifier=self.verifier)
         except MessageError:
-            return FetchFailed(target)
+            return
         if digest is not None and node.chain.valid(seq_no, digest, block):
             raise SafetyViolation(f"a forged block {seq_no} passed the catch-up checks")
-        return FetchFailed(target)
 
     def _import(self, node: Node, block: bytes, certificate: bytes) -> ChainBlock:
         entry = node.chain.append(block, certificate)
@@ -679,9 +997,14 @@ class Cluster:
         """No honest replica signs two different messages for one (type, view, seqNo)."""
         if index in self.byzantine:
             return
-        body = WireMessage.decode(data).signed.body
+        signed = signed_part(data)
+        try:
+            WireMessage.decode(data)
+        except MessageError:  # (its peers drop it as a MessageError)
+            self.seen[f"sent an undecodable {signed.body.TYPE.name}"] += 1
+        body = signed.body
         key = (index, body.TYPE, getattr(body, "view", 0), getattr(body, "seq_no", -1))
-        encoded = WireMessage.decode(data).signed.encode()
+        encoded = signed.encode()
         if self.signed_by.setdefault(key, encoded) != encoded:
             raise SafetyViolation(f"replica {index} signed two different {body.TYPE.name} "
                                   f"for {key[2:]}")
@@ -745,6 +1068,8 @@ class Cluster:
 
     def crash(self, index: int) -> None:
         node = self.nodes[index]
+        if node.replica is not None:
+            node.amnesic = node.replica.amnesia is not None
         node.replica = None
         node.epoch += 1
         node.timers.clear()
@@ -756,7 +1081,45 @@ class Cluster:
         state file stay): it restarts with no records of what it signed."""
         self.crash(index)
         self.nodes[index].store = MemoryConsensusStore()
+        self.nodes[index].amnesic = True
         self.restart(index)
+
+    def arm_crash(self, index: int, point: str, countdown: int = 1,
+                  restart_after_ms: int = 100) -> None:
+        """The node crashes the countdown-th time it reaches `point` (one of CRASH_POINTS)
+        from now, and restarts restart_after_ms later; RestartAmnesia if it then restarts
+        as one that lost its records."""
+        assert point in CRASH_POINTS, point
+        self.crash_plans[index] = _CrashPlan(point, countdown, restart_after_ms)
+
+    def _write_point(self, node: Node, point: str) -> None:
+        """Between two writes of the adapter: the armed crash falls here, if it is due."""
+        plan = self.crash_plans.get(node.index)
+        if plan is None or plan.point != point or not self._in_event or not node.up:
+            return
+        plan.countdown -= 1
+        if plan.countdown > 0:
+            return
+        del self.crash_plans[node.index]
+        self.write_crashes.append((self.now, node.index, point))
+        self.seen[f"crash at {point}"] += 1
+        self.crash(node.index)
+        epoch = node.epoch
+        self.at(plan.restart_after_ms,
+                lambda: self._restart_crashed(node.index, epoch))
+        raise _Crashed
+
+    def crash_for(self, index: int, down_ms: int) -> None:
+        """Crash the node now and restart it down_ms later (unless something else does)."""
+        self.crash(index)
+        epoch = self.nodes[index].epoch
+        self.at(down_ms, lambda: self._restart_crashed(index, epoch))
+
+    def _restart_crashed(self, index: int, epoch: int) -> None:
+        node = self.nodes[index]
+        if not node.up and node.epoch == epoch:  # nobody restarted it, or crashed it for good
+            node.restarts += 1
+            self.restart(index)
 
     def restart(self, index: int) -> None:
         """Start (or restart) a node from its persisted store, chain and pool journal."""
@@ -765,9 +1128,16 @@ class Cluster:
         node.timers.clear()
         node.jobs.clear()
         node.busy = False
+        node.executed.clear()  # the adapter's memory
         node.replica = Replica.restore(self.params, index, node.signer, self.verifier,
                                        node.chain.head, node.store, block_digest=block_digest,
                                        signing_bound=node.signing_bound)
+        if node.replica.amnesia is not None and not node.amnesic:
+            raise RestartAmnesia(
+                f"replica {index} lost no records and restarted amnesic (bound "
+                f"{node.signing_bound}, store at view {node.replica.view}, high watermark "
+                f"{node.replica.high_watermark}); crashes at write points: "
+                f"{self.write_crashes[-3:]}")
         node.last_view = max(node.last_view, node.replica.view)
         self.perform(node, node.replica.start())
         node.ready = {}  # a new replica knows nothing: report the whole executable set

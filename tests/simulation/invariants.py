@@ -84,20 +84,80 @@ def check_no_churn(cluster: Cluster, nodes: list[Node], limit_ms: int, quiet_ms:
                            f"{view_change_report(cluster)}; views {cluster.views()}")
 
 
-def settled(cluster: Cluster) -> bool:
-    """Every honest node is up, idle, at the same height, and holds nothing executable."""
-    nodes = cluster.honest()
+def settled(cluster: Cluster, nodes: list[Node] | None = None) -> bool:
+    """Every honest node (of `nodes`) is up, idle, at the same height, and holds nothing
+    executable: every transaction that became executable on one of them committed."""
+    nodes = cluster.honest() if nodes is None else nodes
     return (all(node.up and not node.busy and not node.ready for node in nodes)
             and len({len(node.chain.blocks) for node in nodes}) == 1)
 
 
-def check_settles(cluster: Cluster, limit_ms: int) -> None:
-    if not cluster.run_until(lambda: settled(cluster), limit_ms):
-        waiting = {node.index: len(cluster.executable(node)) for node in cluster.honest()}
+def check_settles(cluster: Cluster, limit_ms: int, nodes: list[Node] | None = None) -> None:
+    if not cluster.run_until(lambda: settled(cluster, nodes), limit_ms):
+        waiting = {node.index: len(cluster.executable(node))
+                   for node in (cluster.honest() if nodes is None else nodes)}
         raise LivenessFailure(f"not settled {limit_ms} ms after the last client action: "
                               f"heights {cluster.heights()}, views {cluster.views()}, "
                               f"executable left {waiting}; view changes "
                               f"{view_change_report(cluster)}")
+
+
+def check_all_commit(cluster: Cluster, nodes: list[Node], limit_ms: int, *,
+                     stranded_gap: bool) -> None:
+    """After healing, every transaction executable on one of these replicas commits on all of
+    them: they end at one height with nothing executable left. With `stranded_gap`, what
+    only stranded replicas hold (inactive: waiting in a view they asked for alone) is left
+    out (hostile.KNOWN_GAPS)."""
+
+    def left() -> dict[int, list[bytes]]:
+        held = set() if not stranded_gap else {
+            h for n in nodes if n.replica is not None and n.replica.active
+            for h in cluster.executable(n)}
+        return {n.index: [h for h in cluster.executable(n) if not stranded_gap or h in held]
+                for n in nodes}
+
+    def done() -> bool:
+        return (not any(left().values()) and not any(n.busy for n in nodes)
+                and len({len(n.chain.blocks) for n in nodes}) == 1)
+
+    if not cluster.run_until(done, limit_ms):
+        waiting = {i: len(h) for i, h in left().items() if h}
+        raise LivenessFailure(
+            f"not every executable transaction committed {limit_ms} ms after healing: "
+            f"executable left {waiting}, heights {cluster.heights()}, views "
+            f"{cluster.views()}, active {[n.replica.active if n.replica else None for n in nodes]}")
+    if stranded_gap and any(cluster.executable(n) for n in nodes):
+        cluster.seen["stranded holder gap"] += 1  # (left out: hostile.KNOWN_GAPS)
+
+
+def work_under_way(node: Node) -> list[str]:
+    """What the replica waits for the adapter to finish: a build, a validation (in its view),
+    a commit, a catch-up."""
+    replica = node.replica
+    if replica is None:
+        return []
+    work = [f"validating {seq_no}" for (view, seq_no), slot in replica.log.certs.items()
+            if view == replica.view and slot.validating]
+    if replica.executing is not None:
+        work.append(f"executing {replica.executing}")
+    if replica.building is not None:
+        work.append(f"building {replica.building}")
+    if replica.fetching is not None:
+        work.append(f"fetching {replica.fetching}")
+    return work
+
+
+def check_idle(cluster: Cluster, limit_ms: int) -> None:
+    """No honest replica ends waiting for ever on block work: once the load is over, every
+    one that is up ends with nothing built, validated, executed or fetched (a validation
+    whose answer was lost is given up by the core's VALIDATION deadline)."""
+    nodes = [node for node in cluster.honest() if node.up]
+    if not cluster.run_until(lambda: not any(work_under_way(n) for n in nodes), limit_ms):
+        stuck = {n.index: (work_under_way(n), "executor busy" if n.busy else "executor idle")
+                 for n in nodes if work_under_way(n)}
+        raise LivenessFailure(f"replicas still waiting on block work {limit_ms} ms after the "
+                              f"load: {stuck}; heights {cluster.heights()}, views "
+                              f"{cluster.views()}")
 
 
 def check_accounts(cluster: Cluster, workload: Workload) -> None:

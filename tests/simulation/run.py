@@ -5,8 +5,12 @@
     .venv/bin/python -m tests.simulation.run --seeds 200 --kind censor   # one class only
     .venv/bin/python -m tests.simulation.run --seeds 200 --pool-order ready   # see ledger.py
     .venv/bin/python -m tests.simulation.run --seeds 2000 --n 4 --kind chaos --amnesia
+    .venv/bin/python -m tests.simulation.run --seed 31 --n 6 --calm   # without its hostile world
+    .venv/bin/python -m tests.simulation.run --seeds 100 --world      # what the worlds did
 
-Each seed belongs to one class (`scenario.kind_of`): chaos, honest, gapped, slow or censor.
+Each seed belongs to one class (`scenario.kind_of`): chaos, honest, gapped, slow or censor, and
+draws a hostile world (`hostile.py`: failing executors, poisoned blocks, fetches that fail
+part-way, crashes between writes, slow replicas), named in its failure message.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 
-from tests.simulation import ledger, scenario
+from tests.simulation import hostile, ledger, scenario
 from tests.simulation.scenario import KINDS, kind_of, replay_command, run_seed
 
 SIZES = tuple(range(1, 11))
@@ -36,28 +41,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--amnesia", action="store_true",
                         help="every chaos seed (f >= 1) has an equivocating first primary and an "
                              "honest replica whose consensus store is wiped mid-run")
+    parser.add_argument("--calm", action="store_true",
+                        help="no hostile world (hostile.py) in any seed: does a failure need it?")
+    parser.add_argument("--world", action="store_true",
+                        help="print what the hostile worlds did (Cluster.seen), summed per size")
     args = parser.parse_args(argv)
     ledger.POOL_ORDER = args.pool_order
     if args.amnesia:
         scenario.AMNESIA_SHARE = 1.0
+    hostile.ENABLED = not args.calm
     suffix = ("" if args.pool_order == "arrival" else f" --pool-order {args.pool_order}") + (
-        " --amnesia" if args.amnesia else "")
+        " --amnesia" if args.amnesia else "") + (" --calm" if args.calm else "")
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     failures = 0
     for n in args.n or SIZES:
-        started, ran = time.monotonic(), 0
+        started, ran, seen = time.monotonic(), 0, Counter[str]()
         for seed in seeds:
             kind = kind_of(seed, n)
             if args.kind and kind not in args.kind:
                 continue
             ran += 1
             try:
-                run_seed(seed, n)
-            except AssertionError as exc:
+                seen.update(run_seed(seed, n).seen)
+            except Exception as exc:  # noqa: BLE001 (an unexpected error is a failure too)
                 failures += 1
-                print(f"FAIL seed={seed} n={n} ({kind}): {exc}\n"
+                what = "" if isinstance(exc, AssertionError) else f"{type(exc).__name__}: "
+                print(f"FAIL seed={seed} n={n} ({kind}): {what}{exc}\n"
                       f"  replay: {replay_command(seed, n)}{suffix}", flush=True)
         print(f"n={n}: {ran} seeds run in {time.monotonic() - started:.1f} s", flush=True)
+        if args.world:
+            print("  " + ", ".join(f"{event}: {count}" for event, count in sorted(seen.items())),
+                  flush=True)
     return 1 if failures else 0
 
 

@@ -15,7 +15,7 @@ import pytest
 import rlp
 from eth_hash.auto import keccak
 
-from chain.errors import BlockValidationError
+from chain.errors import BlockValidationError, FalseBodyError
 from pbft_engine.core import (
     Action,
     Alarm,
@@ -420,13 +420,20 @@ def test_the_adapter_reports_a_certified_copy_that_does_not_execute() -> None:
     waited in "executing" for good)."""
 
     async def validate_block(data: bytes) -> object:
-        raise BlockValidationError("transaction root mismatch")
+        raise FalseBodyError("the block's body does not match the roots in its header")
 
     engine, committed, stepped = _adapter(validate_block)
     digest = keccak(b"the certified header")
     asyncio.run(engine._commit(CommitBlock(1, digest, b"a false body", b"certificate")))
     assert committed == [] and engine.alarms == []
     assert stepped == [CommitRefused(1, digest)]
+
+    async def fails_here(data: bytes) -> object:  # the header's body; our executor raised
+        raise BlockValidationError("invalid block: RuntimeError: the executor broke")
+
+    engine, committed, stepped = _adapter(fails_here)
+    asyncio.run(engine._commit(CommitBlock(1, digest, b"the body", b"certificate")))
+    assert stepped == [CommitRefused(1, digest, false_copy=False)] and committed == []
 
     engine, committed, stepped = _adapter(validate_block, head=1)
     asyncio.run(engine._commit(CommitBlock(1, digest, b"a false body", b"certificate")))
