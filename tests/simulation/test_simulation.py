@@ -143,15 +143,15 @@ def test_every_hostile_event_happens_in_the_random_seeds() -> None:
     assert expected <= set(_SEEN), sorted(expected - set(_SEEN))
 
 
-# --- gaps the simulator found in the engine (hostile.KNOWN_GAPS) ----------------------------
+# --- gaps the simulator found in the engine: fixed (69258a1), or strict xfails -------------
 
 
 @pytest.mark.parametrize("n", [1, 4])
 def test_a_failed_build_is_built_again(n: int) -> None:
     """One build of the first primary fails (the executor raised: the adapter's catch-all
-    answers BlockBuilt with no block). The transaction must still commit, in view 0: at
-    N = 1 it never commits (nothing builds again until another transaction arrives), at
-    N = 4 the backups' request timers replace a correct primary."""
+    answers BlockBuilt with no block). The transaction must still commit, in view 0. Before
+    69258a1 nothing built again until another transaction arrived: at N = 1 it never
+    committed, at N = 4 the backups' request timers replaced a correct primary."""
     cluster = Cluster(n)
     build, failed = cluster._build, []
 
@@ -171,8 +171,9 @@ def test_a_failed_build_is_built_again(n: int) -> None:
 def test_a_lone_validator_commits_after_a_failed_re_execution() -> None:
     """One validator; its commit of block 1 re-executes it (not in the adapter's executed
     blocks: a restart came between) and the executor raises once. The adapter answers
-    CommitRefused, the core discards the body and asks the peers, and there are none: block
-    1 is never committed, nor anything after it."""
+    CommitRefused (not a false copy), and the core keeps its copy and tries again. Before
+    69258a1 it discarded the body and asked the peers, and there are none: block 1 was never
+    committed, nor anything after it."""
     cluster = Cluster(1)
     commit, refused = cluster._commit, []
 
@@ -206,11 +207,10 @@ def test_a_replica_caught_up_past_its_stable_checkpoint_keeps_the_next_block() -
     catches up there: h = 45, its stable checkpoint stays 0, so it may vote up to 40 only.
     The primary then proposes block 46 and the three others commit it. Replica 2 must still
     execute block 46 (on their COMMITs, or by fetching it) rather than blame the primary when
-    its request timer runs out; today it drops
-    the PRE-PREPARE as outside the watermarks, never certifies 46, and its request timer
-    blames the correct primary (simulator: honest seed 735 at N = 4 before the world draw
-    left faster backups alone, a backup restarted after a crash at "chain"). With the window
-    of before eb8f2b2 (up to H) this passes."""
+    its request timer runs out. Between eb8f2b2 and 69258a1 it dropped the PRE-PREPARE as
+    outside the watermarks, never certified 46, and its request timer blamed the correct
+    primary (simulator: honest seed 735 at N = 4 with the first world draw, a backup
+    restarted after a crash at "chain")."""
     from eth_hash.auto import keccak
 
     from pbft_engine.core import (
