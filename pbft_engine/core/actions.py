@@ -1,7 +1,7 @@
 """Actions: what `Replica.step` asks the adapter to do, as one `Ready`.
 
 Contract for the adapter (etcd's `Ready`: HardState before Messages): write the step's
-`persist`, if any, in ONE synced WriteBatch (its signing bound first, outside the database),
+`persist`, if any, in ONE synced WriteBatch (then its signing bound, outside the database),
 then perform its `actions` in order (every message sent depends on the write). Block actions
 are answered with the matching event (`BuildBlock` -> `BlockBuilt`, `ValidateBlock` ->
 `BlockValidated`, `CommitBlock` -> `BlockCommitted` | `CommitRefused`, `FetchCommitted` ->
@@ -19,8 +19,8 @@ from pbft_engine.core.signing_bound import SigningBound
 
 @dataclass(frozen=True)
 class Persist:
-    """Write `signing_bound`, if given, durably outside the database (it must survive a wiped
-    store: `core.signing_bound`), then `ops` in one synced batch."""
+    """Write `ops` in one synced batch, then `signing_bound`, if given, durably outside the
+    database (it must survive a wiped store: `core.signing_bound`)."""
 
     ops: tuple[StoreOp, ...]
     signing_bound: SigningBound | None = None
