@@ -411,9 +411,11 @@ class PbftEngine(ConsensusEngine):
                 return
             try:
                 await self.context.commit_block(executed)
-            except BlockValidationError as exc:  # the chain moved under the lock: not ours
-                self.log.error("block %d not committed: %s", action.seq_no, exc)
-                self._step(CommitRefused(action.seq_no, action.digest))
+            except _LOCAL_FAILURES:
+                raise
+            except Exception:  # the copy is the certified one: keep it, try again
+                self.log.exception("block %d not committed", action.seq_no)
+                self._step(CommitRefused(action.seq_no, action.digest, false_copy=False))
                 return
         self.metrics.block_committed(action.seq_no)
         self.log.debug("committed block %d 0x%s in view %d", action.seq_no,

@@ -585,6 +585,7 @@ class Replica:
             self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
         if not self.active:
             self._resend_view_change()
+            self._advance()  # certified blocks held here are executed in any view
             return
         for (view, seq_no), slot in sorted(self.log.certs.items()):
             if view == self.view and seq_no not in self.log.certified:

@@ -50,10 +50,6 @@ an xfail(strict=True) test in test_simulation.py that fails today and will pass 
 
 Found and not left out (the draws meet them rarely; each has its xfail test or is counted):
 
-- "restarted mid view change": a replica restarted while it waits for a NEW-VIEW never
-  executes a block it holds certified (`Replica._resume` returns before `_advance`, and a
-  peer's STATUS for that block finds it certified already): it stays behind until a later
-  block or its view comes (slow seed 368 at N = 8: a commit's write failed, the node stopped).
 - a restarted new primary resends its re-proposals whose bodies it never had as PRE-PREPAREs
   without a block, which every peer's decoder refuses (`Cluster.seen`: "sent an undecodable
   PRE_PREPARE"; chaos seed 850 at N = 6).

@@ -255,10 +255,6 @@ def test_a_replica_caught_up_past_its_stable_checkpoint_keeps_the_next_block() -
     assert 46 in replica.log.certified or (replica.fetching or 0) >= 46
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "restarted mid view change: Replica._resume returns before _advance when the replica is "
-    "not active, and _adopt_certificate returns at once for a block already certified, so "
-    "a certified block it holds is never executed until its view is installed"))
 def test_a_replica_restarted_in_a_view_change_executes_what_it_holds_certified() -> None:
     """Replica 2 asks alone for view 1 (its request timer ran out); a peer's STATUS then
     proves block 1, which it certifies, fetches and starts to commit; the commit's write
