@@ -14,6 +14,7 @@ class TimerKind(Enum):
     RELAY = "relay"  # key: b""; halfway through REQUEST: relay the oldest requests again
     # key: seqNo; a ValidateBlock not answered by then is given up (the adapter may hang)
     VALIDATION = "validation"
+    RESEND = "resend"  # key: b""; our messages for slots still open a request timeout later
 
 
 @dataclass(frozen=True)

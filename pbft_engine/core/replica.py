@@ -207,6 +207,10 @@ class Replica:
         self.halted = False
         self.new_view_timer_armed = False
         self.request_timer_armed = False
+        # This view's slots above the last executed block that held our messages when the
+        # RESEND timer was last armed: still open when it fires, they are sent again.
+        self.resend_armed = False
+        self.resend_open: frozenset[int] = frozenset()
         self.writer = StoreWriter()  # this step's store operations, in order
         self.log = MessageLog(replica, self.writer)
         self.checkpoints = CheckpointTracker(params, replica, self.writer)
@@ -497,7 +501,7 @@ class Replica:
         self.requests.pop(event.tx_hash, None)
         if oldest == event.tx_hash:
             self.passed_over = 0
-        if not self.requests:
+        if not self._waiting_on_primary():
             self._cancel_request_timer()
 
     def _oldest_request(self) -> bytes | None:
@@ -511,7 +515,7 @@ class Replica:
         oldest, before = self._oldest_request(), len(self.requests)
         for tx_hash in committed:
             self.requests.pop(tx_hash, None)
-        if not self.requests:
+        if not self._waiting_on_primary():
             self._cancel_request_timer()
             return
         self.passed_over = self.passed_over + 1 if oldest in self.requests else 0
@@ -524,8 +528,17 @@ class Replica:
         responsible for (the build, the messages, the others' votes), never this replica's
         own execution, and it stops restarting once commits keep passing over the oldest
         waiting request."""
-        if self.requests and self.active and self.passed_over <= MAX_PASSED_OVER:
+        if self._waiting_on_primary() and self.active and self.passed_over <= MAX_PASSED_OVER:
             self._arm_request_timer()
+
+    def _waiting_on_primary(self) -> bool:
+        """Requests wait here, or a block the primary proposed in this view could not be
+        validated here in time (`_on_validation_deadline`): unless the others commit it,
+        only a view change moves this replica on, so the request timer runs for it too (as
+        a backup's timer runs for a request it learnt of from a PRE-PREPARE, 4.4)."""
+        return bool(self.requests) or any(
+            slot.refused and seq_no > self.last_exec
+            for (view, seq_no), slot in self.log.certs.items() if view == self.view)
 
     def _arm_request_timer(self) -> None:
         if self.me == self.primary:
@@ -557,19 +570,21 @@ class Replica:
     def _on_timer(self, event: TimerFired) -> None:
         if event.kind is TimerKind.REQUEST:
             self.request_timer_armed = False
-            if self.requests and self.active and self._lagging():
+            if self._waiting_on_primary() and self.active and self._lagging():
                 # The lag is ours, not the primary's, and the peers may well have committed
                 # these requests already. A lone VIEW-CHANGE here would leave this replica
                 # waiting in view v+1 until the others change view.
                 self._arm_request_timer()
                 self._catch_up()
-            elif self.requests and self.active and self.me != self.primary:
+            elif self._waiting_on_primary() and self.active and self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")
         elif event.kind is TimerKind.RELAY:
             if self.request_timer_armed and self.requests and self.active:
                 self._relay_oldest_requests(again=True)
         elif event.kind is TimerKind.VALIDATION:
             self._on_validation_deadline(read_u64(event.key))
+        elif event.kind is TimerKind.RESEND:
+            self._on_resend_timer()
         elif event.kind is TimerKind.BLOCK_PERIOD:
             self.block_due = True
             self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
@@ -591,6 +606,36 @@ class Replica:
             if view == self.view and seq_no not in self.log.certified:
                 self._resend_own(slot)
         self._advance()
+
+    def _open_own_slots(self) -> frozenset[int]:
+        """This view's seqNos above the last executed block in which we sent a message."""
+        return frozenset(
+            seq_no for (view, seq_no), slot in self.log.certs.items()
+            if view == self.view and seq_no > self.last_exec and (
+                self.me in slot.prepares or self.me in slot.commits or (
+                    slot.pre_prepare is not None and slot.pre_prepare.body.replica == self.me)))
+
+    def _arm_resend_timer(self) -> None:
+        """Messages can be lost (a link down, a peer restarting while they travel), and a
+        replica whose pool never held the block's transactions times nothing: the primary
+        included. So what we sent for a slot that stays open a whole request timeout is sent
+        again (the retransmission of Castro and Liskov's implementation, section 5.2)."""
+        if self.resend_armed or not self.active:
+            return
+        self.resend_armed, self.resend_open = True, self._open_own_slots()
+        if self.resend_open:
+            self._set_timer(TimerKind.RESEND, b"", self.params.escalated(
+                self.params.request_timeout_ms, self.views_without_commit))
+        else:
+            self.resend_armed = False
+
+    def _on_resend_timer(self) -> None:
+        self.resend_armed = False
+        if not self.active:
+            return
+        for seq_no in sorted(self.resend_open & self._open_own_slots()):
+            self._resend_own(self.log.certs[(self.view, seq_no)])
+        self._arm_resend_timer()
 
     def _resend_own(self, slot: Slot) -> None:
         if slot.pre_prepare is not None and slot.pre_prepare.body.replica == self.me:
@@ -671,6 +716,7 @@ class Replica:
             slot.validated, slot.parent = True, parent
             self.proposed[event.seq_no] = len(event.tx_hashes)
             self._broadcast(pre_prepare, (event.block,))
+            self._arm_resend_timer()
             self._check_prepared(self.view, event.seq_no)
         self._maybe_propose()
 
@@ -894,6 +940,8 @@ class Replica:
         if slot is not None and slot.validating:
             slot.validating, slot.refused = False, True
             self._drop("validation deadline")
+            if self.active and not self.request_timer_armed:
+                self._arm_request_timer()
             self._check_high_checkpoints()
             self._advance()
 
@@ -961,6 +1009,7 @@ class Replica:
         vote = self._sign(body)
         self.log.add_vote(vote, votes)
         self._broadcast(vote)
+        self._arm_resend_timer()
 
     def _check_prepared(self, view: int, seq_no: int) -> None:
         """Prepared: our validated pre-prepare and Q-1 matching prepares -> COMMIT."""

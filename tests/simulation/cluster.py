@@ -652,7 +652,9 @@ class Cluster:
                                                  refusal))
             if (current and extends and self.poisoned.get(action.digest) == "body"
                     and node.index not in self.byzantine and node.replica is not None
-                    and node.replica.view <= view):
+                    and node.replica.view <= view
+                    # (a replica that lost its records may not leave the view it signed in)
+                    and node.replica.amnesia is None):
                 raise PoisonKept(f"replica {node.index} validated the invalid block "
                                  f"{action.seq_no} of view {view} and stayed in that view")
 

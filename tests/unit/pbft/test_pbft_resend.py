@@ -1,0 +1,98 @@
+"""Lost messages and a replica that times nothing (issue 28): what a replica sent for a slot
+still open a request timeout later is sent again, and a block it could not validate in time
+keeps its request timer running, so a view change can follow."""
+
+from __future__ import annotations
+
+from eth_hash.auto import keccak
+
+from pbft_engine.core import (
+    Action,
+    BlockBuilt,
+    BlockCommitted,
+    BlockValidated,
+    Broadcast,
+    BuildBlock,
+    ChainHead,
+    EngineParams,
+    Replica,
+    RequestReceived,
+    SetTimer,
+    TimerFired,
+    TimerKind,
+    ValidateBlock,
+)
+from pbft_engine.core.records import u64
+from pbft_engine.messages import Commit, KeyVerifier, Prepare, PrePrepare, WireMessage
+from tests.unit.pbft.helpers import GENESIS, PARAMS, SIGNERS, from_peer
+
+BLOCK = b"block 1"
+DIGEST = keccak(BLOCK)
+TX = keccak(b"a transfer")
+
+
+def primary_with_block_proposed() -> Replica:
+    """Replica 0, primary of view 0, has proposed block 1 (holding TX) to the others."""
+    replica = Replica(PARAMS, 0, SIGNERS[0], KeyVerifier(), ChainHead(0, GENESIS),
+                      block_digest=keccak)
+    replica.start()
+    actions = replica.step(RequestReceived(TX)).actions
+    assert any(isinstance(a, BuildBlock) for a in actions)
+    actions = replica.step(BlockBuilt(1, DIGEST, BLOCK, (TX,))).actions
+    assert pre_prepares(actions) == [(1, (BLOCK,))]
+    assert timer(actions, TimerKind.RESEND) is not None
+    return replica
+
+
+def pre_prepares(actions: list[Action]) -> list[tuple[int, tuple[bytes, ...]]]:
+    """The PRE-PREPAREs broadcast in these actions: (seqNo, blocks attached)."""
+    wires = [WireMessage.decode(a.data) for a in actions if isinstance(a, Broadcast)]
+    return [(w.signed.body.seq_no, w.blocks) for w in wires
+            if isinstance(w.signed.body, PrePrepare)]
+
+
+def timer(actions: list[Action], kind: TimerKind) -> int | None:
+    armed = [a.duration_ms for a in actions if isinstance(a, SetTimer) and a.kind is kind]
+    return armed[-1] if armed else None
+
+
+def test_a_primary_sends_its_pre_prepare_again_while_its_block_stays_open() -> None:
+    """A backup that restarted while the PRE-PREPARE travelled, and whose pool lost the
+    block's transactions, has no request timer: only the primary's resend moves it
+    (simulator: slow seed 2008 at N = 2 stayed at height 6 for ever)."""
+    replica = primary_with_block_proposed()
+    actions = replica.step(TimerFired(TimerKind.RESEND, b"")).actions
+    assert pre_prepares(actions) == [(1, (BLOCK,))]
+    assert timer(actions, TimerKind.RESEND) == PARAMS.request_timeout_ms
+
+
+def test_nothing_is_sent_again_once_the_block_committed() -> None:
+    replica = primary_with_block_proposed()
+    for peer in (1, 2):
+        replica.step(from_peer(Prepare(0, 1, DIGEST, peer)))
+    for peer in (1, 2):
+        replica.step(from_peer(Commit(0, 1, DIGEST, peer)))
+    replica.step(BlockCommitted(1, DIGEST, keccak(b"state 1"), (TX,)))
+    actions = replica.step(TimerFired(TimerKind.RESEND, b"")).actions
+    assert not [a for a in actions if isinstance(a, Broadcast)]
+    assert timer(actions, TimerKind.RESEND) is None  # nothing open: the timer stops
+
+
+def test_a_block_validated_too_late_keeps_a_backup_timing_the_primary() -> None:
+    """Two validators (f = 0): the backup's executor never answers for block 1 and its pool
+    holds none of the block's transactions. At the validation deadline it refuses the
+    slot, and its request timer runs for that block: when it runs out, it asks for a view
+    change rather than wait for ever."""
+    signers = SIGNERS[:2]
+    params = EngineParams(chain_id=PARAMS.chain_id, validators=tuple(s.address for s in signers))
+    replica = Replica(params, 1, signers[1], KeyVerifier(), ChainHead(0, GENESIS),
+                      block_digest=keccak)
+    replica.start()
+    actions = replica.step(from_peer(PrePrepare(0, 1, DIGEST, 0), (BLOCK,))).actions
+    assert any(isinstance(a, ValidateBlock) for a in actions)
+    actions = replica.step(TimerFired(TimerKind.VALIDATION, u64(1))).actions
+    assert timer(actions, TimerKind.REQUEST) is not None
+    replica.step(BlockValidated(1, DIGEST, True))  # too late: the slot stays refused
+    replica.step(TimerFired(TimerKind.REQUEST, b""))
+    assert (replica.view, replica.active) == (1, False)
+    assert replica.view_change_reasons == {"request_timeout": 1}
