@@ -13,7 +13,11 @@ class TransportConfig:
     """Limits and timings; defaults suit a LAN/WAN validator set."""
 
     max_frame_size: int = 16 * 1024 * 1024
-    handshake_timeout: float = 5.0
+    # The whole handshake (2 round trips and a signature each way), and the first part of it:
+    # a peer's HELLO, which a validator sends as soon as it connects. Until its HELLO is in, a
+    # connection holds a slot that a newcomer may take (chain/p2p/admission.py).
+    handshake_timeout: float = 4.0
+    hello_timeout: float = 2.0
     max_queue_frames: int = 4096
     max_queue_bytes: int = 64 * 1024 * 1024
     backoff_initial: float = 0.1
@@ -23,7 +27,8 @@ class TransportConfig:
     higher_address_dial_delay: float = 0.3
     keepalive_interval: float = 5.0
     idle_timeout: float = 20.0
-    max_pending_handshakes: int = 64
+    max_pending_handshakes: int = 64  # inbound handshakes at once; dials are not counted
+    max_pending_per_ip: int = 16  # of those, from one source IP
     seen_nonce_cache_size: int = 4096
 
     def __post_init__(self) -> None:
@@ -32,6 +37,7 @@ class TransportConfig:
             raise TransportConfigError(f"max_frame_size must be in [{minimum_frame}, 2**32)")
         positive = {
             "handshake_timeout": self.handshake_timeout,
+            "hello_timeout": self.hello_timeout,
             "max_queue_frames": self.max_queue_frames,
             "max_queue_bytes": self.max_queue_bytes,
             "backoff_initial": self.backoff_initial,
@@ -39,6 +45,7 @@ class TransportConfig:
             "keepalive_interval": self.keepalive_interval,
             "idle_timeout": self.idle_timeout,
             "max_pending_handshakes": self.max_pending_handshakes,
+            "max_pending_per_ip": self.max_pending_per_ip,
             "seen_nonce_cache_size": self.seen_nonce_cache_size,
         }
         for name, value in positive.items():

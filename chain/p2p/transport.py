@@ -12,6 +12,7 @@ from typing import Any
 
 from eth_keys.datatypes import PrivateKey
 
+from chain.p2p.admission import PendingHandshake, PendingHandshakes
 from chain.p2p.config import TransportConfig
 from chain.p2p.connections import PeerConnection, PeerState, prefer_connection
 from chain.p2p.errors import (
@@ -26,6 +27,7 @@ from chain.p2p.framing import encode_frame, read_frame
 from chain.p2p.handshake import HandshakeState, Hello, NonceCache, Session, sign_auth, verify_auth
 from chain.p2p.interface import PeerTransport
 from chain.p2p.stats import TransportStats, channel_name
+from chain.p2p.throttle import ThrottledLog
 from chain.p2p.wire import (
     ADDRESS_SIZE,
     HANDSHAKE_FRAME_CAP,
@@ -40,6 +42,8 @@ from chain.p2p.wire import (
 
 log = logging.getLogger(__name__)
 COALESCED_WRITE_BYTES = 256 * 1024  # queued frames joined into one write, up to about this
+# Refusals that are routine (restarts, reset dials, a flood's silent connections): INFO.
+ROUTINE_REFUSALS = frozenset({"connection_lost", "evicted"})
 
 
 class Transport(PeerTransport):
@@ -75,7 +79,10 @@ class Transport(PeerTransport):
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections: set[PeerConnection] = set()
-        self._pending_handshakes = 0
+        self._pending = PendingHandshakes(
+            self._config.max_pending_handshakes, self._config.max_pending_per_ip
+        )
+        self._refusals = ThrottledLog(log, "refused handshakes")
         self._running = False
         self._change_waiters: set[asyncio.Future[None]] = set()
 
@@ -113,6 +120,7 @@ class Transport(PeerTransport):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._refusals.close()
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
@@ -233,7 +241,7 @@ class Transport(PeerTransport):
         except (OSError, TimeoutError) as exc:
             log.debug("dial 0x%s at %s:%d failed: %s", peer.address.hex(), host, port, exc)
             return False
-        connection = await self._authenticate(reader, writer, Role.INITIATOR, peer.address)
+        connection = await self._authenticate(reader, writer, Role.INITIATOR, peer.address, None)
         if connection is None:
             return False
         self._spawn(self._serve(connection), name=f"conn-out-{peer.address.hex()[:8]}")
@@ -251,10 +259,12 @@ class Transport(PeerTransport):
         if not self._running:
             writer.transport.abort()
             return
-        if self._pending_handshakes >= self._config.max_pending_handshakes:
-            self._refuse(writer, HandshakeRefused("too_many_pending", "handshake slots full"))
+        peername = writer.get_extra_info("peername")
+        slot = self._pending.admit(str(peername[0]) if peername else "?", writer.transport.abort)
+        if isinstance(slot, str):
+            self._refuse(writer, HandshakeRefused(slot, "pending handshake slots full"))
             return
-        connection = await self._authenticate(reader, writer, Role.RESPONDER, None)
+        connection = await self._authenticate(reader, writer, Role.RESPONDER, None, slot)
         if connection is not None:
             await self._serve(connection)
 
@@ -266,12 +276,13 @@ class Transport(PeerTransport):
         writer: asyncio.StreamWriter,
         role: Role,
         expected: Address | None,
+        slot: PendingHandshake | None,
     ) -> PeerConnection | None:
-        """Run the handshake under its deadline; a registered connection or None (refused)."""
-        self._pending_handshakes += 1
+        """Run the handshake under its deadline; a registered connection or None (refused).
+        An inbound one holds its pending `slot` meanwhile (dials hold none)."""
         try:
             async with asyncio.timeout(self._config.handshake_timeout):
-                session = await self._handshake(reader, writer, role, expected)
+                session = await self._handshake(reader, writer, role, expected, slot)
         except TimeoutError:
             self._refuse(writer, HandshakeRefused("timeout", "handshake not finished in time"))
             return None
@@ -283,12 +294,15 @@ class Transport(PeerTransport):
             self._refuse(writer, HandshakeRefused("bad_frame", str(exc)))
             return None
         except (ConnectionClosed, OSError) as exc:
-            self._refuse(
-                writer, HandshakeRefused("connection_lost", str(exc) or type(exc).__name__)
-            )
+            if slot is not None and slot.evicted:
+                refusal = HandshakeRefused("evicted", "silent; its slot went to a newcomer")
+            else:
+                refusal = HandshakeRefused("connection_lost", str(exc) or type(exc).__name__)
+            self._refuse(writer, refusal)
             return None
         finally:
-            self._pending_handshakes -= 1
+            if slot is not None:
+                self._pending.release(slot)
         self._stats.handshakes_completed += 1
         connection = PeerConnection(reader, writer, session, role is Role.INITIATOR, self._address)
         return connection if self._adopt(connection) else None
@@ -299,12 +313,15 @@ class Transport(PeerTransport):
         writer: asyncio.StreamWriter,
         role: Role,
         expected: Address | None,
+        slot: PendingHandshake | None,
     ) -> Session:
         state = HandshakeState(self._chain_id, role)
         writer.write(encode_frame(state.hello.encode()))
         await writer.drain()
-        peer_hello = Hello.decode(await read_frame(reader, HANDSHAKE_FRAME_CAP))
+        peer_hello = await self._read_hello(reader)
         transcript, send_cipher, recv_cipher = state.accept_peer_hello(peer_hello)
+        if slot is not None:
+            slot.greeted = True
         if not self._seen_nonces.check_and_add(peer_hello.nonce):
             raise HandshakeRefused("replayed_nonce", "peer hello nonce was seen before")
         writer.write(encode_frame(send_cipher.seal(sign_auth(self._private_key, role, transcript))))
@@ -320,6 +337,15 @@ class Transport(PeerTransport):
         self._check_identity(peer_address, expected)
         return Session(peer_address, send_cipher, recv_cipher)
 
+    async def _read_hello(self, reader: asyncio.StreamReader) -> Hello:
+        """The peer's HELLO, within the first-frame deadline."""
+        try:
+            async with asyncio.timeout(self._config.hello_timeout):
+                return Hello.decode(await read_frame(reader, HANDSHAKE_FRAME_CAP))
+        except TimeoutError:
+            timeout = self._config.hello_timeout
+            raise HandshakeRefused("no_hello", f"no hello within {timeout:g} s") from None
+
     def _check_identity(self, peer_address: Address, expected: Address | None) -> None:
         if peer_address == self._address:
             raise HandshakeRefused("self_connection", "peer is ourselves")
@@ -334,9 +360,9 @@ class Transport(PeerTransport):
     def _refuse(self, writer: asyncio.StreamWriter, refusal: HandshakeRefused) -> None:
         self._stats.handshakes_refused[refusal.reason] += 1
         self._stats.dropped["auth_failure"] += 1
-        # a peer going away mid-handshake is routine (restarts, reset dials); the rest is not
-        level = logging.INFO if refusal.reason == "connection_lost" else logging.WARNING
-        log.log(level, "refused handshake with %s: %s", writer.get_extra_info("peername"), refusal)
+        level = logging.INFO if refusal.reason in ROUTINE_REFUSALS else logging.WARNING
+        self._refusals.log(level, refusal.reason, "refused handshake with %s: %s",
+                           writer.get_extra_info("peername"), refusal)
         writer.transport.abort()
         self._notify_change()
 
