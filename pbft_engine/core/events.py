@@ -15,6 +15,7 @@ class TimerKind(Enum):
     # key: seqNo; a ValidateBlock not answered by then is given up (the adapter may hang)
     VALIDATION = "validation"
     RESEND = "resend"  # key: b""; our messages for slots still open a request timeout later
+    TRAILING_BLOCK = "trailing_block"  # key: b""; an empty block after one with transactions
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ class EngineParams:
     new_view_timeout_cap_ms: int = 60_000
     block_period_ms: int = 1_000
     empty_blocks: bool = False  # propose a block every block period even without requests
+    # One empty block this long after the last block with transactions (0: none): a client
+    # that waits for "the next head" to read its receipt (web3 1.x) gets one on an idle chain.
+    trailing_block_ms: int = 1_000
     # Blocks the primary may have proposed and not yet executed (concurrent consensus): it
     # proposes n+1 on n's executed but uncommitted state while n is still being agreed on.
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
@@ -44,6 +47,8 @@ class EngineParams:
             raise ConfigError("checkpoint_interval must be >= 1 and log_multiplier >= 2")
         if min(self.request_timeout_ms, self.new_view_timeout_ms, self.block_period_ms) <= 0:
             raise ConfigError("timeouts and the block period must be positive")
+        if self.trailing_block_ms < 0:
+            raise ConfigError("trailing_empty_block must be >= 0 seconds (0: none)")
         if self.new_view_timeout_cap_ms < self.new_view_timeout_ms:
             raise ConfigError("new_view_timeout_cap must be >= new_view_timeout")
         if not 1 <= self.max_in_flight <= self.log_size:
@@ -65,6 +70,7 @@ class EngineParams:
                 new_view_timeout_cap_ms=_ms(config.get("new_view_timeout_cap", 60)),
                 block_period_ms=_ms(config.get("block_period", 1)),
                 empty_blocks=bool(config.get("empty_blocks", False)),
+                trailing_block_ms=_ms(config.get("trailing_empty_block", 1)),
                 max_in_flight=int(config.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

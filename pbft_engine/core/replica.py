@@ -589,6 +589,9 @@ class Replica:
             self.block_due = True
             self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
             self._maybe_propose()
+        elif event.kind is TimerKind.TRAILING_BLOCK:
+            self.block_due = self.me == self.primary
+            self._maybe_propose()
         elif read_u64(event.key) == self.view and not self.active:
             if event.kind is TimerKind.NEW_VIEW:
                 self._start_view_change(self.view + 1, "new_view_timeout")
@@ -1083,11 +1086,22 @@ class Replica:
             return
         self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
         self._forget_requests(event.tx_hashes)
+        self._arm_trailing_block(event.tx_hashes)
         self.log.forget_outstanding(event.seq_no)
         self.wanted = {k for k in self.wanted if k[0] > event.seq_no}
         if event.seq_no % self.params.checkpoint_interval == 0:
             self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
         self._after_execution()
+
+    def _arm_trailing_block(self, committed: tuple[bytes, ...]) -> None:
+        """A block with transactions committed: one empty block follows it unless another
+        block does first (restarted by each block with transactions). A client that read no
+        receipt at block n and then waits for the next head (web3 1.x subscribes to
+        newHeads) would otherwise wait for ever on an idle chain; one block per busy block at
+        most, so an idle chain stays idle (Besu's `emptyblockperiodseconds` and CometBFT's
+        `create_empty_blocks_interval` answer the same need with periodic blocks)."""
+        if committed and self.params.trailing_block_ms and not self.params.empty_blocks:
+            self._set_timer(TimerKind.TRAILING_BLOCK, b"", self.params.trailing_block_ms)
 
     def _on_commit_refused(self, event: CommitRefused) -> None:
         """The held copy of a certified block did not execute. The quorum certified its
@@ -1321,9 +1335,16 @@ class Replica:
         return WireMessage(own)
 
     def _resend_view_change(self) -> None:
+        """Our VIEW-CHANGE again, and the oldest waiting requests to every peer: a replica
+        that asked alone (cut off when its timer ran out) may hold transactions whose gossip
+        never reached the others, who stay in their view and would never commit them."""
         wire = self._own_view_change()
         self.view_changes[self.me] = wire
         self._send(wire)
+        oldest = tuple(itertools.islice(self.requests, RELAYED_REQUESTS))
+        if oldest:
+            self._out.extend(RelayRequests(peer, oldest)
+                             for peer in range(self.params.n) if peer != self.me)
         self._set_timer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view),
                         self.params.new_view_timeout_ms)
 

@@ -39,14 +39,9 @@ class's envelope is that the quorum of the others fits its rounds in the request
 and a fault that takes a faster backup out makes the quorum wait for a slower one's backlog
 (honest seed 526 at N = 4 replaced a correct primary when the world could fail any backup).
 
-KNOWN_GAPS: what the random draws leave out or let pass until the engine is fixed; each has
-an xfail(strict=True) test in test_simulation.py that fails today and will pass once fixed
-(then remove the gap here):
-
-- "stranded holder": a replica waiting in a view it asked for alone relays nothing, so a
-  transaction only it holds (its gossip was lost while it was cut off) never commits while
-  the others stay in their view. The chaos liveness check leaves out transactions that only
-  such replicas hold.
+The random draws leave nothing out: the one gap they did ("stranded holder", a replica
+waiting in a view it asked for alone relayed nothing, so a transaction only it held never
+committed) is fixed (its VIEW-CHANGE resends relay its oldest requests to every peer).
 
 Found and not left out (the draws meet them rarely; each has its xfail test or is counted):
 
@@ -63,7 +58,6 @@ from functools import partial
 
 from tests.simulation.cluster import CRASH_POINTS, Cluster, ExecutorFaults
 
-KNOWN_GAPS = ("stranded holder",)
 ENABLED = True  # False: every seed's world is calm (run.py --calm), to tell a failure's cause
 RESTART_MS = (50, 1_500)
 EXECUTOR_SHARE = 0.35  # seeds whose hostile nodes' executors fail

@@ -102,19 +102,13 @@ def check_settles(cluster: Cluster, limit_ms: int, nodes: list[Node] | None = No
                               f"{view_change_report(cluster)}")
 
 
-def check_all_commit(cluster: Cluster, nodes: list[Node], limit_ms: int, *,
-                     stranded_gap: bool) -> None:
+def check_all_commit(cluster: Cluster, nodes: list[Node], limit_ms: int) -> None:
     """After healing, every transaction executable on one of these replicas commits on all of
-    them: they end at one height with nothing executable left. With `stranded_gap`, what
-    only stranded replicas hold (inactive: waiting in a view they asked for alone) is left
-    out (hostile.KNOWN_GAPS)."""
+    them: they end at one height with nothing executable left (also what only a replica
+    stranded in a view it asked for alone holds)."""
 
     def left() -> dict[int, list[bytes]]:
-        held = set() if not stranded_gap else {
-            h for n in nodes if n.replica is not None and n.replica.active
-            for h in cluster.executable(n)}
-        return {n.index: [h for h in cluster.executable(n) if not stranded_gap or h in held]
-                for n in nodes}
+        return {n.index: cluster.executable(n) for n in nodes}
 
     def done() -> bool:
         return (not any(left().values()) and not any(n.busy for n in nodes)
@@ -126,8 +120,6 @@ def check_all_commit(cluster: Cluster, nodes: list[Node], limit_ms: int, *,
             f"not every executable transaction committed {limit_ms} ms after healing: "
             f"executable left {waiting}, heights {cluster.heights()}, views "
             f"{cluster.views()}, active {[n.replica.active if n.replica else None for n in nodes]}")
-    if stranded_gap and any(cluster.executable(n) for n in nodes):
-        cluster.seen["stranded holder gap"] += 1  # (left out: hostile.KNOWN_GAPS)
 
 
 def work_under_way(node: Node) -> list[str]:

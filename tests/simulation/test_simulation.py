@@ -26,7 +26,6 @@ from pbft_engine.core import (
 )
 from pbft_engine.core.replica import Replica
 from tests.simulation import cluster as cluster_module
-from tests.simulation import scenario
 from tests.simulation.cluster import Cluster, ExecutorFaults, Node, _Queued
 from tests.simulation.scenario import kind_of, replay_command, run_seed
 
@@ -190,15 +189,11 @@ def test_a_lone_validator_commits_after_a_failed_re_execution() -> None:
     assert cluster.run_until(lambda: cluster.committed(tx) == 1, 10_000)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stranded holder: a replica waiting in a view it asked for alone relays nothing, so "
-    "transactions only it holds never commit while the others stay in their view"))
-def test_transactions_only_a_stranded_replica_holds_commit(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_transactions_only_a_stranded_replica_holds_commit() -> None:
     """Chaos seed 31 at N = 6 (no hostile world needed): replica 1 asked alone for view 1
     while cut off and holds three transactions whose gossip to the others was lost (two only
-    it holds); the healed cluster stays in view 0 and never commits them."""
-    monkeypatch.setattr(scenario, "STRANDED_GAP", False)
+    it holds); until its VIEW-CHANGE resends relayed its oldest requests to every peer, the
+    healed cluster stayed in view 0 and never committed them."""
     run_seed(31, 6)
 
 

@@ -1,6 +1,8 @@
 """Lost messages and a replica that times nothing (issue 28): what a replica sent for a slot
-still open a request timeout later is sent again, and a block it could not validate in time
-keeps its request timer running, so a view change can follow."""
+still open a request timeout later is sent again, a block it could not validate in time keeps
+its request timer running, so a view change can follow, and a replica asking for a view
+change relays what it waits for to every peer. And the idle chain (issue 29): one empty block
+follows a block with transactions."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pbft_engine.core import (
     BuildBlock,
     ChainHead,
     EngineParams,
+    RelayRequests,
     Replica,
     RequestReceived,
     SetTimer,
@@ -96,3 +99,46 @@ def test_a_block_validated_too_late_keeps_a_backup_timing_the_primary() -> None:
     replica.step(TimerFired(TimerKind.REQUEST, b""))
     assert (replica.view, replica.active) == (1, False)
     assert replica.view_change_reasons == {"request_timeout": 1}
+
+
+def test_a_replica_asking_for_a_view_change_relays_its_oldest_requests_to_every_peer() -> None:
+    """Cut off when its timer ran out, a backup asks alone for view 1 and holds transactions
+    whose gossip never reached the others, who stay in view 0: each VIEW-CHANGE it sends
+    relays its oldest requests to every peer, so they commit them there (simulator: chaos
+    seed 31 at N = 6 never committed them)."""
+    replica = Replica(PARAMS, 2, SIGNERS[2], KeyVerifier(), ChainHead(0, GENESIS),
+                      block_digest=keccak)
+    replica.start()
+    replica.step(RequestReceived(TX))
+    actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
+    assert (replica.view, replica.active) == (1, False)
+    assert relayed(actions) == {0: (TX,), 1: (TX,), 3: (TX,)}
+    actions = replica.step(TimerFired(TimerKind.VIEW_CHANGE_RESEND, u64(1))).actions
+    assert relayed(actions) == {0: (TX,), 1: (TX,), 3: (TX,)}
+
+
+def relayed(actions: list[Action]) -> dict[int, tuple[bytes, ...]]:
+    return {a.replica: a.tx_hashes for a in actions if isinstance(a, RelayRequests)}
+
+
+def test_one_empty_block_follows_a_block_with_transactions() -> None:
+    """A web3 1.x client that missed its receipt at block 1 waits for the next head: the
+    primary proposes one empty block `trailing_empty_block` after it, and none after that
+    empty block (an idle chain stays idle)."""
+    replica = primary_with_block_proposed()
+    for peer in (1, 2):
+        replica.step(from_peer(Prepare(0, 1, DIGEST, peer)))
+        replica.step(from_peer(Commit(0, 1, DIGEST, peer)))
+    actions = replica.step(BlockCommitted(1, DIGEST, keccak(b"state 1"), (TX,))).actions
+    assert timer(actions, TimerKind.TRAILING_BLOCK) == PARAMS.trailing_block_ms
+    actions = replica.step(TimerFired(TimerKind.TRAILING_BLOCK, b"")).actions
+    builds = [a for a in actions if isinstance(a, BuildBlock)]
+    assert len(builds) == 1 and builds[0].seq_no == 2 and builds[0].allow_empty
+    empty = b"block 2, empty"
+    actions = replica.step(BlockBuilt(2, keccak(empty), empty, ())).actions
+    assert pre_prepares(actions) == [(2, (empty,))]
+    for peer in (1, 2):
+        replica.step(from_peer(Prepare(0, 2, keccak(empty), peer)))
+        replica.step(from_peer(Commit(0, 2, keccak(empty), peer)))
+    actions = replica.step(BlockCommitted(2, keccak(empty), keccak(b"state 2"), ())).actions
+    assert timer(actions, TimerKind.TRAILING_BLOCK) is None
