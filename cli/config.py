@@ -20,6 +20,9 @@ idle_timeout = 120                   # seconds a connection may wait between req
 batch_request_limit = 1000           # calls in one batch
 batch_response_max_size = 25000000   # bytes of one batch's answers; the rest get an error
 gascap = 50000000                    # gas for eth_call and eth_estimateGas
+evmtimeout = 5                       # seconds an eth_call / eth_estimateGas may execute
+evm_workers = 1                      # threads that execute them
+evm_max_pending = 8                  # of them running or waiting; "server busy" beyond
 [metrics]                            # Prometheus metrics; off unless a port is set
 addr = "127.0.0.1"
 port = 6060
@@ -66,9 +69,12 @@ FLAG_KEYS = {
     "rpc_batch_request_limit": ("rpc", "batch_request_limit"),
     "rpc_batch_response_max_size": ("rpc", "batch_response_max_size"),
     "rpc_gascap": ("rpc", "gascap"),
+    "rpc_evmtimeout": ("rpc", "evmtimeout"),
+    "rpc_evm_workers": ("rpc", "evm_workers"),
+    "rpc_evm_max_pending": ("rpc", "evm_max_pending"),
 }
 PATH_SETTINGS = ("datadir", "keystore", "password_file")
-# flag -> RpcLimits field ("batch." for BatchLimits), and its type
+# flag -> RpcLimits field ("batch." for BatchLimits, "evm." for EvmLimits), and its type
 RPC_LIMIT_SETTINGS: tuple[tuple[str, str, type[int] | type[float]], ...] = (
     ("http_max_connections", "max_connections", int),
     ("http_max_request_bytes", "max_body_bytes", int),
@@ -76,6 +82,9 @@ RPC_LIMIT_SETTINGS: tuple[tuple[str, str, type[int] | type[float]], ...] = (
     ("http_idle_timeout", "idle_timeout", float),
     ("rpc_batch_request_limit", "batch.max_items", int),
     ("rpc_batch_response_max_size", "batch.max_response_bytes", int),
+    ("rpc_evmtimeout", "evm.timeout", float),
+    ("rpc_evm_workers", "evm.workers", int),
+    ("rpc_evm_max_pending", "evm.max_pending", int),
 )
 
 
@@ -158,18 +167,22 @@ def _positive(value: Any, what: str, kind: type[int] | type[float] = int) -> Any
 def _rpc_limits(settings: dict[str, Any]) -> RpcLimits:
     """[http] and [rpc] limits over the defaults (geth's where geth has one)."""
     limits = RpcLimits()
-    batch = limits.batch
     for flag, field_name, kind in RPC_LIMIT_SETTINGS:
         value = settings[flag]
         if value is None:
             continue
         section, key = FLAG_KEYS[flag]
-        number = _positive(value, f"{section}.{key}", kind)
-        if field_name.startswith("batch."):
-            batch = replace(batch, **{field_name.removeprefix("batch."): number})
-        else:
-            limits = replace(limits, **{field_name: number})
-    return replace(limits, batch=batch)
+        limits = _with_field(limits, field_name, _positive(value, f"{section}.{key}", kind))
+    return limits
+
+
+def _with_field(limits: Any, field_name: str, value: Any) -> Any:
+    """A copy of `limits` with `field_name` set; "batch.max_items" names a field of its
+    BatchLimits."""
+    outer, _, inner = field_name.partition(".")
+    if inner:
+        value = _with_field(getattr(limits, outer), inner, value)
+    return replace(limits, **{outer: value})
 
 
 def _validator_key(settings: dict[str, Any]) -> PrivateKey | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from eth.abc import BlockHeaderAPI, ComputationAPI
 from eth.exceptions import Revert
@@ -25,7 +25,15 @@ from chain.rpc.hexcodec import (
     parse_storage_slot,
     quantity,
 )
-from chain.rpc.served import ReadWorkers, ServedBlocks
+from chain.rpc.served import (
+    MAX_PENDING_READS,
+    READ_WORKERS,
+    ExecutionTimeout,
+    ServedBlocks,
+    WorkerPool,
+    evm_deadline,
+    with_deadline,
+)
 
 if TYPE_CHECKING:
     from chain.node import Node
@@ -34,11 +42,13 @@ CLIENT_VERSION = "pbft-chain/v0.1.0/python3.11"
 HASH_PARAM_LENGTH = 2 + 64  # "0x" and 32 bytes of hex
 MAX_LOG_BLOCK_RANGE = 10_000
 MAX_LOG_RESULTS = 10_000
-MAX_FEE_HISTORY_BLOCKS = 1_024
+MAX_FEE_HISTORY_BLOCKS = 1_024  # geth's: more are answered with the newest 1,024
+MAX_REWARD_PERCENTILES = 100  # geth's maxQueryLimit
 DEFAULT_PRIORITY_FEE = 1_000_000_000  # 1 gwei, what geth suggests on an idle chain
 ERROR_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
 
 Method = Callable[..., Awaitable[Any]]
+T = TypeVar("T")
 
 
 def _revert_error(computation: ComputationAPI) -> RpcError:
@@ -61,6 +71,20 @@ def _raise_if_failed(computation: ComputationAPI) -> None:
     raise ServerError(str(computation.error) or type(computation.error).__name__)
 
 
+def _check_percentiles(percentiles: Any) -> None:
+    """eth_feeHistory's rewardPercentiles: at most MAX_REWARD_PERCENTILES (counted before
+    any is looked at), increasing, each in [0, 100]."""
+    if isinstance(percentiles, list) and len(percentiles) > MAX_REWARD_PERCENTILES:
+        raise InvalidParams(f"invalid reward percentiles: {len(percentiles)} given, at most "
+                            f"{MAX_REWARD_PERCENTILES}")
+    if (
+        not isinstance(percentiles, list)
+        or not all(isinstance(p, int | float) and 0 <= p <= 100 for p in percentiles)
+        or percentiles != sorted(percentiles)
+    ):
+        raise InvalidParams("invalid reward percentiles: want increasing numbers in [0, 100]")
+
+
 class EthApi:
     """Methods by name; each takes the JSON params positionally and returns a JSON value."""
 
@@ -69,7 +93,10 @@ class EthApi:
         self.blockchain = node.blockchain
         self.filters = FilterManager()
         self.served = ServedBlocks(node.blockchain)
-        self.reads = ReadWorkers()
+        self.reads = WorkerPool(READ_WORKERS, MAX_PENDING_READS, "read")
+        self.evm_limits = node.config.rpc_limits.evm
+        self.executions = WorkerPool(
+            self.evm_limits.workers, self.evm_limits.max_pending, "eth_call/eth_estimateGas")
         node.head_listeners.append(lambda c: self.filters.on_block(c.header, c.records))
 
     def methods(self) -> dict[str, Method]:
@@ -157,12 +184,13 @@ class EthApi:
         self, block_count: Any, newest: Any, percentiles: Any = None
     ) -> dict[str, Any]:
         count = min(parse_quantity(block_count, "blockCount", bits=64), MAX_FEE_HISTORY_BLOCKS)
-        if percentiles is not None and (
-            not isinstance(percentiles, list)
-            or not all(isinstance(p, int | float) and 0 <= p <= 100 for p in percentiles)
-            or percentiles != sorted(percentiles)
-        ):
-            raise InvalidParams("invalid reward percentiles: want increasing numbers in [0, 100]")
+        if percentiles is not None:
+            _check_percentiles(percentiles)
+        return await self.reads.run(self._fee_history, count, newest, percentiles)
+
+    def _fee_history(
+        self, count: int, newest: Any, percentiles: list[Any] | None
+    ) -> dict[str, Any]:
         newest_header = self._fee_history_newest(newest)
         oldest = max(0, newest_header.block_number - count + 1)
         newest_number = newest_header.block_number
@@ -245,7 +273,7 @@ class EthApi:
         with vm.in_costless_state() as state:
             tx = self._call_transaction(call, header, state)
             try:
-                return state.costless_execute_transaction(tx)
+                return with_deadline(state).costless_execute_transaction(tx)
             except ValidationError as exc:
                 raise ServerError(self._execution_message(exc)) from None
 
@@ -261,12 +289,12 @@ class EthApi:
     async def eth_call(self, call: Any, block: Any = "latest", overrides: Any = None) -> str:
         if overrides is not None:
             raise InvalidParams("state overrides are not supported")
-        computation = await self.reads.run(self._run_call, call, block)
+        computation = await self._execute(self._run_call, call, block)
         _raise_if_failed(computation)
         return data(computation.output)
 
     async def eth_estimateGas(self, call: Any, block: Any = "latest") -> str:  # noqa: N802
-        return await self.reads.run(self._estimate_gas, call, block)
+        return await self._execute(self._estimate_gas, call, block)
 
     def _estimate_gas(self, call: Any, block: Any) -> str:
         _raise_if_failed(self._run_call(call, block))
@@ -274,7 +302,19 @@ class EthApi:
         view = self.blockchain.view()
         with view.get_vm(header).in_costless_state() as state:
             tx = self._call_transaction(call, header, state)
-            return quantity(view.gas_estimator(state, tx))
+            return quantity(view.gas_estimator(with_deadline(state), tx))
+
+    async def _execute(self, function: Callable[..., T], *args: Any) -> T:
+        """`function` on an EVM thread, all its executions within one deadline (geth's)."""
+        return await self.executions.run(self._within_deadline, function, *args)
+
+    def _within_deadline(self, function: Callable[..., T], *args: Any) -> T:
+        timeout = self.evm_limits.timeout
+        with evm_deadline(timeout):
+            try:
+                return function(*args)
+            except ExecutionTimeout:
+                raise ServerError(f"execution aborted (timeout = {timeout:g}s)") from None
 
     async def eth_sendRawTransaction(self, raw: Any) -> str:  # noqa: N802
         try:
@@ -387,13 +427,14 @@ class EthApi:
     async def eth_newFilter(self, query: Any) -> str:  # noqa: N802
         if not isinstance(query, dict):
             raise InvalidParams("invalid argument 0: filter object expected")
-        return self.filters.install("logs", LogCriteria.parse(query), query)
+        criteria = await self.reads.run(LogCriteria.parse, query)  # up to 5,000 values
+        return self.filters.install("logs", criteria, query)
 
     async def eth_newBlockFilter(self) -> str:  # noqa: N802
         return self.filters.install("blocks", None)
 
     async def eth_getFilterChanges(self, filter_id: Any) -> list[Any]:  # noqa: N802
-        return self.filters.take_changes(filter_id)
+        return await self.filters.take_changes(filter_id)
 
     async def eth_getFilterLogs(self, filter_id: Any) -> list[Any]:  # noqa: N802
         installed = self.filters.get(filter_id)

@@ -13,6 +13,17 @@ class BatchLimits:
 
 
 @dataclass(frozen=True)
+class EvmLimits:
+    """eth_call and eth_estimateGas: they run on their own threads, apart from the reads, and
+    each is stopped at its deadline (its gas is capped by NodeConfig.rpc_gas_cap, geth's
+    RPCGasCap)."""
+
+    timeout: float = 5.0  # geth's --rpc.evmtimeout: "execution aborted (timeout = 5s)" beyond
+    workers: int = 1  # threads: they share the interpreter with consensus, so few
+    max_pending: int = 8  # calls running or waiting; one more gets -32005 "server busy"
+
+
+@dataclass(frozen=True)
 class RpcLimits:
     """Header sizes are aiohttp's (request line and each header up to 8190 bytes, at most 128
     headers: 400 beyond)."""
@@ -25,3 +36,4 @@ class RpcLimits:
     # After refusing a body (408, 413) the rest is read and dropped this long, so the client
     # reads the answer rather than a reset; the connection holds its slot meanwhile.
     linger_time: float = 2.0
+    evm: EvmLimits = field(default_factory=EvmLimits)

@@ -7,15 +7,21 @@ formatted in a cache bounded by blocks and by transactions, most recently read l
 mostly ask for the head and the blocks just behind it, so those are served from memory, and
 a single lookup in such a block is a dictionary read.
 
-Whole-block reads, logs and execution run on worker threads (`ReadWorkers`); single
+Whole-block reads, logs and execution run on worker threads (`WorkerPool`); single
 lookups run on the event loop, where they cost less than the hop to a thread would (0.1 to
-0.3 ms of CPU a call under polling). The cache takes a lock.
+0.3 ms of CPU a call under polling). The cache takes a lock. Execution (eth_call,
+eth_estimateGas) has threads of its own and a deadline checked inside the EVM
+(`with_deadline`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,40 +29,128 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
-from eth.abc import BlockHeaderAPI
+from eth.abc import BlockHeaderAPI, ComputationAPI, StateAPI
 
 from chain.blockchain import Blockchain
 from chain.read_store import TxRecord, encode_block
+from chain.rpc.errors import LIMIT_EXCEEDED, RpcError
 from chain.rpc.filters import LogCriteria, matching_logs
 from chain.rpc.formatters import block_json, header_json, receipt_json, transaction_json
 from chain.rpc.hexcodec import data
 
 READ_WORKERS = 2  # threads for reads: one long read (a wide eth_getLogs) does not stall the rest
-MAX_QUEUED_READS = 64  # reads running or queued; later ones wait, holding only their request
+MAX_PENDING_READS = 64  # reads running or waiting for a thread; one more: "server busy"
 MAX_CACHED_BLOCKS = 256
 MAX_CACHED_TRANSACTIONS = 4_000  # formatted transactions and receipts: ~3.6 KB a transfer
+# An EVM thread gives the interpreter up for a moment after each slice of execution, so the
+# event loop, which carries consensus, waits for it at most a slice (not the interpreter's
+# 5 ms switch interval, once per wake-up).
+EVM_SLICE_SECONDS = 0.002
+EVM_PAUSE_SECONDS = 0.0005
+# The opcodes a long execution cannot avoid: every loop jumps back, every deeper frame is a
+# call or a create. The deadline is checked at these only.
+DEADLINE_OPCODES = frozenset({
+    0x56, 0x57,  # JUMP, JUMPI
+    0xF0, 0xF1, 0xF2, 0xF4, 0xF5, 0xFA,  # CREATE, CALL, CALLCODE, DELEGATECALL, CREATE2, STATICCALL
+})
 
 
 T = TypeVar("T")
 
 
-class ReadWorkers:
-    """The threads the long read methods run on, so that a wide eth_getLogs, a large block or
-    an eth_call never holds the event loop, which also carries consensus messages and
-    commits, for its whole length (the interpreter switches threads every few milliseconds).
-    Bounded: at most MAX_QUEUED_READS run or wait for a thread at once."""
+class WorkerPool:
+    """Threads for one kind of client-driven work (long reads, execution, decoding big
+    requests), so that none of it holds the event loop, which also carries consensus
+    messages and commits, for its whole length (the interpreter switches threads every few
+    milliseconds). Bounded: at most `max_pending` calls run or wait for a thread at once;
+    one more is refused at once with -32005 "server busy", never queued."""
 
-    def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="rpc-read")
-        self._slots = asyncio.Semaphore(MAX_QUEUED_READS)
+    def __init__(self, threads: int, max_pending: int, what: str) -> None:
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="rpc-" + what)
+        self._max_pending = max_pending
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._busy = (f"server busy: {max_pending} {what} requests are already running or "
+                      "waiting; retry later")
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
-        async with self._slots:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._executor, function, *args)
+        with self._lock:
+            if self._pending >= self._max_pending:
+                raise RpcError(LIMIT_EXCEEDED, self._busy)
+            self._pending += 1
+        return await asyncio.wrap_future(self._executor.submit(self._counted, function, args))
+
+    def _counted(self, function: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """Runs on a worker: the slot is free when the work ends, even if its caller left."""
+        try:
+            return function(*args)
+        finally:
+            with self._lock:
+                self._pending -= 1
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+# Execution with a deadline.
+
+
+class ExecutionTimeout(Exception):
+    """Raised inside the EVM at the deadline; not a VMError, so py-evm does not catch it and
+    the whole call unwinds (its state is a throwaway copy)."""
+
+
+class _Deadline(threading.local):
+    expires = math.inf
+    next_pause = math.inf
+
+
+_deadline = _Deadline()
+
+
+@contextlib.contextmanager
+def evm_deadline(seconds: float) -> Iterator[None]:
+    """Executions on this thread inside the block stop with ExecutionTimeout after `seconds`
+    (their state must come from `with_deadline`)."""
+    now = time.monotonic()
+    _deadline.expires, _deadline.next_pause = now + seconds, now + EVM_SLICE_SECONDS
+    try:
+        yield
+    finally:
+        _deadline.expires = _deadline.next_pause = math.inf
+
+
+def _check_deadline() -> None:
+    now = time.monotonic()
+    if now < _deadline.next_pause:
+        return
+    if now >= _deadline.expires:
+        raise ExecutionTimeout
+    time.sleep(EVM_PAUSE_SECONDS)
+    _deadline.next_pause = time.monotonic() + EVM_SLICE_SECONDS
+
+
+def _checked(opcode: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(opcode)
+    def run(computation: ComputationAPI) -> None:
+        _check_deadline()
+        opcode(computation=computation)
+
+    return run
+
+
+@functools.cache
+def _deadline_computation(base: type[ComputationAPI]) -> type[ComputationAPI]:
+    opcodes = {number: _checked(opcode) if number in DEADLINE_OPCODES else opcode
+               for number, opcode in base.opcodes.items()}
+    return type(base.__name__ + "WithDeadline", (base,), {"opcodes": opcodes})
+
+
+def with_deadline(state: StateAPI) -> StateAPI:
+    """`state` (a throwaway one: eth_call's) executing with the thread's `evm_deadline`;
+    consensus execution never pays for the checks."""
+    state.computation_class = _deadline_computation(state.computation_class)  # type: ignore[misc]
+    return state
 
 
 @dataclass
