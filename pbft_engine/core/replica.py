@@ -641,9 +641,13 @@ class Replica:
         self._arm_resend_timer()
 
     def _resend_own(self, slot: Slot) -> None:
+        """Our messages for this slot again. Our PRE-PREPARE only with its block: a new
+        primary's re-proposal whose body it never held travelled in its NEW-VIEW, and a
+        PRE-PREPARE without a block is refused by every peer's decoder."""
         if slot.pre_prepare is not None and slot.pre_prepare.body.replica == self.me:
             block = self.log.block_for(slot.pre_prepare.body.seq_no, slot.pre_prepare.body.digest)
-            self._broadcast(slot.pre_prepare, (block,) if block is not None else ())
+            if block is not None:
+                self._broadcast(slot.pre_prepare, (block,))
         for votes in (slot.prepares, slot.commits):
             if self.me in votes:
                 self._broadcast(votes[self.me])

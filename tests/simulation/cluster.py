@@ -305,6 +305,11 @@ class RestartAmnesia(AssertionError):
     """A replica that lost no records restarted as if it had (it would follow, not vote)."""
 
 
+class UndecodableSent(AssertionError):
+    """A correct replica sent a message its peers' decoders refuse (e.g. a PRE-PREPARE
+    without its block): wasted at best, a lost proposal at worst."""
+
+
 class PoisonKept(AssertionError):
     """A correct replica validated a block that breaks the rules, in its view, and stayed in
     that view: its primary should be replaced at once, not after a timer."""
@@ -1002,8 +1007,9 @@ class Cluster:
         signed = signed_part(data)
         try:
             WireMessage.decode(data)
-        except MessageError:  # (its peers drop it as a MessageError)
-            self.seen[f"sent an undecodable {signed.body.TYPE.name}"] += 1
+        except MessageError as exc:  # (its peers drop it as a MessageError)
+            raise UndecodableSent(f"replica {index} sent an undecodable "
+                                  f"{signed.body.TYPE.name}: {exc}") from None
         body = signed.body
         key = (index, body.TYPE, getattr(body, "view", 0), getattr(body, "seq_no", -1))
         encoded = signed.encode()

@@ -197,6 +197,14 @@ def test_transactions_only_a_stranded_replica_holds_commit() -> None:
     run_seed(31, 6)
 
 
+def test_a_restarted_new_primary_sends_no_pre_prepare_without_its_block() -> None:
+    """Chaos seed 850 at N = 6: replica 1 crashed while sending and restarted as the new
+    primary, holding re-proposals from its NEW-VIEW whose bodies it never had; it resent
+    them as PRE-PREPAREs without a block, which every peer's decoder refuses
+    (`UndecodableSent`). They travelled in the NEW-VIEW: it resends only what it holds."""
+    run_seed(850, 6)
+
+
 def test_a_replica_caught_up_past_its_stable_checkpoint_keeps_the_next_block() -> None:
     """Replica 2 restarts with nothing, a peer proves head 45 (no checkpoint: K = 10) and it
     catches up there: h = 45, its stable checkpoint stays 0, so it may vote up to 40 only.
