@@ -70,6 +70,12 @@ class NodeMetrics:
         self.block_execution = Histogram(
             "chain_block_execution_seconds", "Time to execute a block, by what it was for",
             ["kind"], buckets=EXECUTION_BUCKETS, registry=self.registry)
+        self.websocket_disconnects = Counter(
+            "rpc_websocket_disconnects", "WebSocket clients the node cut, by reason",
+            ["reason"], registry=self.registry)
+        self.websocket_outbox_bytes = Gauge(
+            "rpc_websocket_outbox_bytes", "Bytes queued for WebSocket clients",
+            registry=self.registry)
 
     @contextmanager
     def timing(self, kind: str) -> Iterator[None]:

@@ -3,12 +3,14 @@
 Every limit is in `RpcLimits` (chain/rpc/limits.py; set in the node's config). The Host
 header must be in the allowlist; a request carrying a browser Origin is refused unless CORS
 allows that origin. HTTP-level refusals are plain-text answers with a status; everything
-that reaches the dispatcher gets a JSON-RPC answer.
+that reaches the dispatcher gets a JSON-RPC answer. A WebSocket's outbox is bounded in bytes,
+with backpressure and a write deadline (`WebSocketLimits`, chain/rpc/subscriptions.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from typing import TYPE_CHECKING, Any
@@ -17,9 +19,19 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from chain.p2p.throttle import ThrottledLog
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.eth import EthApi
-from chain.rpc.subscriptions import Subscriptions
+from chain.rpc.subscriptions import (
+    BEHIND,
+    CUT_REASONS,
+    OUTBOX_FULL,
+    WRITE_DEADLINE,
+    Outbox,
+    Session,
+    Subscriptions,
+    WebSocketLimits,
+)
 from chain.rpc.txpool import TxPoolApi
 
 if TYPE_CHECKING:
@@ -27,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WS_SEND_QUEUE = 1_000
 JSON_CONTENT_TYPES = ("application/json", "application/json-rpc", "application/jsonrequest")
 BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 21\r\n"
@@ -76,7 +87,7 @@ def _closing(status: int, text: str) -> web.Response:
 
 
 class RpcServer:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, websocket: WebSocketLimits | None = None) -> None:
         self.node = node
         config = node.config
         self.limits = config.rpc_limits
@@ -86,7 +97,11 @@ class RpcServer:
         methods = self.eth.methods() | TxPoolApi(node).methods()
         methods.update(node.engine.rpc_methods())
         self.dispatcher = Dispatcher(methods, self.limits.batch)
-        self.subscriptions = Subscriptions(node)
+        self.subscriptions = Subscriptions(node, websocket)
+        self._cuts = ThrottledLog(log, "WebSocket clients disconnected")
+        for reason in CUT_REASONS:  # each counted from zero
+            node.metrics.websocket_disconnects.labels(reason)
+        node.metrics.websocket_outbox_bytes.set_function(self.subscriptions.outbox_bytes)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
         self._websockets: set[web.WebSocketResponse] = set()
@@ -159,18 +174,12 @@ class RpcServer:
         socket = web.WebSocketResponse(max_msg_size=self.limits.max_body_bytes, heartbeat=30)
         await socket.prepare(request)
         self._websockets.add(socket)
-        outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=WS_SEND_QUEUE)
-        session = self.subscriptions.session(outbox)
-        writer = asyncio.create_task(self._ws_writer(socket, outbox))
+        session = self.subscriptions.session()
+        deadline = self.subscriptions.limits.write_deadline
+        writer = asyncio.create_task(self._ws_writer(socket, session.outbox, deadline))
+        writer.add_done_callback(functools.partial(self._ws_cut, request, session))
         try:
-            async for message in socket:
-                if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    break  # CLOSE or ERROR (a message over the limit: closed with 1009)
-                result = await self.dispatcher.handle_payload(message.data, session)
-                if result is not None and not session.enqueue(result):
-                    break
-                if session.overflowed:
-                    break
+            await self._ws_read(socket, session)
         finally:
             self._websockets.discard(socket)
             session.close()
@@ -184,11 +193,59 @@ class RpcServer:
         sockets = list(self._websockets)
         await asyncio.gather(*(s.close(code=WSCloseCode.GOING_AWAY) for s in sockets))
 
+    async def _ws_read(self, socket: web.WebSocketResponse, session: Session) -> None:
+        """Requests, one at a time, each read only while the outbox is under its budget."""
+        while await session.outbox.room():
+            message = await socket.receive()
+            if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                return  # CLOSE or ERROR (a message over the limit: closed with 1009)
+            result = await self.dispatcher.handle_payload(message.data, session)
+            if result is not None:
+                session.outbox.put_answer(result)
+
     @staticmethod
-    async def _ws_writer(socket: web.WebSocketResponse, outbox: asyncio.Queue[str]) -> None:
-        while True:
-            text = await outbox.get()
-            await socket.send_str(text)
+    async def _ws_writer(
+        socket: web.WebSocketResponse, outbox: Outbox, deadline: float
+    ) -> str | None:
+        """Writes what the outbox holds; why the client is to be cut (None: it left). The
+        outbox is closed when it ends, so the reader stops waiting for room in it."""
+        try:
+            while (item := await outbox.next()) is not None:
+                async with asyncio.timeout(deadline):
+                    await socket.send_str(item.text())
+                outbox.sent(item)
+            return outbox.cut_reason
+        except TimeoutError:
+            return WRITE_DEADLINE
+        except ConnectionError:
+            return None
+        finally:
+            outbox.close()
+
+    def _ws_cut(self, request: web.Request, session: Session, writer: asyncio.Task[Any]) -> None:
+        """The writer ended: if it was to cut the client, say why (log and metric) and close
+        the connection (the reader then ends too)."""
+        if writer.cancelled():
+            return
+        if (error := writer.exception()) is not None:  # a bug: its traceback, and the client cut
+            log.error("WebSocket writer failed", exc_info=error)
+            reason = None
+        elif (reason := writer.result()) is not None:
+            self._report_cut(request, session.outbox, reason)
+        if (error is not None or reason is not None) and request.transport is not None:
+            request.transport.abort()
+
+    def _report_cut(self, request: web.Request, outbox: Outbox, reason: str) -> None:
+        limits = self.subscriptions.limits
+        why = {
+            WRITE_DEADLINE: f"a message not taken within the {limits.write_deadline:g} s "
+                            "write deadline",
+            OUTBOX_FULL: f"over {limits.notification_bytes} bytes of notifications waiting",
+            BEHIND: f"notifications over {limits.max_blocks_behind} blocks behind",
+        }[reason]
+        self._cuts.log(logging.WARNING, reason, "WebSocket client %s disconnected: %s "
+                       "(%d bytes queued)", request.remote, why, outbox.bytes)
+        self.node.metrics.websocket_disconnects.labels(reason).inc()
 
     def _accept(self) -> asyncio.BaseProtocol:
         """A protocol for each accepted connection: aiohttp's, or a 503 over the limit."""

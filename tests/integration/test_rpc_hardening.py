@@ -28,7 +28,7 @@ from eth_account import Account
 from web3 import Web3
 
 from chain.rpc.limits import BatchLimits, RpcLimits
-from chain.rpc.subscriptions import MAX_SUBSCRIPTIONS_PER_CONNECTION
+from chain.rpc.subscriptions import WebSocketLimits
 from chain.txpool import PoolLimits
 from testkit.nodes import RunningNode, run_dev_node, wait_for
 
@@ -41,6 +41,7 @@ ADDRESS = "0x" + "11" * 20
 HASH = "0x" + "ab" * 32
 CHAIN_ID_CALL = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}'
 INTERNAL_ERROR = -32603
+WS = WebSocketLimits()
 
 
 @pytest.fixture(scope="module")
@@ -553,10 +554,7 @@ def test_websocket_hostile_messages(node: RunningNode, w3: Web3) -> None:
             async with session.ws_connect(node.ws_url) as ws:
                 await ws.send_str("{not json")
                 seen["parse"] = await ws.receive_json(timeout=EXCHANGE_DEADLINE)
-                seen["subscriptions"] = [
-                    await _ws_call(ws, i, "eth_subscribe", "newHeads")
-                    for i in range(MAX_SUBSCRIPTIONS_PER_CONNECTION + 1)
-                ]
+                seen["subscriptions"] = await _ws_subscribe(ws, WS.max_subscriptions + 1)
                 await _ws_call(ws, 0, "eth_unsubscribe", seen["subscriptions"][0]["result"])
                 seen["after_unsubscribe"] = await _ws_call(ws, 1, "eth_subscribe", "newHeads")
             async with session.ws_connect(node.ws_url) as ws:
@@ -589,6 +587,104 @@ async def _ws_call(
         message = await ws.receive_json(timeout=EXCHANGE_DEADLINE)
         if message.get("id") == request_id:
             return message
+
+
+async def _ws_subscribe(ws: aiohttp.ClientWebSocketResponse, count: int) -> list[Any]:
+    """`count` newHeads subscriptions, in batches of up to 1,000: their answers, in order."""
+    answers: list[Any] = []
+    while len(answers) < count:
+        ids = range(len(answers), min(count, len(answers) + BatchLimits().max_items))
+        await ws.send_json([{"jsonrpc": "2.0", "id": i, "method": "eth_subscribe",
+                             "params": ["newHeads"]} for i in ids])
+        while not isinstance(batch := await ws.receive_json(timeout=EXCHANGE_DEADLINE), list):
+            pass  # a notification
+        answers += sorted(batch, key=lambda answer: answer["id"])
+    return answers
+
+
+def test_a_thousand_subscriptions_on_one_connection(node: RunningNode, signer: Signer) -> None:
+    """web3 1.x opens a newHeads subscription per pending transaction: 1,000 on one
+    connection are served, each notified of the next block (101 were refused before)."""
+
+    async def scenario() -> dict[str, int]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(node.ws_url) as ws:
+            subscriptions = {a["result"] for a in await _ws_subscribe(ws, 1_000)}
+            assert len(subscriptions) == 1_000
+            await asyncio.to_thread(lambda: signer.w3.eth.send_raw_transaction(signer.sign()))
+            heads: dict[str, int] = {}  # subscription -> block number
+            while len(heads) < 1_000:
+                message = await ws.receive_json(timeout=EXCHANGE_DEADLINE)
+                params = message["params"]
+                heads.setdefault(params["subscription"], int(params["result"]["number"], 16))
+            assert set(heads) == subscriptions
+            return heads
+
+    assert len(set(asyncio.run(scenario()).values())) == 1  # all of one block, the first
+    assert_serving(signer.w3)
+
+
+def test_a_slow_reader_is_slowed_not_cut(node: RunningNode, w3: Web3, signer: Signer) -> None:
+    """A client that stops reading while its answers (2,000 of 16 kB) and notifications keep
+    coming: the node stops reading its requests once its outbox holds 4 MiB, and the client,
+    reading again, gets every answer and notification. Before, the 1,000th queued message cut
+    it (Hyperledger Caliper lost its connection so at 100 tx/s)."""
+    call = {"to": _deploy_returner(node, w3), "input": "0x" + (8_192).to_bytes(32, "big").hex()}
+    requests = [{"jsonrpc": "2.0", "id": i, "method": "eth_call", "params": [call]}
+                for i in range(2_000)]
+
+    async def scenario() -> tuple[set[int], set[int], set[int], float]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(node.ws_url) as ws:
+            (subscribed,) = await _ws_subscribe(ws, 1)
+            sender = asyncio.ensure_future(_send_all(ws, requests))
+            # Not reading: the outbox fills to its budget, and the node stops reading.
+            await asyncio.to_thread(wait_for, lambda: _outbox_bytes(node) >= WS.outbox_bytes,
+                                    30, "the outbox at its budget")
+            heads = {await asyncio.to_thread(_transfer, signer) for _ in range(2)}
+            held = await asyncio.to_thread(_outbox_bytes, node)
+            answered: set[int] = set()
+            notified: set[int] = set()
+            while len(answered) < len(requests) or not heads <= notified:
+                message = await ws.receive_json(timeout=EXCHANGE_DEADLINE)
+                if "id" in message:
+                    assert message["result"] == "0x" + "00" * 8_192, message
+                    answered.add(message["id"])
+                    if len(answered) % 50 == 0:
+                        await asyncio.sleep(0.005)  # a slow reader
+                else:
+                    assert message["params"]["subscription"] == subscribed["result"]
+                    notified.add(int(message["params"]["result"]["number"], 16))
+            await sender
+            return answered, heads, notified, held
+
+    answered, heads, notified, held = asyncio.run(scenario())
+    assert answered == set(range(len(requests)))
+    assert heads <= notified
+    assert held <= WS.outbox_bytes + 20_000  # the budget, one answer and two notifications
+    assert _metric(node, "rpc_websocket_disconnects_total") == 0
+    assert_serving(w3)
+
+
+async def _send_all(ws: aiohttp.ClientWebSocketResponse, requests: list[Any]) -> None:
+    for request in requests:
+        await ws.send_json(request)
+
+
+def _transfer(signer: Signer) -> int:
+    """A committed transfer's block number."""
+    receipt = signer.w3.eth.wait_for_transaction_receipt(
+        signer.w3.eth.send_raw_transaction(signer.sign()), timeout=30)
+    return int(receipt.blockNumber)
+
+
+def _metric(node: RunningNode, name: str) -> float:
+    """A metric's value, summed over its labels."""
+    text = requests.get(node.node["metrics_url"], timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and line[len(name)] in " {")
+
+
+def _outbox_bytes(node: RunningNode) -> float:
+    return _metric(node, "rpc_websocket_outbox_bytes")
 
 
 def test_a_node_with_a_websocket_open_stops_promptly(node: RunningNode, w3: Web3) -> None:
