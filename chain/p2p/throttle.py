@@ -51,8 +51,9 @@ class ThrottledLog:
             return
         counts = ", ".join(f"{reason} {n}" for reason, n in self._suppressed.most_common())
         total = sum(self._suppressed.values())
-        self._logger.log(self._level, "%d more %s in the last %g s: %s",
-                         total, self._what, self._interval, counts)
+        elapsed = time.monotonic() - (self._window_end - self._interval)
+        self._logger.log(self._level, "%d more %s in the last %.1f s: %s",
+                         total, self._what, elapsed, counts)
         self._suppressed.clear()
         self._level = logging.DEBUG
         self._window_end, self._logged = time.monotonic() + self._interval, FULL_LINES

@@ -1,11 +1,15 @@
 """A hostile validator against three real nodes: validator 0's key in the hands of an attacker
 (its node is down; f = 1) sends malformed, forged, replayed, out-of-window and flooding
 messages on every channel. The nodes stay up, count each refusal in their metrics by reason,
-keep their memory bounded and keep committing."""
+keep their memory bounded and keep committing. And anyone who reaches the p2p ports: idle
+connections from one address neither keep a restarted validator from its peers nor fill the
+log."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +41,10 @@ pytestmark = pytest.mark.integration
 
 FLOOD = 3_000
 MAX_RSS_GROWTH = 64 * 1024 * 1024
+IDLE_PER_PORT = 80  # more than a node's 64 pending-handshake slots
+# The flood's pace: each connection is reopened this long after it was closed (4,000 a second
+# a port at most), so that this test's own thread does not starve the nodes of the CPU.
+RECONNECT_PAUSE = 0.02
 
 
 class Attacker:
@@ -158,3 +166,67 @@ def _wait_counted(cluster: Cluster, expected: int) -> None:
             for i in (1, 2, 3))
 
     wait_for(counted, 60, "every hostile message counted")
+
+
+def test_idle_connections_do_not_keep_a_restarted_validator_from_its_peers(
+    tmp_path: Path,
+) -> None:
+    """Both validators' p2p ports flooded with silent connections from 127.0.0.1 (the
+    validators' own address), each reopened once closed; validator 0 comes back meanwhile (its
+    transport, with its key, on its port) and reaches its peer. Before issue 29 the silent
+    connections held all 64 handshake slots (5 s each): a restarted validator stayed at 0
+    peers for the whole flood, and each refusal was a WARNING line (28,000 lines, 3.9 MB of
+    log a node in 40 s)."""
+    cluster = Cluster.create(tmp_path, 2, *FAST)
+    try:
+        cluster.start(1)
+        with _flooding([cluster.endpoint(i) for i in range(2)]):
+            wait_for(lambda: _refused(cluster, 1) > IDLE_PER_PORT, 30, "the flood under way")
+            asyncio.run(_come_back(cluster))
+        assert cluster.metrics(1).get("p2p_handshakes_refused_total|evicted", 0) > 0
+        lines = [line for line in cluster.nodes[1].log_path.read_text().splitlines()
+                 if "refused handshake" in line]
+        assert len(lines) < 20, lines[:10]
+    finally:
+        cluster.close()
+
+
+def _refused(cluster: Cluster, index: int) -> float:
+    return sum(v for k, v in cluster.metrics(index).items()
+               if k.startswith("p2p_handshakes_refused_total|"))
+
+
+async def _come_back(cluster: Cluster) -> None:
+    async with cluster.impersonate(0, peers=(1,)):  # yields once connected, within 30 s
+        pass
+
+
+@contextlib.contextmanager
+def _flooding(endpoints: list[tuple[str, int]]) -> Iterator[None]:
+    """Silent connections to every endpoint, kept open (reopened) from a thread of their own
+    until the block ends."""
+    loop = asyncio.new_event_loop()
+    flood = loop.create_task(_flood(endpoints))
+    thread = threading.Thread(target=loop.run_until_complete, args=(flood,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(flood.cancel)
+        thread.join(30)
+        loop.close()
+
+
+async def _flood(endpoints: list[tuple[str, int]]) -> None:
+    async def hold(host: str, port: int) -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                reader, writer = await asyncio.open_connection(host, port)
+                with contextlib.suppress(OSError):
+                    await reader.read()  # until the node closes it
+                writer.transport.abort()
+            await asyncio.sleep(RECONNECT_PAUSE)
+
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.gather(*(hold(*endpoint) for endpoint in endpoints
+                               for _ in range(IDLE_PER_PORT)))
