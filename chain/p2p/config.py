@@ -16,7 +16,7 @@ class TransportConfig:
     # The whole handshake (2 round trips and a signature each way), and the first part of it:
     # a peer's HELLO, which a validator sends as soon as it connects. Until its HELLO is in, a
     # connection holds a slot that a newcomer may take (chain/p2p/admission.py).
-    handshake_timeout: float = 4.0
+    handshake_timeout: float = 5.0
     hello_timeout: float = 2.0
     max_queue_frames: int = 4096
     max_queue_bytes: int = 64 * 1024 * 1024
