@@ -501,7 +501,7 @@ class Replica:
         self.requests.pop(event.tx_hash, None)
         if oldest == event.tx_hash:
             self.passed_over = 0
-        if not self._waiting_on_primary():
+        if not self._waiting():
             self._cancel_request_timer()
 
     def _oldest_request(self) -> bytes | None:
@@ -515,7 +515,7 @@ class Replica:
         oldest, before = self._oldest_request(), len(self.requests)
         for tx_hash in committed:
             self.requests.pop(tx_hash, None)
-        if not self._waiting_on_primary():
+        if not self._waiting():
             self._cancel_request_timer()
             return
         self.passed_over = self.passed_over + 1 if oldest in self.requests else 0
@@ -528,14 +528,14 @@ class Replica:
         responsible for (the build, the messages, the others' votes), never this replica's
         own execution, and it stops restarting once commits keep passing over the oldest
         waiting request."""
-        if self._waiting_on_primary() and self.active and self.passed_over <= MAX_PASSED_OVER:
+        if self._waiting() and self.active and self.passed_over <= MAX_PASSED_OVER:
             self._arm_request_timer()
 
-    def _waiting_on_primary(self) -> bool:
+    def _waiting(self) -> bool:
         """Requests wait here, or a block the primary proposed in this view could not be
-        validated here in time (`_on_validation_deadline`): unless the others commit it,
-        only a view change moves this replica on, so the request timer runs for it too (as
-        a backup's timer runs for a request it learnt of from a PRE-PREPARE, 4.4)."""
+        validated here in time (`_on_validation_deadline`): the others may commit it
+        without this replica, or may need its vote (N = 2, or f replicas down), so the
+        request timer runs for it too, and validates it again when it runs out."""
         return bool(self.requests) or any(
             slot.refused and seq_no > self.last_exec
             for (view, seq_no), slot in self.log.certs.items() if view == self.view)
@@ -570,13 +570,17 @@ class Replica:
     def _on_timer(self, event: TimerFired) -> None:
         if event.kind is TimerKind.REQUEST:
             self.request_timer_armed = False
-            if self._waiting_on_primary() and self.active and self._lagging():
+            if not self.active:
+                return
+            if not self.requests:
+                self._validate_refused_again()
+            elif self._lagging():
                 # The lag is ours, not the primary's, and the peers may well have committed
                 # these requests already. A lone VIEW-CHANGE here would leave this replica
                 # waiting in view v+1 until the others change view.
                 self._arm_request_timer()
                 self._catch_up()
-            elif self._waiting_on_primary() and self.active and self.me != self.primary:
+            elif self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")
         elif event.kind is TimerKind.RELAY:
             if self.request_timer_armed and self.requests and self.active:
@@ -951,6 +955,15 @@ class Replica:
                 self._arm_request_timer()
             self._check_high_checkpoints()
             self._advance()
+
+    def _validate_refused_again(self) -> None:
+        """Only blocks given up at their validation deadline kept the timer running: this
+        replica's executor failed them, not the primary, so they are validated again
+        rather than blamed on it (a lone VIEW-CHANGE would strand this replica)."""
+        for (view, seq_no), slot in self.log.certs.items():
+            if view == self.view and seq_no > self.last_exec and slot.refused:
+                slot.refused = False
+        self._advance()
 
     def _on_block_validated(self, event: BlockValidated) -> None:
         slot = self.log.certs.get((self.view, event.seq_no))
