@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any
 from eth_account import Account
 from eth_keys.datatypes import PrivateKey
 from prometheus_client.parser import text_string_to_metric_families
+from web3 import Web3
 
 from chain.p2p import Transport
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key
@@ -27,6 +28,9 @@ from testkit.nodes import RunningNode, copy_testnet, make_testnet, wait_for
 
 GWEI = 10**9
 RECEIPT_DEADLINE = 60.0
+# The empty block that follows a block with transactions comes trailing_empty_block (genesis
+# config.pbft, 1 s by default) after it; far more than that under load is a failure.
+TRAILING_DEADLINE = 30.0
 
 
 @dataclass
@@ -148,6 +152,38 @@ class Cluster:
         wait_for(lambda: all(self.head(i) >= height for i in indices), deadline,
                  f"nodes {indices} at height {height}")
 
+    def wait_idle(self, after: int = -1, indices: Sequence[int] | None = None,
+                  deadline: float = TRAILING_DEADLINE) -> int:
+        """A settled head, for a test that needs one: nodes `indices` (the running ones by
+        default) share a head above block `after` (the last block with transactions the test
+        committed) that is genesis or holds no transaction. That is the empty block the
+        protocol makes after the last block with transactions (genesis
+        config.pbft.trailing_empty_block), so no block comes until the next transaction: it
+        is certain to land while the primary is up. The head's number.
+
+        Exactly one empty block follows a block with transactions committed alone; a block
+        with transactions that took longer than the trailing wait to commit after the one
+        before it may be followed by two (the first proposed while it was in flight), and the
+        wait may then end at the first."""
+        nodes = list(range(len(self.nodes))) if indices is None else list(indices)
+        nodes = [i for i in nodes if self.nodes[i].process is not None]
+        assert nodes, "no running node to wait on"
+
+        def idle() -> list[int]:
+            heads = {self.head(i) for i in nodes}
+            if len(heads) != 1:
+                return []
+            (head,) = heads
+            if head <= after:
+                return []
+            if head and self.nodes[nodes[0]].web3().eth.get_block(head).transactions:
+                return []
+            return [head]
+
+        (head,) = wait_for(idle, deadline,
+                           f"nodes {nodes} at one empty head above block {after}")
+        return head
+
     @property
     def validators(self) -> tuple[bytes, ...]:
         return tuple(bytes.fromhex(v[2:]) for v in self.description["validators"])
@@ -180,6 +216,17 @@ class Cluster:
     def assert_consistent(self) -> None:
         """Every running node: the same hash at every height, and certificates that verify."""
         assert_same_chain_with_valid_certificates(self.running)
+
+
+def assert_next_busy_block(w3: Web3, after: int, number: int) -> None:
+    """Block `number` is the first block after block `after` (one with transactions,
+    committed alone) that holds transactions: between them, at most the empty block that
+    follows a block with transactions (genesis config.pbft.trailing_empty_block), when it
+    landed first."""
+    between = {n: len(w3.eth.get_block(n).transactions) for n in range(after + 1, number)}
+    assert number > after and len(between) <= 1 and not any(between.values()), (
+        f"block {number} is not the first with transactions after block {after}: "
+        f"transactions per block between them {between}")
 
 
 def rpc(node: RunningNode, method: str, *params: Any) -> Any:

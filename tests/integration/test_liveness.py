@@ -319,7 +319,8 @@ def test_a_gapped_transaction_waits_without_a_view_change(cluster: Cluster) -> N
     address, key = account["address"], account["private_key"]
     nonce = nonces(cluster.nodes[0], [address], "pending")[address]
     chain_id, to = cluster.description["chain_id"], cluster.description["accounts"][9]["address"]
-    heads = {i: cluster.head(i) for i in ALL}
+    # a settled head: the empty block that follows an earlier test's last busy block landed
+    heads = dict.fromkeys(ALL, cluster.wait_idle(indices=ALL))
 
     gapped = rpc(cluster.nodes[1], "eth_sendRawTransaction",
                  sign_transfer(chain_id, key, nonce + 1, to))
