@@ -204,6 +204,7 @@ class Replica:
         # kept, since one that arrives while this replica is busy is fetched afterwards.
         self.peer_head: tuple[int, bytes] = (head.seq_no, head.block_hash)
         self.block_due = False
+        self.trailing_owed = False  # the last block executed here held transactions
         self.halted = False
         self.new_view_timer_armed = False
         self.request_timer_armed = False
@@ -594,7 +595,8 @@ class Replica:
             self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
             self._maybe_propose()
         elif event.kind is TimerKind.TRAILING_BLOCK:
-            self.block_due = self.me == self.primary
+            # (a block still in flight re-arms the timer when it commits, if it is busy)
+            self.block_due = self.me == self.primary and self.seq_no <= self.last_exec
             self._maybe_propose()
         elif read_u64(event.key) == self.view and not self.active:
             if event.kind is TimerKind.NEW_VIEW:
@@ -1103,21 +1105,23 @@ class Replica:
             return
         self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
         self._forget_requests(event.tx_hashes)
-        self._arm_trailing_block(event.tx_hashes)
+        self.trailing_owed = bool(event.tx_hashes)
+        self._arm_trailing_block()
         self.log.forget_outstanding(event.seq_no)
         self.wanted = {k for k in self.wanted if k[0] > event.seq_no}
         if event.seq_no % self.params.checkpoint_interval == 0:
             self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
         self._after_execution()
 
-    def _arm_trailing_block(self, committed: tuple[bytes, ...]) -> None:
-        """A block with transactions committed: one empty block follows it unless another
-        block does first (restarted by each block with transactions). A client that read no
+    def _arm_trailing_block(self) -> None:
+        """A block with transactions committed (`trailing_owed`): one empty block follows it
+        unless another block does first (restarted by each block with transactions; armed
+        again by a new view, whose primary may not be the one that owed it). A client that read no
         receipt at block n and then waits for the next head (web3 1.x subscribes to
         newHeads) would otherwise wait for ever on an idle chain; one block per busy block at
         most, so an idle chain stays idle (Besu's `emptyblockperiodseconds` and CometBFT's
         `create_empty_blocks_interval` answer the same need with periodic blocks)."""
-        if committed and self.params.trailing_block_ms and not self.params.empty_blocks:
+        if self.trailing_owed and self.params.trailing_block_ms and not self.params.empty_blocks:
             self._set_timer(TimerKind.TRAILING_BLOCK, b"", self.params.trailing_block_ms)
 
     def _on_commit_refused(self, event: CommitRefused) -> None:
@@ -1462,6 +1466,7 @@ class Replica:
         self._persist_meta()
         self._check_recovered()
         self.passed_over = 0  # the new primary gets the whole bound again
+        self._arm_trailing_block()
         self.relayed = set()  # and every waiting request
         self._cancel_request_timer()  # armed in the old view; a new primary times no one
         if self.requests:

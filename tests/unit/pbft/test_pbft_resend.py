@@ -146,3 +146,12 @@ def test_one_empty_block_follows_a_block_with_transactions() -> None:
         replica.step(from_peer(Commit(0, 2, keccak(empty), peer)))
     actions = replica.step(BlockCommitted(2, keccak(empty), keccak(b"state 2"), ())).actions
     assert timer(actions, TimerKind.TRAILING_BLOCK) is None
+
+
+def test_no_empty_block_while_a_block_is_in_flight() -> None:
+    """The wait runs out while the primary's next block (with transactions) is proposed and
+    not committed: no empty block goes on top of it (its commit arms the wait again)."""
+    replica = primary_with_block_proposed()
+    actions = replica.step(TimerFired(TimerKind.TRAILING_BLOCK, b"")).actions
+    assert not [a for a in actions if isinstance(a, BuildBlock)]
+    assert not replica.block_due
