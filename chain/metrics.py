@@ -67,6 +67,16 @@ class NodeMetrics:
         self.gossip_dropped = Counter("txpool_gossip_dropped",
                                       "Gossiped transactions dropped: the backlog was full",
                                       registry=self.registry)
+        self.gossip_backlog_bytes = Gauge("txpool_gossip_backlog_bytes",
+                                          "Bytes of gossiped transactions waiting for admission",
+                                          registry=self.registry)
+        self.gossip_refused = Counter("txpool_gossip_refused",
+                                      "Gossiped transactions this pool refused (undecodable, "
+                                      "underpriced, behind too many gapped ones, ...)",
+                                      registry=self.registry)
+        self.pool_queued = Gauge("txpool_queued",
+                                 "Pool transactions behind a nonce gap (geth's queued)",
+                                 registry=self.registry)
         self.block_execution = Histogram(
             "chain_block_execution_seconds", "Time to execute a block, by what it was for",
             ["kind"], buckets=EXECUTION_BUCKETS, registry=self.registry)

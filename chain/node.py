@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,7 +27,17 @@ from chain.p2p import Channel, Transport
 from chain.read_store import TxRecord, encode_block
 from chain.registry import available_engines, load_engine_class
 from chain.rpc.limits import RpcLimits
-from chain.txpool import AccountReader, PoolLimits, TxPool, decode_raw_transaction
+from chain.txpool import (
+    DROP_REASONS,
+    AccountReader,
+    Candidate,
+    GossipBacklog,
+    PoolEntry,
+    PoolLimits,
+    TxPool,
+    decode_raw_transaction,
+    recover_sender,
+)
 from storage import Database, Keyspace, StorageFailure, WriteBatch
 
 log = logging.getLogger(__name__)
@@ -35,10 +45,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHAINDATA = "chaindata"
-# Gossiped transactions are admitted this many at a time, the event loop serving consensus
+# Candidate transactions are admitted this many at a time, the event loop serving consensus
 # messages and block results in between: a burst gossiped by the other validators would
 # otherwise hold the loop for seconds and delay this node's votes past the request timer.
 GOSSIP_SLICE = 32
+EVICTION_INTERVAL = 60.0  # seconds between sweeps of expired queued transactions (geth's)
 EXECUTABLE_COUNTED = 1_000  # txpool_executable counts up to this (a scrape must stay cheap)
 ACCOUNT_CACHE = 1 << 16  # accounts whose nonce and balance the pool keeps (~10 MB)
 
@@ -185,10 +196,11 @@ class Node:
         self.accounts = HeadAccounts(self.blockchain)
         self.pool = TxPool(self.chain_id, self.accounts, self.genesis.gas_limit, config.pool_limits)
         self._next_base_fee: int | None = None  # for the block after the head; None: unknown
-        # Gossiped raw transactions waiting for admission, bounded like the pool itself.
-        self._gossip: deque[bytes] = deque()
+        # Candidate transactions waiting for admission, bounded like the pool itself.
+        self._gossip = GossipBacklog(config.pool_limits)
         self._gossip_waiting = asyncio.Event()
         self._gossip_task: asyncio.Task[None] | None = None
+        self._eviction_task: asyncio.Task[None] | None = None
         self.tx_builder = self.blockchain.vm_at(self.blockchain.head()).get_transaction_builder()
         self.head_listeners: list[Callable[[CommittedBlock], None]] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="block-exec")
@@ -196,9 +208,12 @@ class Node:
         self.metrics.head_block.set(self.blockchain.head().block_number)
         self.metrics.pool_size.set_function(lambda: len(self.pool))
         self.metrics.gossip_backlog.set_function(lambda: len(self._gossip))
+        self.metrics.gossip_backlog_bytes.set_function(lambda: self._gossip.size_bytes)
+        self.metrics.pool_queued.set_function(self.pool.queued_count)
         self.metrics.peers.set_function(self.peer_count)
         self.metrics.executable.set_function(lambda: self.executable_count(EXECUTABLE_COUNTED))
         self.metrics.registry.register(CallbackCollector(self._transport_metrics))
+        self.metrics.registry.register(CallbackCollector(self._pool_metrics))
         self.context = NodeContext(self)
         engine_class = load_engine_class(self.genesis.engine)
         self.engine: ConsensusEngine = engine_class(self.context, self.genesis.engine_params)
@@ -231,6 +246,7 @@ class Node:
                                                 config.metrics_port)
             await self.metrics_server.start()
         self._gossip_task = loop.create_task(self._admit_gossip(), name="gossip admission")
+        self._eviction_task = loop.create_task(self._evict_expired(), name="pool eviction")
         await self.engine.start()
         head = self.blockchain.head()
         log.info("node started: chain id %d, head #%d", self.chain_id, head.block_number)
@@ -242,9 +258,10 @@ class Node:
             self.failed.set_result(error)
 
     async def stop(self) -> None:
-        if self._gossip_task is not None:
-            self._gossip_task.cancel()
-            await asyncio.gather(self._gossip_task, return_exceptions=True)
+        tasks = [t for t in (self._gossip_task, self._eviction_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.engine.stop()
         if self.transport is not None:
             await self.transport.stop()
@@ -264,12 +281,28 @@ class Node:
 
     def submit_raw_transaction(self, raw: bytes) -> bytes:
         """Admit a raw transaction to the pool (TxPoolError if refused); returns its hash."""
-        tx = decode_raw_transaction(self.tx_builder, raw)
-        entry = self.pool.add(tx, len(raw))
+        entry = self._admit(self._decode(raw))
         if self.transport is not None:
             self.transport.broadcast(Channel.TX_GOSSIP, raw)
         self.report_ready()
         return entry.tx.hash
+
+    def _decode(self, raw: bytes) -> Candidate:
+        """Bounded in bytes and RLP items before decoding; checked alone (geth's order of
+        messages), then its sender recovered."""
+        tx = decode_raw_transaction(self.tx_builder, raw,
+                                    self.config.pool_limits.max_transaction_size)
+        self.pool.check_static(tx)
+        return Candidate(tx, recover_sender(tx), len(raw))
+
+    def _admit(self, item: Candidate) -> PoolEntry:
+        """Admit a transaction after its sender's lower nonces waiting in the gossip backlog:
+        a gap that gossip already brought here is filled before the transaction is judged
+        (a load balancer sends one account's consecutive nonces to different validators)."""
+        self._gossip.discard(item.tx.hash)
+        for earlier in self._gossip.take_before(item.sender, item.tx.nonce):
+            self._admit_gossiped(earlier)
+        return self.pool.add(item.tx, item.size, base_fee=self.next_base_fee())
 
     def _on_peer_message(self, sender: bytes, channel: int, payload: bytes) -> None:
         if channel == Channel.ENGINE:
@@ -281,31 +314,57 @@ class Node:
 
     def _queue_gossip(self, raw: bytes) -> None:
         """A transaction another validator accepted; every validator gets it from its origin,
-        so it is not forwarded again. Admitted later, a slice at a time (GOSSIP_SLICE)."""
-        if len(self._gossip) >= self.config.pool_limits.max_transactions:
+        so it is not forwarded again. Decoded here (bounded before decoding, like a client's),
+        so the backlog knows its sender; admitted later, a slice at a time (GOSSIP_SLICE)."""
+        try:
+            item = self._decode(raw)
+        except TxPoolError as exc:
+            self.metrics.gossip_refused.inc()
+            log.debug("gossiped transaction refused: %s", exc.message)
+            return
+        if item.tx.hash in self.pool or item.tx.hash in self._gossip:
+            return  # from its origin and relayed to the primary by another validator
+        if not self._gossip.push(item):
             self.metrics.gossip_dropped.inc()
             return
-        self._gossip.append(raw)
         self._gossip_waiting.set()
 
     async def _admit_gossip(self) -> None:
         while True:
             await self._gossip_waiting.wait()
-            for _ in range(min(GOSSIP_SLICE, len(self._gossip))):
-                self._admit_gossiped(self._gossip.popleft())
+            for _ in range(GOSSIP_SLICE):  # admitting one may take its predecessors too
+                if not self._gossip:
+                    break
+                self._admit_gossiped(self._gossip.pop())
             self.report_ready()
             if self._gossip:
                 await asyncio.sleep(0)  # let consensus messages and block results through
             else:
                 self._gossip_waiting.clear()
 
-    def _admit_gossiped(self, raw: bytes) -> None:
+    def _admit_gossiped(self, item: Candidate) -> None:
         try:
-            self.pool.add(decode_raw_transaction(self.tx_builder, raw), len(raw))
+            self._admit(item)
         except TxPoolError as exc:
+            self.metrics.gossip_refused.inc()
             log.debug("gossiped transaction refused: %s", exc.message)
         except Exception:  # a bug here must not stop admitting the gossip that follows
             log.exception("gossiped transaction could not be admitted")
+
+    async def _evict_expired(self) -> None:
+        """geth's lifetime: queued transactions of senders inactive for the pool's lifetime
+        are dropped, and what the pool dropped since the last sweep is logged in one line."""
+        reported = dict(self.pool.dropped)
+        while True:
+            await asyncio.sleep(EVICTION_INTERVAL)
+            self.pool.evict_expired()
+            dropped = {reason: n - reported.get(reason, 0)
+                       for reason, n in self.pool.dropped.items() if n > reported.get(reason, 0)}
+            if dropped:
+                log.info("txpool dropped queued transactions (behind a nonce gap): %s",
+                         ", ".join(f"{n} {reason}" for reason, n in sorted(dropped.items())))
+                reported = dict(self.pool.dropped)
+                self.report_ready()
 
     def report_ready(self) -> None:
         """Tell the engine which pool transactions became executable at the head and which
@@ -345,6 +404,11 @@ class Node:
 
     def peer_count(self) -> int:
         return len(self.transport.connected_peers()) if self.transport else 0
+
+    def _pool_metrics(self) -> list[Metric]:
+        return [labelled_counter(
+            "txpool_dropped", "Queued transactions the pool dropped, by reason",
+            ["reason"], {(r,): self.pool.dropped[r] for r in DROP_REASONS})]
 
     def _transport_metrics(self) -> list[Metric]:
         if self.transport is None:

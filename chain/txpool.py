@@ -8,13 +8,22 @@ The pool also keeps which transactions are ready (executable at the head: in the
 run, fee cap at least the next base fee) and reports what became ready and what stopped
 being ready (`ready_changes`), so the consensus engine times only what a primary could
 include.
+
+Admission is economic (issue 29): a fee cap under the floor (the next base fee, or
+`price_limit` if higher) is refused, a sender must afford its transactions and, for a
+transaction behind a nonce gap, the cheapest transactions that could fill the gap; what waits
+behind a gap (queued) is bounded per sender and in all, gives way to what can execute when
+the pool is full, and expires when its sender has shown no activity for `lifetime`.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import rlp
@@ -24,10 +33,21 @@ from eth_keys.exceptions import BadSignature
 from eth_utils import ValidationError
 
 from chain.errors import TxPoolError
-from encoding.rlp import RlpTooDeep, check_rlp_depth
+from encoding import EncodingError
+from encoding.rlp import check_rlp_bounds
+
+log = logging.getLogger(__name__)
 
 PRICE_BUMP_PERCENT = 10
 MAX_TRANSACTION_DEPTH = 8  # an access list or authorization list nests three levels
+# RLP items in a transaction, checked before pyrlp decodes it (its time grows with the square
+# of a list's length: 131,000 one-byte items in 128 KiB take 0.25 s). A 128 KiB transaction
+# holds at most ~4,000 storage keys or ~5,700 access-list addresses, ~17,000 items in all.
+MAX_TRANSACTION_ITEMS = 32_768
+MAX_TRANSACTION_LIST_ITEMS = 8_192
+# The cheapest transaction that could fill a nonce gap: a sender must afford one per gap.
+GAP_FILLER_GAS = 21_000
+DROP_REASONS = ("expired", "evicted")  # why the pool dropped a queued transaction
 
 
 @dataclass(frozen=True)
@@ -36,7 +56,12 @@ class PoolLimits:
     max_bytes: int = 64 * 1024 * 1024
     max_transaction_size: int = 128 * 1024  # geth's txMaxSize
     max_per_sender: int = 1_024
-    max_queued_per_sender: int = 64  # geth's AccountQueue: gapped transactions per sender
+    # gapped transactions per sender: Besu's refusal bound (geth's AccountQueue, 64, is where
+    # geth silently drops what it accepted)
+    max_queued_per_sender: int = 200
+    max_queued: int = 4_000  # gapped transactions in all (geth: GlobalQueue, 1/5 of slots)
+    price_limit: int = 1  # wei: the lowest fee cap admitted (geth's --txpool.pricelimit)
+    lifetime: float = 3 * 3600.0  # seconds a sender's queued transactions wait (geth's)
 
 
 class AccountReader(ABC):
@@ -85,17 +110,110 @@ class PoolEntry:
 
 
 def decode_raw_transaction(
-    builder: type[TransactionBuilderAPI], raw: bytes
+    builder: type[TransactionBuilderAPI], raw: bytes, max_size: int
 ) -> SignedTransactionAPI:
+    """A client's or a peer's transaction, bounded in bytes and RLP items before decoding."""
+    if len(raw) > max_size:
+        raise TxPoolError(f"oversized data: {len(raw)} bytes, at most {max_size}")
     try:
-        check_rlp_depth(raw[1:] if raw[:1] < b"\x80" else raw, MAX_TRANSACTION_DEPTH)
+        check_rlp_bounds(raw[1:] if raw[:1] < b"\x80" else raw, max_depth=MAX_TRANSACTION_DEPTH,
+                         max_items=MAX_TRANSACTION_ITEMS,
+                         max_list_items=MAX_TRANSACTION_LIST_ITEMS)
         return builder.decode(raw)
-    except RlpTooDeep as exc:
+    except EncodingError as exc:
         raise TxPoolError(f"invalid raw transaction: {exc}") from None
     except UnrecognizedTransactionType:
         raise TxPoolError("transaction type not supported") from None
     except (rlp.DecodingError, rlp.DeserializationError, ValidationError, ValueError) as exc:
         raise TxPoolError(f"invalid raw transaction: {exc}") from None
+
+
+def recover_sender(tx: SignedTransactionAPI) -> bytes:
+    """The sender's address (kept by the transaction object), or TxPoolError."""
+    # One recovery: py-evm's check_signature_validity recovers the key and then verifies
+    # the signature against that same key, which cannot fail (both normalise s).
+    try:
+        return tx.sender
+    except (BadSignature, ValidationError):
+        raise TxPoolError("invalid sender") from None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A decoded transaction with its sender, as a client or another validator sent it."""
+
+    tx: SignedTransactionAPI
+    sender: bytes
+    size: int
+
+
+class GossipBacklog:
+    """Candidate transactions waiting for admission, in arrival order and by sender, bounded
+    in count and bytes, and per sender like the pool. Indexed by sender so that a
+    transaction's predecessors waiting here are admitted before it (`take_before`): a gap
+    this node already holds the filling of is no gap."""
+
+    def __init__(self, limits: PoolLimits) -> None:
+        self._limits = limits
+        self._arrivals: OrderedDict[bytes, Candidate] = OrderedDict()  # hash -> item
+        self._by_sender: dict[bytes, dict[bytes, Candidate]] = {}  # sender -> hash -> item
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._arrivals)
+
+    def __contains__(self, tx_hash: bytes) -> bool:
+        return tx_hash in self._arrivals
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def push(self, item: Candidate) -> bool:
+        """Keep `item` (not here yet) unless a bound is reached (False: dropped)."""
+        tx_hash = item.tx.hash
+        mine = self._by_sender.get(item.sender, {})
+        if (tx_hash in self._arrivals or len(self._arrivals) >= self._limits.max_transactions
+                or self._bytes + item.size > self._limits.max_bytes
+                or len(mine) >= self._limits.max_per_sender):
+            return False
+        self._arrivals[tx_hash] = item
+        self._by_sender.setdefault(item.sender, mine)[tx_hash] = item
+        self._bytes += item.size
+        return True
+
+    def pop(self) -> Candidate:
+        """The oldest item (IndexError if there is none)."""
+        if not self._arrivals:
+            raise IndexError("the gossip backlog is empty")
+        item = next(iter(self._arrivals.values()))
+        self._forget(item)
+        return item
+
+    def discard(self, tx_hash: bytes) -> None:
+        item = self._arrivals.get(tx_hash)
+        if item is not None:
+            self._forget(item)
+
+    def take_before(self, sender: bytes, nonce: int) -> list[Candidate]:
+        """Remove and return `sender`'s items with nonces below `nonce`, in nonce order."""
+        mine = self._by_sender.get(sender)
+        if not mine:
+            return []
+        earlier = sorted((i for i in mine.values() if i.tx.nonce < nonce),
+                         key=lambda i: i.tx.nonce)
+        for item in earlier:
+            self._forget(item)
+        return earlier
+
+    def _forget(self, item: Candidate) -> None:
+        tx_hash = item.tx.hash
+        del self._arrivals[tx_hash]
+        mine = self._by_sender[item.sender]
+        del mine[tx_hash]
+        if not mine:
+            del self._by_sender[item.sender]
+        self._bytes -= item.size
 
 
 class TxPool:
@@ -107,6 +225,7 @@ class TxPool:
         accounts: AccountReader,
         block_gas_limit: int,
         limits: PoolLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.chain_id = chain_id
         self.accounts = accounts
@@ -129,6 +248,14 @@ class TxPool:
         self._touched: dict[bytes, None] = {}
         self._committed: set[bytes] = set()  # removed as committed: not reported unready
         self._out_of_order = False  # a replacement was inserted out of arrival order
+        self._clock = clock
+        # sender -> when it last showed activity (a transaction admitted, its nonce moved),
+        # in that order: its queued transactions expire `lifetime` after it, and the least
+        # recently active sender's give way first when room is needed (geth's heartbeats)
+        self._heartbeats: OrderedDict[bytes, float] = OrderedDict()
+        self._gapped: dict[bytes, int] = {}  # sender -> its transactions behind a nonce gap
+        self._gapped_stale: set[bytes] = set()  # senders whose count must be taken again
+        self.dropped: Counter[str] = Counter()  # queued transactions dropped, by reason
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -146,26 +273,29 @@ class TxPool:
     def entries(self) -> Iterable[PoolEntry]:
         return self._by_hash.values()
 
-    def add(self, tx: SignedTransactionAPI, size: int) -> PoolEntry:
-        """Admit `tx` (already decoded; `size` its encoded length) or raise TxPoolError."""
+    def add(self, tx: SignedTransactionAPI, size: int, *, base_fee: int = 0) -> PoolEntry:
+        """Admit `tx` (already decoded; `size` its encoded length) or raise TxPoolError;
+        `base_fee` is the next block's, the fee floor unless `price_limit` is higher."""
         if tx.hash in self._by_hash:
             raise TxPoolError("already known")
         if size > self.limits.max_transaction_size:
             raise TxPoolError("oversized data")
-        self._check_static(tx)
-        sender = self._recover_sender(tx)
+        self.check_static(tx)
+        self._check_fee_floor(tx, base_fee)
+        sender = recover_sender(tx)
         account_nonce = self.accounts.nonce(sender)
         if tx.nonce < account_nonce:
             raise TxPoolError("nonce too low")
         queue = self._senders.get(sender)
         replaced = queue.get(tx.nonce) if queue else None
+        gapped = replaced is None and tx.nonce > self._next_nonce(account_nonce, queue)
         if replaced is not None:
             self._check_replacement(replaced.tx, tx)
-        elif tx.nonce > self._next_nonce(account_nonce, queue):
+        elif gapped:
             self._check_queue(account_nonce, queue)
         entry = PoolEntry(tx, sender, size, next(self._arrivals))
-        self._check_funds(entry, account_nonce, queue)
-        self._check_capacity(entry, replaced, queue)
+        self._check_funds(entry, account_nonce, queue, max(base_fee, self.limits.price_limit))
+        self._check_capacity(entry, replaced, queue, gapped=gapped)
         if replaced is not None:
             self._drop(replaced)
             # A fee bump keeps its place in line, so the sender's later nonces, waiting behind
@@ -174,7 +304,16 @@ class TxPool:
             self._out_of_order = True
         self._insert(entry)
         self._head_nonces[sender] = account_nonce
+        self._beat(sender)
         return entry
+
+    def _check_fee_floor(self, tx: SignedTransactionAPI, base_fee: int) -> None:
+        floor = max(base_fee, self.limits.price_limit)
+        if tx.max_fee_per_gas < floor:
+            raise TxPoolError(
+                f"transaction underpriced: max fee per gas {tx.max_fee_per_gas} is below the "
+                f"pool's floor of {floor} wei (the next block's base fee, or txpool.pricelimit)"
+                "; raise maxFeePerGas")
 
     @staticmethod
     def _next_nonce(account_nonce: int, queue: dict[int, PoolEntry] | None) -> int:
@@ -195,7 +334,9 @@ class TxPool:
                 f"nonce too high: {gapped} transactions with a nonce gap are already queued "
                 "for this account; send the missing nonces first")
 
-    def _check_static(self, tx: SignedTransactionAPI) -> None:
+    def check_static(self, tx: SignedTransactionAPI) -> None:
+        """What a transaction alone must satisfy (chain id, gas, fee caps), before its
+        sender is recovered."""
         if tx.chain_id is None:
             raise TxPoolError("only replay-protected (EIP-155) transactions allowed over RPC")
         if tx.chain_id != self.chain_id:
@@ -208,15 +349,6 @@ class TxPool:
             raise TxPoolError("intrinsic gas too low")
 
     @staticmethod
-    def _recover_sender(tx: SignedTransactionAPI) -> bytes:
-        # One recovery: py-evm's check_signature_validity recovers the key and then verifies
-        # the signature against that same key, which cannot fail (both normalise s).
-        try:
-            return tx.sender
-        except (BadSignature, ValidationError):
-            raise TxPoolError("invalid sender") from None
-
-    @staticmethod
     def _check_replacement(old: SignedTransactionAPI, new: SignedTransactionAPI) -> None:
         def bumped(old_value: int) -> int:
             return old_value * (100 + PRICE_BUMP_PERCENT) // 100
@@ -227,33 +359,104 @@ class TxPool:
             raise TxPoolError("replacement transaction underpriced")
 
     def _check_funds(
-        self, entry: PoolEntry, account_nonce: int, queue: dict[int, PoolEntry] | None
+        self, entry: PoolEntry, account_nonce: int, queue: dict[int, PoolEntry] | None,
+        floor: int,
     ) -> None:
-        # The sender must afford this transaction after its pending ones with lower nonces.
-        earlier = sum(e.cost for n, e in (queue.items() if queue else ()) if n < entry.tx.nonce)
-        if self.accounts.balance(entry.sender) < earlier + entry.cost:
+        """The sender must afford this transaction after its pending ones with lower nonces
+        and, for each nonce still missing below it, the cheapest transaction at the floor:
+        a transaction that can never execute must not be held for a sender who could not
+        pay for what it waits for."""
+        earlier = [e.cost for n, e in (queue.items() if queue else ()) if n < entry.tx.nonce]
+        missing = entry.tx.nonce - account_nonce - len(earlier)
+        if self.accounts.balance(entry.sender) < sum(earlier) + entry.cost + (
+                missing * GAP_FILLER_GAS * floor):
             raise TxPoolError("insufficient funds for gas * price + value")
 
     def _check_capacity(
-        self, entry: PoolEntry, replaced: PoolEntry | None, queue: dict[int, PoolEntry] | None
+        self, entry: PoolEntry, replaced: PoolEntry | None, queue: dict[int, PoolEntry] | None,
+        *, gapped: bool,
     ) -> None:
+        """Per-sender and pool bounds. Queued transactions of other senders, the least
+        recently active first, give way to what needs room (geth's truncateQueue): so
+        what can execute always finds room, and the queued ones are at most `max_queued`."""
         freed_count, freed_bytes = (1, replaced.size) if replaced else (0, 0)
         if queue and len(queue) - freed_count >= self.limits.max_per_sender:
             raise TxPoolError("account limit exceeded")
-        if (
-            len(self._by_hash) - freed_count >= self.limits.max_transactions
-            or self._bytes - freed_bytes + entry.size > self.limits.max_bytes
-        ):
-            raise TxPoolError("txpool is full")
+        limits = self.limits
+        while gapped and self.queued_count() >= limits.max_queued:
+            if not self._evict_queued(entry.sender):
+                raise TxPoolError(
+                    f"txpool is full: {limits.max_queued} transactions behind nonce gaps are "
+                    "queued; send the missing nonces first")
+        while (len(self._by_hash) - freed_count >= limits.max_transactions
+               or self._bytes - freed_bytes + entry.size > limits.max_bytes):
+            if not self._evict_queued(entry.sender):
+                raise TxPoolError("txpool is full")
+
+    def queued_count(self) -> int:
+        """Transactions behind a nonce gap, in all."""
+        for sender in self._gapped_stale:
+            self._count_gapped(sender)
+        self._gapped_stale.clear()
+        return sum(self._gapped.values())
+
+    def _count_gapped(self, sender: bytes) -> None:
+        queue = self._senders.get(sender)
+        gapped = len(queue) - (self._next_nonce(self._head_nonce(sender), queue)
+                               - self._head_nonce(sender)) if queue else 0
+        if gapped:
+            self._gapped[sender] = gapped
+        else:
+            self._gapped.pop(sender, None)
+
+    def _evict_queued(self, keep: bytes) -> bool:
+        """Drop the highest-nonce queued transaction of the least recently active sender
+        other than `keep` (so no new gap opens); False if there is none."""
+        self.queued_count()
+        sender = next((s for s in self._heartbeats if s != keep and s in self._gapped), None)
+        if sender is None:
+            return False
+        queue = self._senders[sender]
+        evicted = queue[max(queue)]
+        self._drop(evicted)
+        self.dropped["evicted"] += 1
+        log.debug("evicted queued transaction 0x%s to make room", evicted.tx.hash.hex())
+        return True
+
+    def evict_expired(self) -> int:
+        """Drop the queued transactions of senders inactive for `lifetime`; how many."""
+        deadline = self._clock() - self.limits.lifetime
+        self.queued_count()
+        expired = []
+        for sender, beat in self._heartbeats.items():
+            if beat > deadline:
+                break  # in order of activity: the rest are more recent
+            if sender in self._gapped:
+                expired.append(sender)
+        count = 0
+        for sender in expired:
+            queue = self._senders[sender]
+            run_end = self._next_nonce(self._head_nonce(sender), queue)
+            for nonce in [n for n in queue if n >= run_end]:
+                self._drop(queue[nonce])
+                count += 1
+        self.dropped["expired"] += count
+        return count
+
+    def _beat(self, sender: bytes) -> None:
+        self._heartbeats[sender] = self._clock()
+        self._heartbeats.move_to_end(sender)
 
     def _insert(self, entry: PoolEntry) -> None:
         self._touched[entry.sender] = None
+        self._gapped_stale.add(entry.sender)
         self._by_hash[entry.tx.hash] = entry
         self._senders.setdefault(entry.sender, {})[entry.tx.nonce] = entry
         self._bytes += entry.size
 
     def _drop(self, entry: PoolEntry) -> None:
         self._touched[entry.sender] = None
+        self._gapped_stale.add(entry.sender)
         del self._by_hash[entry.tx.hash]
         self._bytes -= entry.size
         queue = self._senders[entry.sender]
@@ -261,6 +464,7 @@ class TxPool:
         if not queue:
             del self._senders[entry.sender]
             self._head_nonces.pop(entry.sender, None)
+            self._heartbeats.pop(entry.sender, None)
 
     def pending_nonce(self, sender: bytes) -> int:
         """The next nonce `sender` should use, counting its executable pool transactions."""
@@ -357,6 +561,8 @@ class TxPool:
             if queue is None:
                 continue
             account_nonce = self._head_nonces[sender] = self.accounts.nonce(sender)
+            self._gapped_stale.add(sender)
+            self._beat(sender)
             for nonce in [n for n in queue if n < account_nonce]:
                 self._drop(queue[nonce])
 

@@ -23,6 +23,11 @@ gascap = 50000000                    # gas for eth_call and eth_estimateGas
 evmtimeout = 5                       # seconds an eth_call / eth_estimateGas may execute
 evm_workers = 1                      # threads that execute them
 evm_max_pending = 8                  # of them running or waiting; "server busy" beyond
+[txpool]                             # geth's --txpool.* (issue 29)
+pricelimit = 1                       # wei: the lowest fee cap admitted (the base fee if higher)
+lifetime = 10800                     # seconds a sender's queued transactions wait
+accountqueue = 200                   # transactions per sender behind a nonce gap
+globalqueue = 4000                   # transactions behind nonce gaps in all
 [metrics]                            # Prometheus metrics; off unless a port is set
 addr = "127.0.0.1"
 port = 6060
@@ -44,6 +49,7 @@ from eth_keys.datatypes import PrivateKey
 
 from chain.node import NodeConfig
 from chain.rpc.limits import RpcLimits
+from chain.txpool import PoolLimits
 from cli.errors import CliError
 from cli.keys import list_keyfiles, read_password, unlock_keyfile
 
@@ -72,6 +78,10 @@ FLAG_KEYS = {
     "rpc_evmtimeout": ("rpc", "evmtimeout"),
     "rpc_evm_workers": ("rpc", "evm_workers"),
     "rpc_evm_max_pending": ("rpc", "evm_max_pending"),
+    "txpool_pricelimit": ("txpool", "pricelimit"),
+    "txpool_lifetime": ("txpool", "lifetime"),
+    "txpool_accountqueue": ("txpool", "accountqueue"),
+    "txpool_globalqueue": ("txpool", "globalqueue"),
 }
 PATH_SETTINGS = ("datadir", "keystore", "password_file")
 # flag -> RpcLimits field ("batch." for BatchLimits, "evm." for EvmLimits), and its type
@@ -85,6 +95,13 @@ RPC_LIMIT_SETTINGS: tuple[tuple[str, str, type[int] | type[float]], ...] = (
     ("rpc_evmtimeout", "evm.timeout", float),
     ("rpc_evm_workers", "evm.workers", int),
     ("rpc_evm_max_pending", "evm.max_pending", int),
+)
+# flag -> PoolLimits field, and its type
+TXPOOL_SETTINGS: tuple[tuple[str, str, type[int] | type[float]], ...] = (
+    ("txpool_pricelimit", "price_limit", int),
+    ("txpool_lifetime", "lifetime", float),
+    ("txpool_accountqueue", "max_queued_per_sender", int),
+    ("txpool_globalqueue", "max_queued", int),
 )
 
 
@@ -185,6 +202,17 @@ def _with_field(limits: Any, field_name: str, value: Any) -> Any:
     return replace(limits, **{outer: value})
 
 
+def _pool_limits(settings: dict[str, Any]) -> PoolLimits:
+    """[txpool] settings over the defaults (geth's)."""
+    limits = PoolLimits()
+    for flag, field_name, kind in TXPOOL_SETTINGS:
+        if settings[flag] is not None:
+            section, key = FLAG_KEYS[flag]
+            limits = replace(limits, **{field_name: _positive(settings[flag],
+                                                              f"{section}.{key}", kind)})
+    return limits
+
+
 def _validator_key(settings: dict[str, Any]) -> PrivateKey | None:
     if not settings["keystore"]:
         return None
@@ -221,4 +249,5 @@ def node_config(settings: dict[str, Any]) -> NodeConfig:
     if settings["rpc_gascap"] is not None:
         config.rpc_gas_cap = _positive(settings["rpc_gascap"], "rpc.gascap")
     config.rpc_limits = _rpc_limits(settings)
+    config.pool_limits = _pool_limits(settings)
     return config
