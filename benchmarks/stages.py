@@ -22,6 +22,7 @@ from typing import Any
 
 from benchmarks import raw, reads
 from benchmarks.accounts import genesis_alloc
+from benchmarks.hostile import hostile_rpc
 from benchmarks.load import (
     BenchError,
     Throughput,
@@ -653,4 +654,5 @@ STAGES: dict[str, Callable[[Context], None]] = {
     "n4": four_validators,
     "crash": primary_crash,
     "delay": link_delay,
+    "hostile": hostile_rpc,
 }

@@ -42,11 +42,12 @@ READ_WORKERS = 2  # threads for reads: one long read (a wide eth_getLogs) does n
 MAX_PENDING_READS = 64  # reads running or waiting for a thread; one more: "server busy"
 MAX_CACHED_BLOCKS = 256
 MAX_CACHED_TRANSACTIONS = 4_000  # formatted transactions and receipts: ~3.6 KB a transfer
-# An EVM thread gives the interpreter up for a moment after each slice of execution, so the
-# event loop, which carries consensus, waits for it at most a slice (not the interpreter's
-# 5 ms switch interval, once per wake-up).
+# An EVM thread rests as long as it worked after each slice of execution, so the event loop,
+# which carries consensus, waits for the interpreter at most a slice (not the 5 ms switch
+# interval, at every wake-up), and a looping call takes at most half a core from a machine
+# that also runs the validator.
 EVM_SLICE_SECONDS = 0.002
-EVM_PAUSE_SECONDS = 0.0005
+EVM_PAUSE_SECONDS = 0.002
 # The opcodes a long execution cannot avoid: every loop jumps back, every deeper frame is a
 # call or a create. The deadline is checked at these only.
 DEADLINE_OPCODES = frozenset({

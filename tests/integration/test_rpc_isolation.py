@@ -8,10 +8,7 @@ Two PBFT validators; their [rpc] section stops an execution after 0.5 s and lets
 
 from __future__ import annotations
 
-import contextlib
-import json
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,17 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from chain.rpc.dispatcher import MAX_JSON_VALUES
 from chain.rpc.filters import MAX_ADDRESSES
 from testkit.cluster import Cluster
+from testkit.hostile import hammering, looping_call, nested_arrays, post, request_body
 from testkit.nodes import RunningNode, wait_for
 
 EVM_TIMEOUT = 0.5
 EVM_MAX_PENDING = 2
 RPC_SETTINGS = f"\n[rpc]\nevmtimeout = {EVM_TIMEOUT}\nevm_max_pending = {EVM_MAX_PENDING}\n"
-LOOP_FOREVER = "0x5b600056"  # init code: JUMPDEST PUSH1 0 JUMP, until 50M gas run out (~15 s)
 ANSWER_DEADLINE = 10.0
 HONEST_TRANSFERS = 10
 COMMIT_DEADLINE = 5.0  # each honest transfer, submitted to the other validator
@@ -55,17 +51,8 @@ def target(cluster: Cluster) -> RunningNode:
     return cluster.nodes[0]
 
 
-def post(node: RunningNode, body: bytes | dict[str, Any]) -> dict[str, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    reply = requests.post(node.rpc_url, data=data, timeout=ANSWER_DEADLINE,
-                          headers={"Content-Type": "application/json"})
-    assert reply.status_code == 200, reply.text
-    answer: dict[str, Any] = reply.json()
-    return answer
-
-
 def call(node: RunningNode, method: str, *params: Any) -> dict[str, Any]:
-    return post(node, {"jsonrpc": "2.0", "id": 1, "method": method, "params": list(params)})
+    return post(node.rpc_url, request_body(method, *params), ANSWER_DEADLINE)
 
 
 def timed(function: Callable[[], Any]) -> tuple[Any, float]:
@@ -73,20 +60,13 @@ def timed(function: Callable[[], Any]) -> tuple[Any, float]:
     return function(), time.monotonic() - started
 
 
-def looping_call(node: RunningNode, method: str = "eth_call") -> dict[str, Any]:
-    return call(node, method, {"input": LOOP_FOREVER}, "latest")
-
-
-def nested_body(size: int = 5 * 1024 * 1024 - 100) -> bytes:
-    """Nested arrays, 30 deep, filling `size` bytes (the body limit: 2.6 million values)."""
-    unit = b"[" * 30 + b"]" * 30
-    return (b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":['
-            + b",".join([unit] * (size // (len(unit) + 1))) + b"]}")
+def looping(node: RunningNode, method: str = "eth_call") -> dict[str, Any]:
+    return post(node.rpc_url, looping_call(method), ANSWER_DEADLINE)
 
 
 @pytest.mark.parametrize("method", ["eth_call", "eth_estimateGas"])
 def test_a_looping_execution_is_stopped_at_its_deadline(target: RunningNode, method: str) -> None:
-    reply, took = timed(lambda: looping_call(target, method))
+    reply, took = timed(lambda: looping(target, method))
     assert reply["error"] == {"code": -32000,
                               "message": f"execution aborted (timeout = {EVM_TIMEOUT:g}s)"}
     assert took < EVM_TIMEOUT + 3
@@ -94,7 +74,7 @@ def test_a_looping_execution_is_stopped_at_its_deadline(target: RunningNode, met
 
 def test_executions_beyond_the_queue_are_told_the_server_is_busy(target: RunningNode) -> None:
     with ThreadPoolExecutor(EVM_MAX_PENDING + 1) as pool:
-        replies = list(pool.map(lambda _: looping_call(target), range(EVM_MAX_PENDING + 1)))
+        replies = list(pool.map(lambda _: looping(target), range(EVM_MAX_PENDING + 1)))
     errors = sorted(r["error"]["code"] for r in replies)
     assert errors == [-32005] + [-32000] * EVM_MAX_PENDING, replies
     busy = next(r["error"]["message"] for r in replies if r["error"]["code"] == -32005)
@@ -103,7 +83,7 @@ def test_executions_beyond_the_queue_are_told_the_server_is_busy(target: Running
 
 
 def test_a_body_of_millions_of_values_is_refused_unparsed(target: RunningNode) -> None:
-    reply, took = timed(lambda: post(target, nested_body()))
+    reply, took = timed(lambda: post(target.rpc_url, nested_arrays(), ANSWER_DEADLINE))
     assert reply["error"]["message"] == (
         f"parse error: more than {MAX_JSON_VALUES} values: send it as smaller requests")
     assert took < 2.0
@@ -127,29 +107,6 @@ def test_fee_history_takes_at_most_a_hundred_percentiles(target: RunningNode) ->
         "invalid reward percentiles: 40000 given, at most 100")}
 
 
-@contextlib.contextmanager
-def hammering(threads: int, request: Callable[[], Any]) -> Iterator[list[Any]]:
-    """`threads` clients sending `request` again and again until the block ends; the list of
-    their answers (an exception too) as it grows."""
-    answers: list[Any] = []
-    stop = threading.Event()
-
-    def client() -> None:
-        while not stop.is_set():
-            try:
-                answers.append(request())
-            except Exception as exc:  # noqa: BLE001 - kept for the assertion message
-                answers.append(exc)
-
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(threads):
-            pool.submit(client)
-        try:
-            yield answers
-        finally:
-            stop.set()
-
-
 def test_a_hammered_validator_keeps_its_view_and_honest_transfers_commit(
     cluster: Cluster, target: RunningNode
 ) -> None:
@@ -157,10 +114,9 @@ def test_a_hammered_validator_keeps_its_view_and_honest_transfers_commit(
     primary; the transfers go to the other validator. Before issue 29 two such body clients
     alone held the primary's loop ~1 s a request and every validator changed view."""
     views = [cluster.status(i)["view"] for i in range(2)]
-    body = nested_body()
     latencies = []
-    with (hammering(2, lambda: looping_call(target)) as calls,
-          hammering(2, lambda: post(target, body)) as bodies):
+    with (hammering(2, target.rpc_url, looping_call()) as calls,
+          hammering(2, target.rpc_url, nested_arrays()) as bodies):
         wait_for(lambda: bodies and calls, 30, "the hammering under way")
         for _ in range(HONEST_TRANSFERS):
             _, took = timed(lambda: cluster.commit(via=1))

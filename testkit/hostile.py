@@ -1,0 +1,66 @@
+"""Hostile JSON-RPC clients (issue 29), for the integration tests and the benchmarks: the
+requests that held a validator's event loop, sent again and again from threads."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import requests
+
+BODY_LIMIT = 5 * 1024 * 1024  # the node's default: 413 beyond
+LOOP_FOREVER = "0x5b600056"  # init code: JUMPDEST PUSH1 0 JUMP, until the gas cap runs out
+
+
+def request_body(method: str, *params: Any) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method,
+                       "params": list(params)}).encode()
+
+
+def looping_call(method: str = "eth_call") -> bytes:
+    """An eth_call (or eth_estimateGas) that loops until stopped: 50M gas take ~15 s."""
+    return request_body(method, {"input": LOOP_FOREVER}, "latest")
+
+
+def nested_arrays(size: int = BODY_LIMIT - 100) -> bytes:
+    """eth_chainId with a parameter of arrays nested 30 deep filling `size` bytes: 2.6
+    million values in 5 MiB."""
+    unit = b"[" * 30 + b"]" * 30
+    return (b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":['
+            + b",".join([unit] * (size // (len(unit) + 1))) + b"]}")
+
+
+def post(url: str, body: bytes, timeout: float = 30.0) -> dict[str, Any]:
+    """The JSON-RPC answer to `body` (AssertionError on an HTTP error status)."""
+    reply = requests.post(url, data=body, timeout=timeout,
+                          headers={"Content-Type": "application/json"})
+    assert reply.status_code == 200, reply.text
+    answer: dict[str, Any] = reply.json()
+    return answer
+
+
+@contextlib.contextmanager
+def hammering(threads: int, url: str, body: bytes) -> Iterator[list[Any]]:
+    """`threads` clients posting `body` to `url` again and again until the block ends; the
+    list of their answers (an exception too) as it grows."""
+    answers: list[Any] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                answers.append(post(url, body))
+            except Exception as exc:  # noqa: BLE001 - kept for the caller to report
+                answers.append(exc)
+
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(threads):
+            pool.submit(client)
+        try:
+            yield answers
+        finally:
+            stop.set()
