@@ -123,9 +123,10 @@ def decode_json(body: bytes | str) -> Any:
         raise _NotJson(f"nested deeper than {MAX_JSON_DEPTH}")
     digit_runs = skeleton.translate(_AS_DIGIT_RUNS)
     if _LONG_NUMBER in digit_runs:
-        raise _OverLimit(f"a number of more than {MAX_NUMBER_DIGITS} digits")
+        raise _OverLimit(f"a number of more than {MAX_NUMBER_DIGITS} digits: send a hex quantity")
     if digit_runs.count(b"0") > MAX_DIGITS:
-        raise _OverLimit(f"numbers of more than {MAX_DIGITS} digits in all")
+        raise _OverLimit(f"numbers of more than {MAX_DIGITS} digits in all: send it as smaller "
+                         "requests")
     return json.loads(raw, parse_constant=_reject_constant)
 
 

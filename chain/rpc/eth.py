@@ -76,7 +76,7 @@ def _check_percentiles(percentiles: Any) -> None:
     any is looked at), increasing, each in [0, 100]."""
     if isinstance(percentiles, list) and len(percentiles) > MAX_REWARD_PERCENTILES:
         raise InvalidParams(f"invalid reward percentiles: {len(percentiles)} given, at most "
-                            f"{MAX_REWARD_PERCENTILES}")
+                            f"{MAX_REWARD_PERCENTILES}: ask for fewer")
     if (
         not isinstance(percentiles, list)
         or not all(isinstance(p, int | float) and 0 <= p <= 100 for p in percentiles)

@@ -104,7 +104,7 @@ def test_fee_history_takes_at_most_a_hundred_percentiles(target: RunningNode) ->
         "reward"][0]) == 100
     reply = call(target, "eth_feeHistory", "0x400", "latest", [50] * 40_000)
     assert reply["error"] == {"code": -32602, "message": (
-        "invalid reward percentiles: 40000 given, at most 100")}
+        "invalid reward percentiles: 40000 given, at most 100: ask for fewer")}
 
 
 def test_a_hammered_validator_keeps_its_view_and_honest_transfers_commit(

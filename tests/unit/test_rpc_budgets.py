@@ -109,12 +109,13 @@ def test_a_body_of_many_values_is_refused_before_it_is_parsed(unit: bytes) -> No
 def test_long_numbers_are_refused_before_they_are_converted() -> None:
     answer, held = _dispatch(_filling(b"9" * 4_300, 5 * MIB))
     assert answer["error"]["message"] == (
-        f"parse error: a number of more than {MAX_NUMBER_DIGITS} digits")
+        f"parse error: a number of more than {MAX_NUMBER_DIGITS} digits: send a hex quantity")
     assert held < LOOP_HELD_AT_MOST
     assert decode_json(b"[" + b"9" * MAX_NUMBER_DIGITS + b"]") == [int("9" * MAX_NUMBER_DIGITS)]
     floats, held = _dispatch(_body(b"1." + b"9" * 98, 40_000))  # 4 MB: each digit costs
     assert floats["error"]["message"] == (
-        f"parse error: numbers of more than {MAX_DIGITS} digits in all")
+        f"parse error: numbers of more than {MAX_DIGITS} digits in all: send it as smaller "
+        "requests")
     assert held < LOOP_HELD_AT_MOST
     assert decode_json(b'["' + b"9" * 10_000 + b'"]') == ["9" * 10_000]  # digits in a string
 
