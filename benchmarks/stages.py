@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import raw, reads
+from benchmarks import raw, reads, spray
 from benchmarks.accounts import genesis_alloc
 from benchmarks.hostile import hostile_rpc
 from benchmarks.load import (
@@ -648,11 +648,40 @@ def read_path(ctx: Context) -> None:
         net.close()
 
 
+def sprayed(ctx: Context) -> None:
+    """Issue 29: transfers in batches of 100 over the four validators in turn (a load
+    balancer), on a fresh default testnet: the issue's 3,000 from ten accounts (ten
+    consecutive nonces of each in a batch), then 900 from three (thirty in a batch)."""
+    net = BenchNet.create(ctx.workdir / "spray", 4, spray.SENDERS)
+    try:
+        net.cluster.start()
+        for senders, per_sender in ((spray.SENDERS, spray.PER_SENDER), (3, 300)):
+            _add_spray(ctx, senders, spray.spray(net, senders, per_sender))
+    finally:
+        net.close()
+
+
+def _add_spray(ctx: Context, senders: int, outcome: spray.SprayOutcome) -> None:
+    ctx.results.details[f"n4-spray-{senders}"] = outcome.to_json()
+    label = f"N=4 spray, {outcome.submitted:,} from {senders} accounts"
+    refused = sum(outcome.refused.values())
+    ctx.results.add(Row("29", f"{label}: refused", refused, "", target=0, at_most=True,
+                        absolute=True, note="; ".join(f"{n} {m}" for m, n in
+                                                      outcome.refused.most_common(2))))
+    ctx.results.add(Row("29", f"{label}: stranded", outcome.stranded, "",
+                        target=0, at_most=True, absolute=True,
+                        note=f"accepted and never committed, of {outcome.accepted:,} accepted"))
+    ctx.results.add(Row("29", f"{label}: committed", (outcome.accepted - outcome.stranded)
+                        / outcome.seconds, "tx/s",
+                        note="first submission to the last commit, on node 0"))
+
+
 STAGES: dict[str, Callable[[Context], None]] = {
     "reads": read_path,
     "n1": single_validator,
     "n4": four_validators,
     "crash": primary_crash,
     "delay": link_delay,
+    "spray": sprayed,
     "hostile": hostile_rpc,
 }
