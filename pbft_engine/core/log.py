@@ -85,6 +85,7 @@ class Slot:
     # Refused here as the proposer's fault, or given up on (no answer by its deadline): this
     # replica never votes for it, nor validates anything on it, in this view.
     refused: bool = False
+    timed_out: bool = False  # a validation here went unanswered by its deadline (once)
     # The block it was validated (or built) on: its parent's digest (None: restored, unknown).
     parent: bytes | None = None
 

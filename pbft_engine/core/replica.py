@@ -127,6 +127,7 @@ MAX_PASSED_OVER = 8
 # Waiting requests a backup relays to the primary when it starts timing it, and again halfway
 # (the oldest): enough for one account's run of nonces that gossip did not deliver there.
 RELAYED_REQUESTS = 4
+MAX_RELAY_SEND = 128  # a VIEW-CHANGE send after which its requests are relayed no more
 
 
 class Mode(Enum):
@@ -205,6 +206,7 @@ class Replica:
         self.peer_head: tuple[int, bytes] = (head.seq_no, head.block_hash)
         self.block_due = False
         self.trailing_owed = False  # the last block executed here held transactions
+        self.view_change_sends = 0  # our VIEW-CHANGE for this view, sent so many times
         self.halted = False
         self.new_view_timer_armed = False
         self.request_timer_armed = False
@@ -502,7 +504,7 @@ class Replica:
         self.requests.pop(event.tx_hash, None)
         if oldest == event.tx_hash:
             self.passed_over = 0
-        if not self._waiting():
+        if not self.requests:
             self._cancel_request_timer()
 
     def _oldest_request(self) -> bytes | None:
@@ -516,7 +518,7 @@ class Replica:
         oldest, before = self._oldest_request(), len(self.requests)
         for tx_hash in committed:
             self.requests.pop(tx_hash, None)
-        if not self._waiting():
+        if not self.requests:
             self._cancel_request_timer()
             return
         self.passed_over = self.passed_over + 1 if oldest in self.requests else 0
@@ -529,17 +531,8 @@ class Replica:
         responsible for (the build, the messages, the others' votes), never this replica's
         own execution, and it stops restarting once commits keep passing over the oldest
         waiting request."""
-        if self._waiting() and self.active and self.passed_over <= MAX_PASSED_OVER:
+        if self.requests and self.active and self.passed_over <= MAX_PASSED_OVER:
             self._arm_request_timer()
-
-    def _waiting(self) -> bool:
-        """Requests wait here, or a block the primary proposed in this view could not be
-        validated here in time (`_on_validation_deadline`): the others may commit it
-        without this replica, or may need its vote (N = 2, or f replicas down), so the
-        request timer runs for it too, and validates it again when it runs out."""
-        return bool(self.requests) or any(
-            slot.refused and seq_no > self.last_exec
-            for (view, seq_no), slot in self.log.certs.items() if view == self.view)
 
     def _arm_request_timer(self) -> None:
         if self.me == self.primary:
@@ -571,17 +564,13 @@ class Replica:
     def _on_timer(self, event: TimerFired) -> None:
         if event.kind is TimerKind.REQUEST:
             self.request_timer_armed = False
-            if not self.active:
-                return
-            if not self.requests:
-                self._validate_refused_again()
-            elif self._lagging():
+            if self.requests and self.active and self._lagging():
                 # The lag is ours, not the primary's, and the peers may well have committed
                 # these requests already. A lone VIEW-CHANGE here would leave this replica
                 # waiting in view v+1 until the others change view.
                 self._arm_request_timer()
                 self._catch_up()
-            elif self.me != self.primary:
+            elif self.requests and self.active and self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")
         elif event.kind is TimerKind.RELAY:
             if self.request_timer_armed and self.requests and self.active:
@@ -596,7 +585,8 @@ class Replica:
             self._maybe_propose()
         elif event.kind is TimerKind.TRAILING_BLOCK:
             # (a block still in flight re-arms the timer when it commits, if it is busy)
-            self.block_due = self.me == self.primary and self.seq_no <= self.last_exec
+            self.block_due = (self.me == self.primary and self.trailing_owed
+                              and self.seq_no <= self.last_exec)
             self._maybe_propose()
         elif read_u64(event.key) == self.view and not self.active:
             if event.kind is TimerKind.NEW_VIEW:
@@ -617,10 +607,13 @@ class Replica:
         self._advance()
 
     def _open_own_slots(self) -> frozenset[int]:
-        """This view's seqNos above the last executed block in which we sent a message."""
+        """This view's seqNos above the last executed block, not certified here (a peer
+        that lacks such a block's certificate learns its head from block sync), in which
+        we sent a message."""
         return frozenset(
             seq_no for (view, seq_no), slot in self.log.certs.items()
-            if view == self.view and seq_no > self.last_exec and (
+            if view == self.view and seq_no > self.last_exec
+            and seq_no not in self.log.certified and (
                 self.me in slot.prepares or self.me in slot.commits or (
                     slot.pre_prepare is not None and slot.pre_prepare.body.replica == self.me)))
 
@@ -946,25 +939,22 @@ class Replica:
                                          self.views_without_commit)
 
     def _on_validation_deadline(self, seq_no: int) -> None:
-        """The adapter never answered: the block is not voted for here (the others may
+        """The adapter never answered. The first time, the block is validated again at
+        once: the others may need this vote (N = 2, f replicas down, or this replica is the
+        primary of a re-proposal) and a lost answer is this executor's fault, not the
+        primary's. The second time it is given up: not voted for here (the others may
         still commit it, and this replica then executes it on their certificate), and
-        "busy" stops holding back a view change or a catch-up."""
+        "busy" stops holding back a view change or a catch-up. At most two validations of
+        one block are ever outstanding in a view."""
         slot = self.log.certs.get((self.view, seq_no))
-        if slot is not None and slot.validating:
-            slot.validating, slot.refused = False, True
-            self._drop("validation deadline")
-            if self.active and not self.request_timer_armed:
-                self._arm_request_timer()
+        if slot is None or not slot.validating:
+            return
+        slot.validating = False
+        self._drop("validation deadline")
+        if slot.timed_out:
+            slot.refused = True
             self._check_high_checkpoints()
-            self._advance()
-
-    def _validate_refused_again(self) -> None:
-        """Only blocks given up at their validation deadline kept the timer running: this
-        replica's executor failed them, not the primary, so they are validated again
-        rather than blamed on it (a lone VIEW-CHANGE would strand this replica)."""
-        for (view, seq_no), slot in self.log.certs.items():
-            if view == self.view and seq_no > self.last_exec and slot.refused:
-                slot.refused = False
+        slot.timed_out = True
         self._advance()
 
     def _on_block_validated(self, event: BlockValidated) -> None:
@@ -1330,6 +1320,7 @@ class Replica:
         self._count_view_change(reason)
         self.view, self.active = view, False
         self.new_view_timer_armed = False
+        self.view_change_sends = 0
         self.building, self.proposed, self.held, self.backlogged = None, {}, None, False
         self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= view}
         self._persist_meta()
@@ -1362,8 +1353,11 @@ class Replica:
         wire = self._own_view_change()
         self.view_changes[self.me] = wire
         self._send(wire)
+        self.view_change_sends += 1
         oldest = tuple(itertools.islice(self.requests, RELAYED_REQUESTS))
-        if oldest:
+        sends = self.view_change_sends
+        if oldest and sends <= MAX_RELAY_SEND and sends & (sends - 1) == 0:
+            # the 1st, 2nd, 4th ... 128th send: eight relays at most, over minutes
             self._out.extend(RelayRequests(peer, oldest)
                              for peer in range(self.params.n) if peer != self.me)
         self._set_timer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view),

@@ -41,7 +41,7 @@ and a fault that takes a faster backup out makes the quorum wait for a slower on
 
 The random draws leave nothing out: the one gap they did ("stranded holder", a replica
 waiting in a view it asked for alone relayed nothing, so a transaction only it held never
-committed) is fixed (its VIEW-CHANGE resends relay its oldest requests to every peer).
+committed) is fixed (its VIEW-CHANGE sends relay its oldest requests to every peer).
 A correct replica that sends a message its peers' decoders refuse fails the seed
 (`UndecodableSent`): a restarted new primary used to resend its re-proposals whose bodies it
 never had as PRE-PREPAREs without a block (chaos seed 850 at N = 6).

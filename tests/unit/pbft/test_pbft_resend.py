@@ -1,8 +1,8 @@
 """Lost messages and a replica that times nothing (issue 28): what a replica sent for a slot
-still open a request timeout later is sent again, a block it could not validate in time keeps
-its request timer running, so a view change can follow, and a replica asking for a view
-change relays what it waits for to every peer. And the idle chain (issue 29): one empty block
-follows a block with transactions."""
+still open a request timeout later is sent again, a block it could not validate in time is
+validated again once, and a replica asking for a view change relays what it waits for to
+every peer. And the idle chain (issue 29): one empty block follows a block with
+transactions."""
 
 from __future__ import annotations
 
@@ -81,28 +81,36 @@ def test_nothing_is_sent_again_once_the_block_committed() -> None:
     assert timer(actions, TimerKind.RESEND) is None  # nothing open: the timer stops
 
 
-def test_a_block_given_up_at_its_deadline_is_validated_again() -> None:
-    """Two validators (f = 0): the backup's executor never answers for block 1 and its pool
-    holds none of the block's transactions, so only its vote can commit the block. At the
-    validation deadline it gives the slot up, and its request timer runs for that block:
-    when it runs out, the block is validated again (its executor failed, not the primary:
-    no VIEW-CHANGE, which at N > 2 would strand it alone), and it votes."""
+def test_a_block_unanswered_by_its_deadline_is_validated_again_once() -> None:
+    """Two validators (f = 0): the backup's executor loses its answer for block 1 and its
+    pool holds none of the block's transactions, so only its vote can commit the block. At
+    the validation deadline the block is validated again at once (its executor failed, not
+    the primary: no VIEW-CHANGE, which at N > 2 would strand it alone), and it votes. A
+    second deadline gives the block up in this view: at most two validations of one block
+    are ever outstanding."""
     signers = SIGNERS[:2]
     params = EngineParams(chain_id=PARAMS.chain_id, validators=tuple(s.address for s in signers))
-    replica = Replica(params, 1, signers[1], KeyVerifier(), ChainHead(0, GENESIS),
-                      block_digest=keccak)
-    replica.start()
-    actions = replica.step(from_peer(PrePrepare(0, 1, DIGEST, 0), (BLOCK,))).actions
-    assert any(isinstance(a, ValidateBlock) for a in actions)
-    actions = replica.step(TimerFired(TimerKind.VALIDATION, u64(1))).actions
-    assert timer(actions, TimerKind.REQUEST) is not None
-    replica.step(BlockValidated(1, DIGEST, True))  # too late: the slot stays given up
-    actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
-    assert [a.seq_no for a in actions if isinstance(a, ValidateBlock)] == [1]
+
+    def backup_validating() -> Replica:
+        replica = Replica(params, 1, signers[1], KeyVerifier(), ChainHead(0, GENESIS),
+                          block_digest=keccak)
+        replica.start()
+        actions = replica.step(from_peer(PrePrepare(0, 1, DIGEST, 0), (BLOCK,))).actions
+        assert [a.seq_no for a in actions if isinstance(a, ValidateBlock)] == [1]
+        actions = replica.step(TimerFired(TimerKind.VALIDATION, u64(1))).actions
+        assert [a.seq_no for a in actions if isinstance(a, ValidateBlock)] == [1]
+        return replica
+
+    replica = backup_validating()
     actions = replica.step(BlockValidated(1, DIGEST, True)).actions
     sent = [WireMessage.decode(a.data).signed.body for a in actions if isinstance(a, Broadcast)]
     assert any(isinstance(body, Commit) for body in sent)  # N = 2: prepared at once
     assert (replica.view, replica.active, replica.view_change_reasons) == (0, True, {})
+
+    replica = backup_validating()
+    actions = replica.step(TimerFired(TimerKind.VALIDATION, u64(1))).actions
+    assert not [a for a in actions if isinstance(a, ValidateBlock)]
+    assert replica.log.certs[(0, 1)].refused and not replica._busy()
 
 
 def test_a_replica_asking_for_a_view_change_relays_its_oldest_requests_to_every_peer() -> None:
