@@ -251,6 +251,9 @@ class Dispatcher:
             outcome = _response(request.get("id"), result)
         return None if "id" not in request else outcome
 
+    def close(self) -> None:
+        self._decoder.close()
+
     def _method(self, name: str, session: Any) -> Method:
         if session is not None and name in session.methods:
             return session.methods[name]

@@ -99,6 +99,12 @@ class EthApi:
             self.evm_limits.workers, self.evm_limits.max_pending, "eth_call/eth_estimateGas")
         node.head_listeners.append(lambda c: self.filters.on_block(c.header, c.records))
 
+    def close(self) -> None:
+        """On stop: every thread of client work ends (an EVM call within its deadline)."""
+        for pool in (self.reads, self.executions):
+            pool.close()
+        self.filters.close()
+
     def methods(self) -> dict[str, Method]:
         return {
             name: getattr(self, name)

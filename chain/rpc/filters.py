@@ -224,6 +224,10 @@ class FilterManager:
             installed.changes.clear()
         return changes
 
+    def close(self) -> None:
+        """On stop: the matcher thread ends once the block it holds is matched."""
+        self._matcher.shutdown(wait=True, cancel_futures=True)
+
     def uninstall(self, filter_id: str) -> bool:
         if not isinstance(filter_id, str):
             raise InvalidParams("invalid argument 0: filter id must be a string")

@@ -277,4 +277,5 @@ class RpcServer:
             await self._runner.cleanup()
         if self._listener is not None:
             await self._listener.wait_closed()
-        self.eth.reads.close()
+        self.dispatcher.close()
+        self.eth.close()

@@ -291,42 +291,45 @@ def test_websocket_new_heads_and_logs_subscriptions(
 def test_txpool_namespace_and_block_hash_parameters(
     dev_node: RunningNode, w3: Web3, chain_with_activity: dict
 ) -> None:
-    """txpool_* as geth answers them (pending: nonces that follow on, a fee cap under the base
-    fee included; queued: behind a gap), and a plain block hash as a block parameter."""
+    """txpool_* as geth answers them (queued: behind a gap; a fee cap under the pool's floor,
+    the next base fee, refused as geth's --txpool.pricelimit does), and a plain block hash as
+    a block parameter."""
     url = dev_node.rpc_url
     account = Account.from_key(dev_node.description["accounts"][7]["private_key"])
     nonce = w3.eth.get_transaction_count(account.address)
     recipient = Web3.to_checksum_address("0x" + "42" * 20)
 
-    def transfer(at: int, max_fee: int) -> tuple[dict[str, Any], str]:
+    def signed(at: int, max_fee: int) -> str:
         tx = {"chainId": w3.eth.chain_id, "nonce": at, "to": recipient, "value": 5,
               "gas": 21_000, "maxFeePerGas": max_fee, "maxPriorityFeePerGas": 0}
-        raw = account.sign_transaction(tx).raw_transaction
-        return tx, "0x" + bytes(w3.eth.send_raw_transaction(raw)).hex()
+        return "0x" + bytes(account.sign_transaction(tx).raw_transaction).hex()
 
-    _, stuck_hash = transfer(nonce, 1)  # under the base fee: pending, not minable
-    _, gapped_hash = transfer(nonce + 2, 10 * GWEI)  # behind a gap: queued
-    assert result(url, "txpool_status") == {"pending": "0x1", "queued": "0x1"}
+    def transfer(at: int, max_fee: int) -> str:
+        return "0x" + bytes(w3.eth.send_raw_transaction(signed(at, max_fee))).hex()
+
+    underpriced = rpc(url, "eth_sendRawTransaction", signed(nonce, 1))["error"]
+    assert underpriced["message"].startswith("transaction underpriced: max fee per gas 1 is "
+                                             "below the pool's floor"), underpriced
+    gapped_hash = transfer(nonce + 2, 10 * GWEI)  # behind a gap: queued
+    assert result(url, "txpool_status") == {"pending": "0x0", "queued": "0x1"}
     content = result(url, "txpool_content")
-    pending = content["pending"][account.address][str(nonce)]
     queued = content["queued"][account.address][str(nonce + 2)]
-    assert (pending["hash"], pending["blockHash"], pending["from"]) == (
-        stuck_hash, None, account.address.lower())
-    assert (queued["hash"], queued["nonce"]) == (gapped_hash, hex(nonce + 2))
+    assert (queued["hash"], queued["nonce"], queued["blockHash"], queued["from"]) == (
+        gapped_hash, hex(nonce + 2), None, account.address.lower())
+    assert content["pending"] == {}
     assert result(url, "txpool_contentFrom", account.address) == {
-        "pending": {str(nonce): pending}, "queued": {str(nonce + 2): queued}}
+        "pending": {}, "queued": {str(nonce + 2): queued}}
     assert result(url, "txpool_contentFrom", "0x" + "43" * 20) == {"pending": {}, "queued": {}}
     assert result(url, "txpool_inspect") == {
-        "pending": {account.address: {str(nonce): f"{recipient}: 5 wei + 21000 gas × 1 wei"}},
+        "pending": {},
         "queued": {account.address: {
             str(nonce + 2): f"{recipient}: 5 wei + 21000 gas × {10 * GWEI} wei"}},
     }
-    # a fee bump makes the first minable and the missing nonce closes the gap: all three
-    # commit and the pool empties
-    _, bumped = transfer(nonce, 10 * GWEI)
-    _, closing = transfer(nonce + 1, 10 * GWEI)
+    # the missing nonces close the gap: all three commit and the pool empties
+    first = transfer(nonce, 10 * GWEI)
+    closing = transfer(nonce + 1, 10 * GWEI)
     receipts = [w3.eth.wait_for_transaction_receipt(h, timeout=30)
-                for h in (bumped, closing, gapped_hash)]
+                for h in (first, closing, gapped_hash)]
     assert [r.status for r in receipts] == [1, 1, 1]
     assert result(url, "txpool_status") == {"pending": "0x0", "queued": "0x0"}
 
