@@ -1,6 +1,6 @@
 # Two commands: `make run` (set up, then a local chain with JSON-RPC on 127.0.0.1:8545) and
 # `make test` (set up, then the whole test suite and the linter). `make bench` runs the
-# benchmarks (about 17 minutes) and writes benchmarks/results/latest.json.
+# benchmarks (about 20 minutes) and writes benchmarks/results/latest.json.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
