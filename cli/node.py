@@ -168,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
                      type=int, help="bytes of one batch's answers (25000000)")
     run.add_argument("--rpc.gascap", dest="rpc_gascap", type=int,
                      help="gas for eth_call and eth_estimateGas (50000000)")
+    run.add_argument("--rpc.evmtimeout", dest="rpc_evmtimeout", type=float,
+                     help="seconds an eth_call or eth_estimateGas may execute (5)")
+    run.add_argument("--txpool.pricelimit", dest="txpool_pricelimit", type=int,
+                     help="lowest fee cap admitted, in wei, above the next base fee (1)")
+    run.add_argument("--txpool.lifetime", dest="txpool_lifetime", type=float,
+                     help="seconds a sender's queued transactions stay without activity (10800)")
+    run.add_argument("--txpool.accountqueue", dest="txpool_accountqueue", type=int,
+                     help="queued (gapped) transactions per sender (200)")
+    run.add_argument("--txpool.globalqueue", dest="txpool_globalqueue", type=int,
+                     help="queued (gapped) transactions in all (4000)")
     run.set_defaults(handler=_run)
 
     testnet = commands.add_parser("testnet", help="a local cluster of nodes")

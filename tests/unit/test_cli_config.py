@@ -72,3 +72,19 @@ def test_testnet_init_refuses_bad_engine_parameters_before_writing_anything(
     with pytest.raises(CliError, match=message):
         init_testnet(tmp_path / "net", 4, 1337, 30303, 8545, 6060, pbft)
     assert not (tmp_path / "net").exists()
+
+
+def test_pool_and_evm_settings_come_from_the_file_and_flags_win(tmp_path: Path) -> None:
+    """The geth-named flags `pbft-node run --help` lists (--txpool.*, --rpc.evmtimeout)."""
+    from cli.node import build_parser
+
+    parsed = build_parser().parse_args(
+        ["run", "--config", str(tmp_path / "node.toml"), "--txpool.pricelimit", "7",
+         "--txpool.globalqueue", "50", "--rpc.evmtimeout", "0.5"])
+    flags = {f: getattr(parsed, f) for f in ("txpool_pricelimit", "txpool_globalqueue",
+                                             "rpc_evmtimeout")}
+    settings = _settings(tmp_path, "[txpool]\npricelimit = 3\naccountqueue = 9\n", **flags)
+    config = node_config(settings)
+    limits = config.pool_limits
+    assert (limits.price_limit, limits.max_queued_per_sender, limits.max_queued) == (7, 9, 50)
+    assert config.rpc_limits.evm.timeout == 0.5
