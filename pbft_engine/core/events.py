@@ -16,6 +16,7 @@ class TimerKind(Enum):
     VALIDATION = "validation"
     RESEND = "resend"  # key: b""; our messages for slots still open a request timeout later
     TRAILING_BLOCK = "trailing_block"  # key: b""; an empty block after one with transactions
+    FAIRNESS_MARK = "fairness_mark"  # key: b""; the oldest request has reached the primary
 
 
 @dataclass(frozen=True)

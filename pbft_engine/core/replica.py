@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import assert_never, cast
@@ -118,11 +118,14 @@ class ChainHead:
 
 
 # Commits that may pass over the oldest waiting request before they stop restarting the
-# request timer. Pools see gossip in slightly different orders, so the primary may
-# legitimately put a few blocks' worth of other transactions first (more blocks when blocks
-# are small: the simulator's honest seed 6, N = 4, passed one request over four times); a
-# primary that keeps leaving one out while it commits others is censoring it, and the timer
-# then runs out.
+# request timer. Pools see transactions in different orders: in a burst, everything the
+# primary received before the oldest request reached it goes first, and that may be many
+# blocks' worth (an honest 600-transaction burst at N = 4 passed one over 15 times). So a
+# commit counts only if it holds a request that arrived here after the fairness mark: a
+# quarter of the request timeout after the oldest became the oldest, when it has reached the
+# primary (by gossip, or relayed by this backup), so whatever arrived after that arrived
+# there after it too. A primary that keeps leaving one out while it commits newer ones is
+# censoring it, and the timer then runs out.
 MAX_PASSED_OVER = 8
 # Waiting requests a backup relays to the primary when it starts timing it, and again halfway
 # (the oldest): enough for one account's run of nonces that gossip did not deliver there.
@@ -223,8 +226,10 @@ class Replica:
         # (replica, type, seqNo)
         self.future: dict[tuple[int, int, int], WireMessage[PhaseMessage]] = {}
         self.evidence: set[bytes] = set()
-        self.requests: dict[bytes, None] = {}  # executable transactions waiting, oldest first
-        self.passed_over = 0  # commits since the oldest waiting request became the oldest
+        self.requests: dict[bytes, int] = {}  # executable transactions waiting, oldest first
+        self.passed_over = 0  # commits passing over the oldest request, since the mark
+        self.arrivals = 0  # requests received so far (each one's index: its value in requests)
+        self.fair_mark: int | None = None  # arrivals at the oldest request's fairness mark
         self.relayed: set[bytes] = set()  # requests relayed to this view's primary
         self.view_change_reasons: Counter[str] = Counter()  # view changes here, by reason
         self.dropped: Counter[str] = Counter()
@@ -491,10 +496,11 @@ class Replica:
     def _on_request(self, event: RequestReceived) -> None:
         if event.tx_hash in self.requests:
             return
-        if not self.requests:
-            self.passed_over = 0
         self.arrived_while_building |= self.building is not None
-        self.requests[event.tx_hash] = None
+        self.arrivals += 1
+        self.requests[event.tx_hash] = self.arrivals
+        if len(self.requests) == 1:
+            self._new_oldest()
         if self.active and not self.request_timer_armed:
             self._arm_request_timer()
         self._maybe_propose()
@@ -503,25 +509,38 @@ class Replica:
         oldest = self._oldest_request()
         self.requests.pop(event.tx_hash, None)
         if oldest == event.tx_hash:
-            self.passed_over = 0
+            self._new_oldest()
         if not self.requests:
             self._cancel_request_timer()
 
     def _oldest_request(self) -> bytes | None:
         return next(iter(self.requests), None)
 
-    def _forget_requests(self, committed: Iterable[bytes]) -> None:
+    def _new_oldest(self) -> None:
+        """Another request is the oldest (or a new primary times it): nothing passed it
+        over yet, and its fairness mark is a quarter of the request timeout away."""
+        self.passed_over, self.fair_mark = 0, None
+        if self.requests:
+            self._set_timer(TimerKind.FAIRNESS_MARK, b"",
+                            max(1, self.params.request_timeout_ms // 4))
+
+    def _forget_requests(self, committed: tuple[bytes, ...]) -> None:
         """Requests were committed: progress, which restarts the timer while others wait
         (Fabric v0.6's rule, so a long queue the primary works through is not mistaken for a
         faulty primary), unless the commits keep passing over the oldest waiting request."""
         self.views_without_commit = 0
         oldest, before = self._oldest_request(), len(self.requests)
+        mark = self.fair_mark
+        newer = mark is not None and any(self.requests.get(h, 0) > mark for h in committed)
         for tx_hash in committed:
             self.requests.pop(tx_hash, None)
         if not self.requests:
             self._cancel_request_timer()
             return
-        self.passed_over = self.passed_over + 1 if oldest in self.requests else 0
+        if oldest not in self.requests:
+            self._new_oldest()
+        elif newer:
+            self.passed_over += 1
         if len(self.requests) < before:
             self._restart_request_timer()
 
@@ -577,6 +596,8 @@ class Replica:
                 self._relay_oldest_requests(again=True)
         elif event.kind is TimerKind.VALIDATION:
             self._on_validation_deadline(read_u64(event.key))
+        elif event.kind is TimerKind.FAIRNESS_MARK:
+            self.fair_mark = self.arrivals
         elif event.kind is TimerKind.RESEND:
             self._on_resend_timer()
         elif event.kind is TimerKind.BLOCK_PERIOD:
@@ -1459,7 +1480,7 @@ class Replica:
         self.seq_no = max([self.low_watermark, self.last_exec, *(n for n, _ in plan.entries)])
         self._persist_meta()
         self._check_recovered()
-        self.passed_over = 0  # the new primary gets the whole bound again
+        self._new_oldest()  # the new primary gets the whole bound again
         self._arm_trailing_block()
         self.relayed = set()  # and every waiting request
         self._cancel_request_timer()  # armed in the old view; a new primary times no one

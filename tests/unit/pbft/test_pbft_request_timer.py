@@ -99,10 +99,12 @@ def test_commits_restart_the_timer_while_the_oldest_request_is_served() -> None:
 
 
 def test_a_primary_that_keeps_passing_over_a_request_is_replaced() -> None:
-    """Censorship: blocks full of other transactions stop restarting the timer once they
-    have passed over the oldest waiting request MAX_PASSED_OVER times."""
+    """Censorship: blocks of transactions that arrived after the oldest waiting request's
+    fairness mark (by then it has reached the primary) stop restarting the timer once they
+    have passed it over MAX_PASSED_OVER times."""
     replica = start_replica()
     replica.step(RequestReceived(WAITING))
+    replica.step(TimerFired(TimerKind.FAIRNESS_MARK, b""))
     others = [keccak(b"other %d" % i) for i in range(MAX_PASSED_OVER + 1)]
     for tx in others:
         replica.step(RequestReceived(tx))
@@ -113,6 +115,23 @@ def test_a_primary_that_keeps_passing_over_a_request_is_replaced() -> None:
     replica.step(TimerFired(TimerKind.REQUEST, b""))
     assert replica.view == 1 and not replica.active
     assert replica.view_change_reasons == {"request_timeout": 1}
+
+
+def test_a_burst_the_primary_received_first_is_not_censorship() -> None:
+    """In a burst, what the primary received before the oldest request here reached it
+    goes first, however many blocks that takes: transactions that arrived here before the
+    oldest one's fairness mark never count as passing it over (an honest 600-transaction
+    burst at N = 4 passed one request over 15 times and replaced its primary)."""
+    replica = start_replica()
+    replica.step(RequestReceived(WAITING))
+    burst = [keccak(b"burst %d" % i) for i in range(3 * MAX_PASSED_OVER)]
+    for tx in burst:
+        replica.step(RequestReceived(tx))
+    replica.step(TimerFired(TimerKind.FAIRNESS_MARK, b""))
+    restarts = [request_timer(commit_block(replica, n, (tx,)))
+                for n, tx in enumerate(burst, start=1)]
+    assert restarts == [PARAMS.request_timeout_ms] * len(burst)
+    assert replica.passed_over == 0
 
 
 def view_change_quorum(replica: Replica, view: int) -> list[Action]:
