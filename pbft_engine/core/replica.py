@@ -120,13 +120,16 @@ class ChainHead:
 # Commits that may pass over the oldest waiting request before they stop restarting the
 # request timer. Pools see transactions in different orders: in a burst, everything the
 # primary received before the oldest request reached it goes first, and that may be many
-# blocks' worth (an honest 600-transaction burst at N = 4 passed one over 15 times). So a
-# commit counts only if it holds a request that arrived here after the fairness mark: a
-# quarter of the request timeout after the oldest became the oldest, when it has reached the
-# primary (by gossip, or relayed by this backup), so whatever arrived after that arrived
-# there after it too. A primary that keeps leaving one out while it commits newer ones is
-# censoring it, and the timer then runs out.
+# blocks' worth (an honest 600-transaction burst at N = 4 passed one over 15 times). So at
+# the fairness mark (a quarter of the request timeout after the oldest became the oldest:
+# it has reached the primary by then, by gossip or relayed by this backup) the backlog that
+# arrived here before it earns a grace of one commit per FAIR_BLOCK_TRANSACTIONS of it:
+# commits holding only that backlog count against the grace, every other commit (one with a
+# newer request, an empty one, or one of transactions this backup never held) against
+# MAX_PASSED_OVER. A primary that keeps leaving one out while it commits others, or serves
+# the backlog a transaction at a time, is censoring it, and the timer then runs out.
 MAX_PASSED_OVER = 8
+FAIR_BLOCK_TRANSACTIONS = 8
 # Waiting requests a backup relays to the primary when it starts timing it, and again halfway
 # (the oldest): enough for one account's run of nonces that gossip did not deliver there.
 RELAYED_REQUESTS = 4
@@ -230,6 +233,7 @@ class Replica:
         self.passed_over = 0  # commits passing over the oldest request, since the mark
         self.arrivals = 0  # requests received so far (each one's index: its value in requests)
         self.fair_mark: int | None = None  # arrivals at the oldest request's fairness mark
+        self.backlog_grace = 0  # commits of the backlog from before the mark it may still take
         self.relayed: set[bytes] = set()  # requests relayed to this view's primary
         self.view_change_reasons: Counter[str] = Counter()  # view changes here, by reason
         self.dropped: Counter[str] = Counter()
@@ -519,7 +523,7 @@ class Replica:
     def _new_oldest(self) -> None:
         """Another request is the oldest (or a new primary times it): nothing passed it
         over yet, and its fairness mark is a quarter of the request timeout away."""
-        self.passed_over, self.fair_mark = 0, None
+        self.passed_over, self.fair_mark, self.backlog_grace = 0, None, 0
         if self.requests:
             self._set_timer(TimerKind.FAIRNESS_MARK, b"",
                             max(1, self.params.request_timeout_ms // 4))
@@ -531,7 +535,8 @@ class Replica:
         self.views_without_commit = 0
         oldest, before = self._oldest_request(), len(self.requests)
         mark = self.fair_mark
-        newer = mark is not None and any(self.requests.get(h, 0) > mark for h in committed)
+        backlog = bool(committed) and mark is not None and all(
+            0 < self.requests.get(h, 0) <= mark for h in committed)
         for tx_hash in committed:
             self.requests.pop(tx_hash, None)
         if not self.requests:
@@ -539,7 +544,9 @@ class Replica:
             return
         if oldest not in self.requests:
             self._new_oldest()
-        elif newer:
+        elif backlog and self.backlog_grace > 0:
+            self.backlog_grace -= 1
+        elif mark is not None:
             self.passed_over += 1
         if len(self.requests) < before:
             self._restart_request_timer()
@@ -598,6 +605,7 @@ class Replica:
             self._on_validation_deadline(read_u64(event.key))
         elif event.kind is TimerKind.FAIRNESS_MARK:
             self.fair_mark = self.arrivals
+            self.backlog_grace = -(-(len(self.requests) - 1) // FAIR_BLOCK_TRANSACTIONS)
         elif event.kind is TimerKind.RESEND:
             self._on_resend_timer()
         elif event.kind is TimerKind.BLOCK_PERIOD:

@@ -22,7 +22,8 @@ backlog's size in full blocks. Before 78eaded the ninth such commit stopped the 
 (Counting commits that hold no request waiting here, the fix suggested for finding 1,
 covers the padded case; the flood alone, one transaction a block, stays open.)
 
-Both are strict xfails: each asserts what should hold and fails today.
+Both were strict xfails; fixed since: every commit after the mark counts but those holding
+only the pre-mark backlog, which earn a grace of one commit per FAIR_BLOCK_TRANSACTIONS of it.
 """
 
 from __future__ import annotations
@@ -78,9 +79,6 @@ def run_block(replica: Replica, seq_no: int, txs: tuple[bytes, ...]) -> tuple[bo
 BLOCKS = 4 * (MAX_PASSED_OVER + 1)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 1: commits holding no request waiting here never pass "
-                          "the oldest over, and their PRE-PREPAREs restart the timer for ever")
 @pytest.mark.parametrize("kind", ["empty blocks", "transactions only the primary holds"])
 def test_blocks_of_nothing_waiting_here_censor_the_oldest_for_ever(kind: str) -> None:
     replica = start_replica()
@@ -99,9 +97,6 @@ def test_blocks_of_nothing_waiting_here_censor_the_oldest_for_ever(kind: str) ->
         f"blocks without {WAITING.hex()[:8]}")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="finding 2: a pre-mark backlog served one transaction a block "
-                          "excuses the primary for as many blocks as it holds transactions")
 @pytest.mark.parametrize("padding", [0, 7])
 def test_a_backlog_served_one_transaction_a_block_censors_the_oldest(padding: int) -> None:
     """`padding`: transactions byzantine clients sent to the primary alone, in each block

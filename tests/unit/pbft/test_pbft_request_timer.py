@@ -27,7 +27,7 @@ from pbft_engine.core import (
     ValidateBlock,
 )
 from pbft_engine.core.records import u64
-from pbft_engine.core.replica import MAX_PASSED_OVER
+from pbft_engine.core.replica import FAIR_BLOCK_TRANSACTIONS, MAX_PASSED_OVER
 from pbft_engine.messages import (
     Checkpoint,
     Commit,
@@ -124,13 +124,15 @@ def test_a_burst_the_primary_received_first_is_not_censorship() -> None:
     burst at N = 4 passed one request over 15 times and replaced its primary)."""
     replica = start_replica()
     replica.step(RequestReceived(WAITING))
-    burst = [keccak(b"burst %d" % i) for i in range(3 * MAX_PASSED_OVER)]
+    blocks = 3 * MAX_PASSED_OVER  # of FAIR_BLOCK_TRANSACTIONS each: the burst in full blocks
+    burst = [keccak(b"burst %d" % i) for i in range(blocks * FAIR_BLOCK_TRANSACTIONS)]
     for tx in burst:
         replica.step(RequestReceived(tx))
     replica.step(TimerFired(TimerKind.FAIRNESS_MARK, b""))
-    restarts = [request_timer(commit_block(replica, n, (tx,)))
-                for n, tx in enumerate(burst, start=1)]
-    assert restarts == [PARAMS.request_timeout_ms] * len(burst)
+    size = FAIR_BLOCK_TRANSACTIONS
+    restarts = [request_timer(commit_block(replica, n + 1, tuple(burst[n * size:][:size])))
+                for n in range(blocks)]
+    assert restarts == [PARAMS.request_timeout_ms] * blocks
     assert replica.passed_over == 0
 
 
