@@ -9,7 +9,6 @@ transaction may be refused for that gap, and every transaction a node accepted m
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,17 +25,6 @@ PER_SENDER = 150
 BATCH = 90  # thirty consecutive nonces of each sender
 IN_FLIGHT = 4  # batches sent and not yet answered: a client's connections to the balancer
 COMMIT_DEADLINE = 60.0
-
-
-@pytest.fixture(scope="module")
-def spray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster.create(tmp_path_factory.mktemp("spray"))  # the testnet's defaults
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        codes = cluster.close()
-    assert codes == [0, 0, 0, 0]
 
 
 def signed_transfers(cluster: Cluster) -> list[tuple[str, int, bytes]]:
@@ -85,13 +73,13 @@ def uncommitted(w3: Web3, accepted: dict[str, int]) -> dict[str, int]:
     return {s: n for s, n in left.items() if n > 0}
 
 
-def test_sprayed_transfers_are_all_accepted_and_all_commit(spray_cluster: Cluster) -> None:
-    transfers = signed_transfers(spray_cluster)
-    accepted, refused = spray(spray_cluster, transfers)
+def test_sprayed_transfers_are_all_accepted_and_all_commit(cluster: Cluster) -> None:
+    transfers = signed_transfers(cluster)
+    accepted, refused = spray(cluster, transfers)
     strands: dict[int, dict[str, int]] = {}
 
     def all_committed() -> bool:
-        for index, node in enumerate(spray_cluster.nodes):
+        for index, node in enumerate(cluster.nodes):
             strands[index] = uncommitted(node.web3(), accepted)
         return not any(strands.values())
 
@@ -101,19 +89,19 @@ def test_sprayed_transfers_are_all_accepted_and_all_commit(spray_cluster: Cluste
         pytest.fail(f"accepted transfers never committed, per node and sender: {strands}; "
                     f"refused: {dict(refused)}")
     assert not refused, f"refused {sum(refused.values())} of {len(transfers)}: {dict(refused)}"
-    spray_cluster.assert_consistent()
+    cluster.assert_consistent()
 
 
-def test_a_refused_gap_leaves_what_follows_visible_as_queued(spray_cluster: Cluster) -> None:
+def test_a_refused_gap_leaves_what_follows_visible_as_queued(cluster: Cluster) -> None:
     """A transaction that never reaches any node leaves its successors queued, where
     txpool_content shows them (not silently lost), and a resend of it commits them all."""
-    account = Account.from_key(spray_cluster.description["accounts"][SENDERS]["private_key"])
-    w3 = spray_cluster.nodes[1].web3()
+    account = Account.from_key(cluster.description["accounts"][SENDERS]["private_key"])
+    w3 = cluster.nodes[1].web3()
     nonce = w3.eth.get_transaction_count(account.address, "pending")
 
     def sign(n: int) -> bytes:
         return bytes(account.sign_transaction({
-            "chainId": spray_cluster.description["chain_id"], "nonce": n, "gas": 21_000,
+            "chainId": cluster.description["chain_id"], "nonce": n, "gas": 21_000,
             "to": account.address, "value": 0, "maxFeePerGas": 10 * GWEI,
             "maxPriorityFeePerGas": GWEI}).raw_transaction)
 
@@ -121,6 +109,6 @@ def test_a_refused_gap_leaves_what_follows_visible_as_queued(spray_cluster: Clus
     content = w3.provider.make_request("txpool_content", [])["result"]
     assert sorted(content["queued"][account.address]) == [str(n) for n in
                                                            range(nonce + 1, nonce + 4)]
-    spray_cluster.nodes[2].web3().eth.send_raw_transaction(sign(nonce))  # the resend
+    cluster.nodes[2].web3().eth.send_raw_transaction(sign(nonce))  # the resend
     for tx_hash in later:
         assert w3.eth.wait_for_transaction_receipt(tx_hash, timeout=COMMIT_DEADLINE).status == 1

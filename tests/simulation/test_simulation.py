@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import pytest
 
 from pbft_engine.core import (
     BlockBuilt,
     BlockValidated,
-    BuildBlock,
     CommitBlock,
     CommitRefused,
     Refusal,
@@ -145,6 +145,24 @@ def test_every_hostile_event_happens_in_the_random_seeds() -> None:
 # --- gaps the simulator found in the engine: fixed (69258a1), or strict xfails -------------
 
 
+Job = tuple[int, Callable[[], None]]  # the simulated executor's: (its time in ms, its answer)
+
+
+def _answered_once(cluster: Cluster, perform: Callable[[Node, Any], Job],
+                   answer: Callable[[Any], object]) -> Callable[[Node, Any], Job]:
+    """The executor's `perform`, except that its first action is answered with
+    `answer(action)` at once (a failure the adapter reports) instead of being done."""
+    failed: list[object] = []
+
+    def once(node: Node, action: Any) -> Job:
+        if failed:
+            return perform(node, action)
+        failed.append(action)
+        return 1, partial(cluster.feed, node.index, answer(action))
+
+    return once
+
+
 @pytest.mark.parametrize("n", [1, 4])
 def test_a_failed_build_is_built_again(n: int) -> None:
     """One build of the first primary fails (the executor raised: the adapter's catch-all
@@ -152,16 +170,8 @@ def test_a_failed_build_is_built_again(n: int) -> None:
     69258a1 nothing built again until another transaction arrived: at N = 1 it never
     committed, at N = 4 the backups' request timers replaced a correct primary."""
     cluster = Cluster(n)
-    build, failed = cluster._build, []
-
-    def fails_once(node: Node, action: BuildBlock
-                   ) -> tuple[int, Callable[[], None]]:
-        if failed:
-            return build(node, action)
-        failed.append(action.seq_no)
-        return 1, partial(cluster.feed, node.index, BlockBuilt(action.seq_no, b"", b"", ()))
-
-    cluster._build = fails_once  # type: ignore[method-assign]
+    cluster._build = _answered_once(  # type: ignore[method-assign]
+        cluster, cluster._build, lambda a: BlockBuilt(a.seq_no, b"", b"", ()))
     tx = cluster.submit(b"one transfer")
     assert cluster.run_until(lambda: cluster.committed(tx) == n, 10_000)
     assert cluster.views() == [0] * n
@@ -174,17 +184,9 @@ def test_a_lone_validator_commits_after_a_failed_re_execution() -> None:
     69258a1 it discarded the body and asked the peers, and there are none: block 1 was never
     committed, nor anything after it."""
     cluster = Cluster(1)
-    commit, refused = cluster._commit, []
-
-    def refused_once(node: Node, action: CommitBlock
-                     ) -> tuple[int, Callable[[], None]]:
-        if refused:
-            return commit(node, action)
-        refused.append(action.seq_no)
-        return 1, partial(cluster.feed, node.index,
-                          CommitRefused(action.seq_no, action.digest, false_copy=False))
-
-    cluster._commit = refused_once  # type: ignore[method-assign]
+    cluster._commit = _answered_once(  # type: ignore[method-assign]
+        cluster, cluster._commit,
+        lambda a: CommitRefused(a.seq_no, a.digest, false_copy=False))
     tx = cluster.submit(b"one transfer")
     assert cluster.run_until(lambda: cluster.committed(tx) == 1, 10_000)
 
@@ -270,7 +272,6 @@ def test_a_replica_restarted_in_a_view_change_executes_what_it_holds_certified()
     from pbft_engine.core import (
         BlockReceived,
         ChainHead,
-        CommitBlock,
         FetchBlock,
         FetchCommitted,
         PeerCommitted,

@@ -42,7 +42,11 @@ from pbft_engine.messages import (
 from tests.unit.pbft.helpers import AUTH, GENESIS, PARAMS, SIGNERS, from_peer
 from tests.unit.pbft.test_pbft_lost_state import Disk
 from tests.unit.pbft.test_pbft_resend import DIGEST as D1
-from tests.unit.pbft.test_pbft_resend import pre_prepares, primary_with_block_proposed
+from tests.unit.pbft.test_pbft_resend import (
+    pre_prepares,
+    primary_with_block_proposed,
+    stranded_backup,
+)
 
 BLOCK = b"block 1: a block the adapter never answers for"
 DIGEST = keccak(BLOCK)
@@ -254,12 +258,7 @@ def test_a_stranded_replica_relays_a_request_to_a_peer_a_bounded_number_of_times
     (f+1 validators down, or a replica cut off for hours) each replica sends the same 4
     transactions (up to 128 KiB each) to each of its N-1 peers every 2 s, for ever:
     N(N-1)*4 transactions every 2 s on the cluster (360 at N = 10), ~23 MB/s at 128 KiB."""
-    replica = Replica(PARAMS, 2, SIGNERS[2], KeyVerifier(), ChainHead(0, GENESIS),
-                      block_digest=keccak)
-    replica.start()
-    replica.step(RequestReceived(TX))
-    actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
-    assert (replica.view, replica.active) == (1, False)
+    replica, actions = stranded_backup()
     for _ in range(300):  # ten minutes of resends: relayed on the 1st, 2nd, 4th ... 128th
         actions += replica.step(TimerFired(TimerKind.VIEW_CHANGE_RESEND, u64(1))).actions
     per_peer = {p: sum(1 for a in actions if isinstance(a, RelayRequests) and a.replica == p)

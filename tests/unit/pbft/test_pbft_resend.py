@@ -118,15 +118,21 @@ def test_a_replica_asking_for_a_view_change_relays_its_oldest_requests_to_every_
     whose gossip never reached the others, who stay in view 0: each VIEW-CHANGE it sends
     relays its oldest requests to every peer, so they commit them there (simulator: chaos
     seed 31 at N = 6 never committed them)."""
+    replica, actions = stranded_backup()
+    assert relayed(actions) == {0: (TX,), 1: (TX,), 3: (TX,)}
+    actions = replica.step(TimerFired(TimerKind.VIEW_CHANGE_RESEND, u64(1))).actions
+    assert relayed(actions) == {0: (TX,), 1: (TX,), 3: (TX,)}
+
+
+def stranded_backup() -> tuple[Replica, list[Action]]:
+    """Backup 2, holding TX, whose request timer ran out: it asks for view 1 (alone)."""
     replica = Replica(PARAMS, 2, SIGNERS[2], KeyVerifier(), ChainHead(0, GENESIS),
                       block_digest=keccak)
     replica.start()
     replica.step(RequestReceived(TX))
     actions = replica.step(TimerFired(TimerKind.REQUEST, b"")).actions
     assert (replica.view, replica.active) == (1, False)
-    assert relayed(actions) == {0: (TX,), 1: (TX,), 3: (TX,)}
-    actions = replica.step(TimerFired(TimerKind.VIEW_CHANGE_RESEND, u64(1))).actions
-    assert relayed(actions) == {0: (TX,), 1: (TX,), 3: (TX,)}
+    return replica, actions
 
 
 def relayed(actions: list[Action]) -> dict[int, tuple[bytes, ...]]:
