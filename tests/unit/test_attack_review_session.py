@@ -1,0 +1,127 @@
+"""Attacker review of de4ef1b..HEAD (issue 29: pool admission, gossip backlog, WebSocket
+outboxes). Each finding is a strict xfail: it passes once the weakness is fixed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chain.errors import TxPoolError
+from chain.genesis import load_genesis_bytes
+from chain.node import GOSSIP_SLICE, Node, NodeConfig, initialize_datadir
+from chain.registry import available_engines
+from chain.rpc.errors import RpcError
+from chain.rpc.subscriptions import Subscriptions, WebSocketLimits
+from chain.txpool import PoolLimits, TxPool
+from tests.unit.test_txpool import ALICE, BOB, CHAIN_ID, Accounts, add, address, tx
+
+CAROL = type(ALICE)(b"\x03" * 32)
+GENESIS = Path(__file__).resolve().parents[2] / "genesis" / "dev.json"
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    """A dev node with the default pool limits, not started, Alice funded."""
+    document = json.loads(GENESIS.read_text())
+    document["alloc"] = {"0x" + address(ALICE).hex(): {"balance": hex(10**24)}}
+    genesis = load_genesis_bytes(json.dumps(document).encode(), available_engines())
+    initialize_datadir(tmp_path, genesis)
+    node = Node(NodeConfig(datadir=tmp_path, http_enabled=False))
+    try:
+        yield node
+    finally:
+        node.db.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 1: a pop from the gossip backlog admits all of the sender's lower nonces "
+    "waiting there (take_before), none of them counted against GOSSIP_SLICE: a byzantine "
+    "validator gossiping a sender's nonces highest first makes one slice admit up to "
+    "max_per_sender (1,024) per pop and the whole backlog (20,000) without yielding; "
+    "measured 6.5 s of the event loop for 19 x 1,024, over the 2 s request timeout"))
+def test_one_gossip_slice_admits_at_most_gossip_slice_transactions(node: Node) -> None:
+    for nonce in reversed(range(4 * GOSSIP_SLICE)):  # a byzantine peer's order
+        node._queue_gossip(tx(nonce=nonce).encode())
+    assert len(node._gossip) == 4 * GOSSIP_SLICE
+
+    async def one_slice() -> int:
+        task = asyncio.get_running_loop().create_task(node._admit_gossip())
+        await asyncio.sleep(0)  # the task runs its first slice up to its first yield
+        admitted = len(node.pool)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return admitted
+
+    admitted = asyncio.run(one_slice())
+    assert admitted <= GOSSIP_SLICE, f"one slice admitted {admitted} transactions"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 2: _check_capacity evicts other senders' queued transactions one by one and "
+    "only then finds the pool still full and refuses: the refused transaction (which the "
+    "sender can send again and again, as it is never admitted) has evicted honest queued "
+    "transactions for nothing"))
+def test_a_refused_transaction_evicts_nothing() -> None:
+    accounts = Accounts()
+    big, queued = tx(nonce=0, gas=60_000, data=b"\x01" * 600), tx(key=BOB, nonce=1)
+    limit = len(big.encode()) + len(queued.encode())
+    pool = TxPool(CHAIN_ID, accounts, 30_000_000, PoolLimits(max_bytes=limit))
+    add(pool, big)  # Alice: executable
+    add(pool, queued)  # Bob: behind a gap, honest
+    attacker = tx(key=CAROL, nonce=0, gas=60_000, data=b"\x02" * 700)  # larger than Bob's
+    with pytest.raises(TxPoolError, match="txpool is full"):
+        add(pool, attacker)
+    assert queued.hash in pool, "Bob's queued transaction was evicted by a refused one"
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.head_listeners: list[object] = []
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 3: the node-wide log-subscription budget (10,000 addresses and topics) has no "
+    "share per client: one unauthenticated client with 10 WebSocket connections of 1,000 "
+    "never-matching addresses each (no notification traffic, nothing to read) holds it all, "
+    "and every other client's eth_subscribe('logs') is refused with -32005 for as long as "
+    "those connections stay open"))
+def test_one_client_cannot_take_the_whole_node_log_subscription_budget() -> None:
+    async def scenario() -> None:
+        subscriptions = Subscriptions(_Node(), WebSocketLimits())  # type: ignore[arg-type]
+        for connection in range(10):  # one client's connections (256 allowed)
+            session = subscriptions.session()
+            addresses = ["0x%040x" % (connection * 1000 + i + 1) for i in range(1000)]
+            await session.eth_subscribe("logs", {"address": addresses})
+        honest = subscriptions.session()
+        try:
+            await honest.eth_subscribe("logs", {"address": "0x" + "ab" * 20})
+        except RpcError as exc:
+            pytest.fail(f"an honest client's first log subscription refused: {exc}")
+
+    asyncio.run(scenario())
+
+
+def _list_in_an_integer_field() -> bytes:
+    """Alice's valid type-2 transaction with its maxPriorityFeePerGas sent as a list."""
+    import rlp
+
+    fields = rlp.decode(tx().encode()[1:])
+    fields[2] = [b"\x01"]
+    return b"\x02" + rlp.encode(fields)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding 4: decode_raw_transaction lets pyrlp's TypeError (a list where an integer is "
+    "expected) through: eth_sendRawTransaction answers -32603 'internal error' and logs a "
+    "full traceback per request (an unauthenticated client floods the log), and a peer's "
+    "gossip of it escapes _queue_gossip (which catches TxPoolError only) into the "
+    "transport's 'message handler failed' traceback"))
+def test_a_list_in_an_integer_field_is_a_one_line_refusal(node: Node) -> None:
+    raw = _list_in_an_integer_field()
+    with pytest.raises(TxPoolError, match="invalid raw transaction"):
+        node.submit_raw_transaction(raw)
+    node._queue_gossip(raw)  # refused and counted, not raised
