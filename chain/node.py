@@ -298,9 +298,11 @@ class Node:
     def _admit(self, item: Candidate) -> PoolEntry:
         """Admit a transaction after its sender's lower nonces waiting in the gossip backlog:
         a gap that gossip already brought here is filled before the transaction is judged
-        (a load balancer sends one account's consecutive nonces to different validators)."""
+        (a load balancer sends one account's consecutive nonces to different validators).
+        At most GOSSIP_SLICE of them on this call (a client's): the rest are admitted by
+        the backlog's own slices, and this one waits queued meanwhile."""
         self._gossip.discard(item.tx.hash)
-        for earlier in self._gossip.take_before(item.sender, item.tx.nonce):
+        for earlier in self._gossip.take_before(item.sender, item.tx.nonce, GOSSIP_SLICE):
             self._admit_gossiped(earlier)
         return self.pool.add(item.tx, item.size, base_fee=self.next_base_fee())
 
@@ -322,6 +324,10 @@ class Node:
             self.metrics.gossip_refused.inc()
             log.debug("gossiped transaction refused: %s", exc.message)
             return
+        except Exception:  # a decoder's bug must not stop the peer's link (counted, quiet)
+            self.metrics.gossip_refused.inc()
+            log.debug("gossiped transaction could not be decoded", exc_info=True)
+            return
         if item.tx.hash in self.pool or item.tx.hash in self._gossip:
             return  # from its origin and relayed to the primary by another validator
         if not self._gossip.push(item):
@@ -332,7 +338,7 @@ class Node:
     async def _admit_gossip(self) -> None:
         while True:
             await self._gossip_waiting.wait()
-            for _ in range(GOSSIP_SLICE):  # admitting one may take its predecessors too
+            for _ in range(GOSSIP_SLICE):  # one admission each (`GossipBacklog.pop`)
                 if not self._gossip:
                     break
                 self._admit_gossiped(self._gossip.pop())

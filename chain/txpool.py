@@ -124,7 +124,8 @@ def decode_raw_transaction(
         raise TxPoolError(f"invalid raw transaction: {exc}") from None
     except UnrecognizedTransactionType:
         raise TxPoolError("transaction type not supported") from None
-    except (rlp.DecodingError, rlp.DeserializationError, ValidationError, ValueError) as exc:
+    except (rlp.DecodingError, rlp.DeserializationError, ValidationError, ValueError,
+            TypeError) as exc:  # (TypeError: pyrlp on a list where a field wants bytes)
         raise TxPoolError(f"invalid raw transaction: {exc}") from None
 
 
@@ -183,10 +184,12 @@ class GossipBacklog:
         return True
 
     def pop(self) -> Candidate:
-        """The oldest item (IndexError if there is none)."""
+        """The lowest nonce of the sender of the oldest item (IndexError if there is none):
+        admitting it takes no predecessor along, so each pop is one admission."""
         if not self._arrivals:
             raise IndexError("the gossip backlog is empty")
-        item = next(iter(self._arrivals.values()))
+        oldest = next(iter(self._arrivals.values()))
+        item = min(self._by_sender[oldest.sender].values(), key=lambda i: i.tx.nonce)
         self._forget(item)
         return item
 
@@ -195,13 +198,14 @@ class GossipBacklog:
         if item is not None:
             self._forget(item)
 
-    def take_before(self, sender: bytes, nonce: int) -> list[Candidate]:
-        """Remove and return `sender`'s items with nonces below `nonce`, in nonce order."""
+    def take_before(self, sender: bytes, nonce: int, limit: int) -> list[Candidate]:
+        """Remove and return `sender`'s lowest `limit` items with nonces below `nonce`, in
+        nonce order."""
         mine = self._by_sender.get(sender)
         if not mine:
             return []
         earlier = sorted((i for i in mine.values() if i.tx.nonce < nonce),
-                         key=lambda i: i.tx.nonce)
+                         key=lambda i: i.tx.nonce)[:limit]
         for item in earlier:
             self._forget(item)
         return earlier

@@ -1,5 +1,5 @@
 """Attacker review of de4ef1b..HEAD (issue 29: pool admission, gossip backlog, WebSocket
-outboxes). Each finding is a strict xfail: it passes once the weakness is fixed."""
+outboxes). Findings 1 and 4 are fixed; 2 and 3 stay strict xfails until they are."""
 
 from __future__ import annotations
 
@@ -37,12 +37,6 @@ def node(tmp_path: Path) -> Iterator[Node]:
         node.db.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 1: a pop from the gossip backlog admits all of the sender's lower nonces "
-    "waiting there (take_before), none of them counted against GOSSIP_SLICE: a byzantine "
-    "validator gossiping a sender's nonces highest first makes one slice admit up to "
-    "max_per_sender (1,024) per pop and the whole backlog (20,000) without yielding; "
-    "measured 6.5 s of the event loop for 19 x 1,024, over the 2 s request timeout"))
 def test_one_gossip_slice_admits_at_most_gossip_slice_transactions(node: Node) -> None:
     for nonce in reversed(range(4 * GOSSIP_SLICE)):  # a byzantine peer's order
         node._queue_gossip(tx(nonce=nonce).encode())
@@ -114,12 +108,6 @@ def _list_in_an_integer_field() -> bytes:
     return b"\x02" + rlp.encode(fields)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 4: decode_raw_transaction lets pyrlp's TypeError (a list where an integer is "
-    "expected) through: eth_sendRawTransaction answers -32603 'internal error' and logs a "
-    "full traceback per request (an unauthenticated client floods the log), and a peer's "
-    "gossip of it escapes _queue_gossip (which catches TxPoolError only) into the "
-    "transport's 'message handler failed' traceback"))
 def test_a_list_in_an_integer_field_is_a_one_line_refusal(node: Node) -> None:
     raw = _list_in_an_integer_field()
     with pytest.raises(TxPoolError, match="invalid raw transaction"):

@@ -167,9 +167,21 @@ def test_the_gossip_backlog_hands_over_a_senders_predecessors_in_nonce_order() -
     items = [candidate(nonce=n) for n in (2, 0, 5)] + [candidate(key=BOB)]
     assert all(backlog.push(item) for item in items)
     assert not backlog.push(candidate(nonce=7))  # Alice's three: her bound
-    assert [i.tx.nonce for i in backlog.take_before(address(ALICE), 5)] == [0, 2]
+    assert [i.tx.nonce for i in backlog.take_before(address(ALICE), 5, limit=1)] == [0]
+    assert [i.tx.nonce for i in backlog.take_before(address(ALICE), 5, limit=32)] == [2]
     assert backlog.pop().tx.nonce == 5 and backlog.pop().sender == address(BOB)
     assert len(backlog) == 0 and backlog.size_bytes == 0
+
+
+def test_a_pop_is_the_oldest_senders_lowest_nonce() -> None:
+    """Gossiped highest nonce first, a sender's run comes out lowest first: each pop is one
+    admission, never a run of predecessors taken along (a slice stays GOSSIP_SLICE)."""
+    backlog = GossipBacklog(PoolLimits())
+    for n in (3, 2, 1, 0):
+        backlog.push(candidate(nonce=n))
+    backlog.push(candidate(key=BOB))
+    assert [backlog.pop().tx.nonce for _ in range(4)] == [0, 1, 2, 3]
+    assert backlog.pop().sender == address(BOB)
 
 
 @pytest.fixture
