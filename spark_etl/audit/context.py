@@ -20,10 +20,13 @@ from spark_etl.tables import Dataset, to_record_batch
 
 @dataclass(frozen=True)
 class ValidatorSet:
-    """The validators in replica order (lower-case 0x addresses) and the chain they sign for."""
+    """The validators in replica order (lower-case 0x addresses) and the chain they sign for;
+    from a genesis file also its checkpoint interval K and the hash its block 0 must have."""
 
     addresses: tuple[str, ...]
     chain_id: int
+    checkpoint_interval: int | None = None  # K: None when the set was not read from genesis
+    genesis_hash: str | None = None  # lower-case 0x hash of block 0 built from the genesis
 
     @property
     def size(self) -> int:

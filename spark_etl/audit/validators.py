@@ -77,7 +77,10 @@ def read_genesis(path: Path) -> ValidatorSet:
     if not isinstance(pbft, dict) or not isinstance(pbft.get("validators"), list):
         raise UsageError(f"{path}: no config.pbft.validators: is it a PBFT chain's genesis?")
     chain_id = _chain_id(config.get("chainId"), path)
-    return ValidatorSet(parse_addresses(pbft["validators"], str(path)), chain_id)
+    interval = pbft.get("checkpoint_interval", 10)  # pbft_engine.core.params' default
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise UsageError(f"{path}: config.pbft.checkpoint_interval must be a positive integer")
+    return ValidatorSet(parse_addresses(pbft["validators"], str(path)), chain_id, interval)
 
 
 def _exported(manifest: DataFrame) -> tuple[set[tuple[str, ...]], set[int]]:
