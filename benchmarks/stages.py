@@ -380,13 +380,16 @@ def _add_view_changes(ctx: Context, net: BenchNet, during: str) -> None:
                         at_most=True, absolute=True))
 
 
-def _latency_at(ctx: Context, net: BenchNet, name: str) -> dict[str, float]:
-    """Transfers at the latency rate, spread over the nodes: submission to receipt."""
+def _latency_at(ctx: Context, net: BenchNet, name: str,
+                targets: list[int] | None = None) -> dict[str, float]:
+    """Transfers at the latency rate, spread over `targets` (every node by default):
+    submission to receipt."""
     sizes = ctx.sizes
     count = int(sizes.latency_rate * sizes.latency_seconds)
+    entry = {} if targets is None else {"targets": targets}
     outcome = run_load(net, ctx.workdir, name, workload="transfer",
                        rate=sizes.latency_rate, deadline=sizes.latency_seconds + 60,
-                       **_paced(ctx, count))
+                       **entry, **_paced(ctx, count))
     summary = latency_summary(outcome["latencies"])
     ctx.results.details[name] = summary
     return summary
@@ -676,6 +679,32 @@ def _add_spray(ctx: Context, senders: int, outcome: spray.SprayOutcome) -> None:
                         note="first submission to the last commit, on node 0"))
 
 
+def entry_latency(ctx: Context) -> None:
+    """Issue 29: the 20 tx/s latency through each entry (the primary, a backup, all nodes
+    in turn as a load balancer would), on an idle chain and right after a 3,000-transfer
+    burst, on a fresh default testnet."""
+    net = BenchNet.create(ctx.workdir / "entry", 4, ctx.sizes.accounts)
+    try:
+        net.cluster.start()
+        primary = _primary(net)
+        entries = {"primary": [primary], "a backup": [(primary + 1) % net.size],
+                   "round-robin": None}
+        for when in ("idle", "after a burst"):
+            for entry, targets in entries.items():
+                if when != "idle":
+                    _burst_load(ctx, net, f"entry-burst-{entry}")
+                name = f"entry-{entry}-{when}".replace(" ", "-")
+                summary = _latency_at(ctx, net, name, targets)
+                for label, target in (("p50", 40.0), ("p99", 150.0)):
+                    ctx.results.add(Row(
+                        "29", f"N=4 latency {label} via {entry}, {when}",
+                        summary[f"{label}_ms"], "ms", target=target, at_most=True,
+                        absolute=True))
+        _add_view_changes(ctx, net, "the entry latencies")
+    finally:
+        net.close()
+
+
 STAGES: dict[str, Callable[[Context], None]] = {
     "reads": read_path,
     "n1": single_validator,
@@ -683,5 +712,6 @@ STAGES: dict[str, Callable[[Context], None]] = {
     "crash": primary_crash,
     "delay": link_delay,
     "spray": sprayed,
+    "entry": entry_latency,
     "hostile": hostile_rpc,
 }
