@@ -23,7 +23,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import rlp
@@ -387,15 +387,27 @@ class TxPool:
         if queue and len(queue) - freed_count >= self.limits.max_per_sender:
             raise TxPoolError("account limit exceeded")
         limits = self.limits
-        while gapped and self.queued_count() >= limits.max_queued:
-            if not self._evict_queued(entry.sender):
+        # Victims are chosen first and dropped only once the transaction is sure to fit: a
+        # refused transaction (which its sender can send again and again) evicts nothing.
+        victims, chosen = self._queued_victims(entry.sender), []
+        queued, count = self.queued_count(), len(self._by_hash) - freed_count
+        size = self._bytes - freed_bytes + entry.size
+        while gapped and queued >= limits.max_queued:
+            if (victim := next(victims, None)) is None:
                 raise TxPoolError(
                     f"txpool is full: {limits.max_queued} transactions behind nonce gaps are "
                     "queued; send the missing nonces first")
-        while (len(self._by_hash) - freed_count >= limits.max_transactions
-               or self._bytes - freed_bytes + entry.size > limits.max_bytes):
-            if not self._evict_queued(entry.sender):
+            chosen.append(victim)
+            queued, count, size = queued - 1, count - 1, size - victim.size
+        while count >= limits.max_transactions or size > limits.max_bytes:
+            if (victim := next(victims, None)) is None:
                 raise TxPoolError("txpool is full")
+            chosen.append(victim)
+            count, size = count - 1, size - victim.size
+        for victim in chosen:
+            self._drop(victim)
+            self.dropped["evicted"] += 1
+            log.debug("evicted queued transaction 0x%s to make room", victim.tx.hash.hex())
 
     def queued_count(self) -> int:
         """Transactions behind a nonce gap, in all."""
@@ -413,19 +425,15 @@ class TxPool:
         else:
             self._gapped.pop(sender, None)
 
-    def _evict_queued(self, keep: bytes) -> bool:
-        """Drop the highest-nonce queued transaction of the least recently active sender
-        other than `keep` (so no new gap opens); False if there is none."""
+    def _queued_victims(self, keep: bytes) -> Iterator[PoolEntry]:
+        """Queued transactions in the order they give way: the least recently active sender
+        other than `keep` first, its highest nonce first (so no new gap opens)."""
         self.queued_count()
-        sender = next((s for s in self._heartbeats if s != keep and s in self._gapped), None)
-        if sender is None:
-            return False
-        queue = self._senders[sender]
-        evicted = queue[max(queue)]
-        self._drop(evicted)
-        self.dropped["evicted"] += 1
-        log.debug("evicted queued transaction 0x%s to make room", evicted.tx.hash.hex())
-        return True
+        for sender in [s for s in self._heartbeats if s != keep and s in self._gapped]:
+            queue = self._senders[sender]
+            run_end = self._next_nonce(self._head_nonce(sender), queue)
+            for nonce in sorted((n for n in queue if n >= run_end), reverse=True):
+                yield queue[nonce]
 
     def evict_expired(self) -> int:
         """Drop the queued transactions of senders inactive for `lifetime`; how many."""

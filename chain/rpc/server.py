@@ -174,7 +174,7 @@ class RpcServer:
         socket = web.WebSocketResponse(max_msg_size=self.limits.max_body_bytes, heartbeat=30)
         await socket.prepare(request)
         self._websockets.add(socket)
-        session = self.subscriptions.session()
+        session = self.subscriptions.session(request.remote or "")
         deadline = self.subscriptions.limits.write_deadline
         writer = asyncio.create_task(self._ws_writer(socket, session.outbox, deadline))
         writer.add_done_callback(functools.partial(self._ws_cut, request, session))

@@ -29,7 +29,7 @@ import asyncio
 import json
 import secrets
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -60,6 +60,7 @@ class WebSocketLimits:
     node_subscriptions: int = 100_000  # on all connections
     max_log_entries: int = 1_000  # addresses and topics of one connection's log subscriptions
     node_log_entries: int = 10_000  # ... of all connections' log subscriptions
+    client_log_entries: int = 2_000  # ... of one client's (remote address's) connections
     fan_out_slice: float = 0.002  # seconds of the event loop the fan-out takes at a time
     max_blocks_behind: int = 64  # blocks waiting for their fan-out: subscribers cut beyond
 
@@ -156,8 +157,9 @@ def _log_entries(criteria: LogCriteria | None) -> int:
 class Session:
     """One WebSocket connection's subscriptions and outbox."""
 
-    def __init__(self, owner: Subscriptions) -> None:
+    def __init__(self, owner: Subscriptions, client: str) -> None:
         self._owner = owner
+        self.client = client  # the remote address: its connections share one budget
         self.outbox = Outbox(owner.limits)
         self.subscriptions: dict[str, LogCriteria | None] = {}  # id -> criteria (heads: None)
         self.log_entries = 0
@@ -258,13 +260,14 @@ class Subscriptions:
         self.sessions: set[Session] = set()
         self.count = 0  # subscriptions on all connections
         self.log_entries = 0
+        self.client_log_entries: Counter[str] = Counter()  # per remote address
         self._blocks: deque[CommittedBlock] = deque()  # waiting for their fan-out
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         node.head_listeners.append(self._on_block)
 
-    def session(self) -> Session:
-        session = Session(self)
+    def session(self, client: str = "") -> Session:
+        session = Session(self, client)
         self.sessions.add(session)
         return session
 
@@ -280,6 +283,8 @@ class Subscriptions:
             (self.count, 1, limits.node_subscriptions, "subscriptions on this node"),
             (session.log_entries, log_entries, limits.max_log_entries,
              "log subscription addresses and topics on this connection"),
+            (self.client_log_entries[session.client], log_entries, limits.client_log_entries,
+             "log subscription addresses and topics of this client's connections"),
             (self.log_entries, log_entries, limits.node_log_entries,
              "log subscription addresses and topics on this node"),
         ):
@@ -287,11 +292,15 @@ class Subscriptions:
                 raise RpcError(LIMIT_EXCEEDED, f"too many {what} (limit {limit})")
         self.count += 1
         self.log_entries += log_entries
+        self.client_log_entries[session.client] += log_entries
         session.log_entries += log_entries
 
     def release(self, session: Session, log_entries: int) -> None:
         self.count -= 1
         self.log_entries -= log_entries
+        self.client_log_entries[session.client] -= log_entries
+        if not self.client_log_entries[session.client]:
+            del self.client_log_entries[session.client]
         session.log_entries -= log_entries
 
     def _on_block(self, committed: CommittedBlock) -> None:

@@ -1,5 +1,5 @@
 """Attacker review of de4ef1b..HEAD (issue 29: pool admission, gossip backlog, WebSocket
-outboxes). Findings 1 and 4 are fixed; 2 and 3 stay strict xfails until they are."""
+outboxes). Findings 1 to 4 are fixed."""
 
 from __future__ import annotations
 
@@ -54,11 +54,6 @@ def test_one_gossip_slice_admits_at_most_gossip_slice_transactions(node: Node) -
     assert admitted <= GOSSIP_SLICE, f"one slice admitted {admitted} transactions"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 2: _check_capacity evicts other senders' queued transactions one by one and "
-    "only then finds the pool still full and refuses: the refused transaction (which the "
-    "sender can send again and again, as it is never admitted) has evicted honest queued "
-    "transactions for nothing"))
 def test_a_refused_transaction_evicts_nothing() -> None:
     accounts = Accounts()
     big, queued = tx(nonce=0, gas=60_000, data=b"\x01" * 600), tx(key=BOB, nonce=1)
@@ -77,20 +72,18 @@ class _Node:
         self.head_listeners: list[object] = []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 3: the node-wide log-subscription budget (10,000 addresses and topics) has no "
-    "share per client: one unauthenticated client with 10 WebSocket connections of 1,000 "
-    "never-matching addresses each (no notification traffic, nothing to read) holds it all, "
-    "and every other client's eth_subscribe('logs') is refused with -32005 for as long as "
-    "those connections stay open"))
 def test_one_client_cannot_take_the_whole_node_log_subscription_budget() -> None:
     async def scenario() -> None:
         subscriptions = Subscriptions(_Node(), WebSocketLimits())  # type: ignore[arg-type]
         for connection in range(10):  # one client's connections (256 allowed)
-            session = subscriptions.session()
+            session = subscriptions.session("203.0.113.7")
             addresses = ["0x%040x" % (connection * 1000 + i + 1) for i in range(1000)]
-            await session.eth_subscribe("logs", {"address": addresses})
-        honest = subscriptions.session()
+            if connection < 2:
+                await session.eth_subscribe("logs", {"address": addresses})
+                continue
+            with pytest.raises(RpcError, match="of this client's connections"):
+                await session.eth_subscribe("logs", {"address": addresses})
+        honest = subscriptions.session("198.51.100.1")
         try:
             await honest.eth_subscribe("logs", {"address": "0x" + "ab" * 20})
         except RpcError as exc:
