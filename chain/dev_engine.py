@@ -1,7 +1,10 @@
 """The `dev` engine: one sealer, no consensus, like `geth --dev`.
 
 It seals a block whenever the pool has executable transactions and, with `period` > 0, also
-every `period` seconds (empty blocks included), as geth's `--dev.period` does.
+every `period` seconds (empty blocks included), as geth's `--dev.period` does. With
+`period` 0, one empty block follows a block with transactions after `trailing_empty_block`
+seconds (default 1, 0: none), as the PBFT engine does: web3 1.x checks for its receipt, then
+waits for the next head, and on an idle chain that head must come (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -26,22 +29,25 @@ class DevEngine(ConsensusEngine):
         super().__init__(context, params)
         self.check_params(params)
         self.period = float(params.get("period", 0))
+        self.trailing = float(params.get("trailing_empty_block", 1))
         self.coinbase = parse_address(params.get("coinbase", "0x" + "00" * 20), "dev.coinbase")
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._period_timer: TimerHandle | None = None
+        self._trailing_timer: TimerHandle | None = None
         self._seal_empty = False  # the period elapsed: seal even without transactions
         self.blocks_sealed = 0
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:
-        unknown = set(params) - {"period", "coinbase"}
+        unknown = set(params) - {"period", "coinbase", "trailing_empty_block"}
         if unknown:
-            raise EngineError(
-                f"config.dev: unknown keys {sorted(unknown)}; known: period, coinbase"
-            )
+            raise EngineError(f"config.dev: unknown keys {sorted(unknown)}; known: period, "
+                              "coinbase, trailing_empty_block")
         try:
             parse_quantity(params.get("period", 0), "config.dev.period")
+            parse_quantity(params.get("trailing_empty_block", 1),
+                           "config.dev.trailing_empty_block")
             parse_address(params.get("coinbase", "0x" + "00" * 20), "config.dev.coinbase")
         except GenesisError as exc:
             raise EngineError(str(exc)) from None
@@ -53,8 +59,9 @@ class DevEngine(ConsensusEngine):
             self._wake.set()
 
     async def stop(self) -> None:
-        if self._period_timer is not None:
-            self._period_timer.cancel()
+        for timer in (self._period_timer, self._trailing_timer):
+            if timer is not None:
+                timer.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -74,6 +81,21 @@ class DevEngine(ConsensusEngine):
         self._wake.set()
         self._arm_period()
 
+    def _sealed(self, transactions: int) -> None:
+        """A block is sealed: the trailing empty block is owed after one with transactions,
+        and only then (so an idle chain stays still)."""
+        self.blocks_sealed += 1
+        if self._trailing_timer is not None:
+            self._trailing_timer.cancel()
+            self._trailing_timer = None
+        if transactions and self.trailing > 0 and self.period <= 0:
+            self._trailing_timer = self.context.call_later(self.trailing, self._on_trailing)
+
+    def _on_trailing(self) -> None:
+        self._trailing_timer = None
+        self._seal_empty = True
+        self._wake.set()
+
     async def _seal_loop(self) -> None:
         while True:
             await self._wake.wait()
@@ -88,7 +110,7 @@ class DevEngine(ConsensusEngine):
                 except Exception:
                     log.exception("dev engine: sealing failed")
                     break
-                self.blocks_sealed += 1
+                self._sealed(len(executed.block.transactions))
 
     def status(self) -> dict[str, Any]:
         return {"engine": self.name, "blocksSealed": self.blocks_sealed, "period": self.period}

@@ -109,6 +109,8 @@ BLOCKS = _table(
     Column("excess_blob_gas", LONG, "EIP-4844 excess blob gas"),
     Column("parent_beacon_block_root", STRING, "EIP-4788 header field"),
     Column("requests_hash", STRING, "EIP-7685 requests hash"),
+    Column("raw_header", STRING, "the RLP header, byte for byte as in the node's "
+                                 "debug_getRawBlock (its keccak256 is `hash`)"),
 )
 
 ACCESS_LIST = ArrayType(
