@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import rlp
+from rlp.codec import consume_length_prefix
 
 from pbft_engine.messages import Checkpoint, MessageError, decode_commit_certificate
 from pbft_engine.messages import decode_signed_bytes as decode_message
@@ -52,17 +53,24 @@ def _wei(name: str, value: Any) -> dict[str, Any]:
     return {name: exact, f"{name}_lossless": lossless}
 
 
-def raw_transactions(raw_block: str) -> list[str]:
-    """Each transaction's consensus encoding from an RLP block [header, txs, ...]: a typed
-    transaction is its bytes, a legacy one its RLP list."""
+def raw_parts(raw_block: str) -> tuple[str, list[str]]:
+    """The header's bytes exactly as they stand in an RLP block [header, txs, ...], and each
+    transaction's consensus encoding (a typed transaction is its bytes, a legacy one its RLP
+    list)."""
     try:
-        transactions = rlp.decode(from_hex(raw_block))[1]
+        encoded = from_hex(raw_block)
+        _, _, _, position = consume_length_prefix(encoded, 0)  # into the block's list
+        _, _, length, start = consume_length_prefix(encoded, position)  # the header
+        transactions = rlp.decode(encoded)[1]
     except (rlp.exceptions.RLPException, IndexError, ValueError) as exc:
         raise ExtractError(f"debug_getRawBlock: not an RLP block ({exc})") from None
-    return [to_hex(tx if isinstance(tx, bytes) else rlp.encode(tx)) for tx in transactions]
+    raw_header = to_hex(encoded[position : start + length])
+    return raw_header, [
+        to_hex(tx if isinstance(tx, bytes) else rlp.encode(tx)) for tx in transactions
+    ]
 
 
-def block_row(block: Json) -> Row:
+def block_row(block: Json, raw_header: str) -> Row:
     return ordered(
         schemas.BLOCKS,
         {
@@ -90,6 +98,7 @@ def block_row(block: Json) -> Row:
             "excess_blob_gas": optional_long(block.get("excessBlobGas"), "excessBlobGas"),
             "parent_beacon_block_root": hex_data(block.get("parentBeaconBlockRoot")),
             "requests_hash": hex_data(block.get("requestsHash")),
+            "raw_header": raw_header,
         },
     )
 
@@ -244,7 +253,7 @@ def bundle_row(node: str, range_start: int, payload: BlockPayload) -> Row:
     number = long(block["number"], "number")
     timestamp = long(block["timestamp"], "timestamp")
     transactions = block.get("transactions") or []
-    raws = raw_transactions(payload.raw_block)
+    raw_header, raws = raw_parts(payload.raw_block)
     if len(raws) != len(transactions) or len(payload.receipts) != len(transactions):
         raise ExtractError(
             f"block {number}: {len(transactions)} transactions but {len(raws)} in the raw "
@@ -253,7 +262,7 @@ def bundle_row(node: str, range_start: int, payload: BlockPayload) -> Row:
     return (
         node,
         range_start,
-        block_row(block),
+        block_row(block, raw_header),
         [transaction_row(tx, raw, timestamp) for tx, raw in zip(transactions, raws, strict=True)],
         [receipt_row(r) for r in payload.receipts],
         [log_row(log, timestamp) for r in payload.receipts for log in r.get("logs") or []],

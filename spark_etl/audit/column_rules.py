@@ -1,0 +1,656 @@
+"""raw-block, transaction-fields, transaction-sender, receipt-fields, log-order and
+malformed-value: every decoded column of blocks, transactions, receipts and logs compared with
+the bytes the certificates bind.
+
+A certificate binds the block hash; the hash binds `raw_header` (its keccak256); the header
+binds the raw transactions (transactions root) and the receipts' consensus encoding
+(receipts root, `roots`). Every other column a node serves is derived here from those bytes:
+each header field decoded from `raw_header`, the block's size rebuilt, each transaction column
+decoded from `raw`, each sender recovered from its signature (libsecp256k1, once per
+transaction), and each receipt and log column compared with the verified transaction it
+belongs to. A value that does not parse (not lower-case hex, a wrong length, an integer out of
+its column's range, bytes that are not RLP) is a `malformed-value` violation, never an error,
+and the checks that need it are skipped.
+
+One Python pass per block, its transactions, receipts and logs nested in its row, yields the
+violations of every rule here; it runs once per audit (cached) and each rule reads its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from functools import partial
+from typing import Any
+
+import rlp
+from coincurve import PublicKey
+from eth_hash.auto import keccak
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_etl import schemas
+from spark_etl.audit.chain_rules import HEADER_FIELDS
+from spark_etl.audit.context import Audit, flat_map_rows
+from spark_etl.audit.roots import BLANK_ROOT
+from spark_etl.hexcodec import (
+    MalformedValue,
+    column_bytes,
+    column_natural,
+    column_wei,
+    from_hex,
+    to_hex,
+    wei_columns,
+    word,
+)
+from spark_etl.schemas import Table
+
+RAW_BLOCK = "raw-block"
+TRANSACTION_FIELDS = "transaction-fields"
+TRANSACTION_SENDER = "transaction-sender"
+RECEIPT_FIELDS = "receipt-fields"
+LOG_ORDER = "log-order"
+MALFORMED_VALUE = "malformed-value"
+
+Row = dict[str, Any]
+Parser = Callable[[Any], Any]
+
+# secp256k1's group order: a signature's r and s lie in 1..n-1, and s in 1..n/2 (EIP-2)
+SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+LIST_OFFSET = 0xC0  # an RLP list's first byte: a legacy transaction; a typed one is below 0x80
+EMPTY_LIST = rlp.encode([])
+EMPTY_LIST_HASH = keccak(EMPTY_LIST)
+SHOWN_CHARACTERS = 80  # a served value longer than this is cut in a violation's detail
+
+
+# What each column holds, so that anything else is reported as malformed.
+
+
+def _decimal(value: Any) -> Decimal:
+    if not isinstance(value, Decimal) or value < 0 or value != value.to_integral_value():
+        raise MalformedValue("not a non-negative whole number")
+    return value
+
+
+def _words(value: Any) -> list[bytes]:
+    """Topics, storage keys: a list of 32-byte words."""
+    if not isinstance(value, list):
+        raise MalformedValue("not a list of 32-byte words")
+    return [column_bytes(word, 32) for word in value]
+
+
+def _access_list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise MalformedValue("not a list of (address, storage keys)")
+    for entry in value:
+        column_bytes(entry["address"], 20)
+        _words(entry["storage_keys"])
+    return value
+
+
+HASH = partial(column_bytes, size=32)
+ADDRESS = partial(column_bytes, size=20)
+BLOOM = partial(column_bytes, size=256)
+TYPE = partial(column_natural, limit=0x80)  # EIP-2718: a transaction type is 0..0x7f
+
+
+def _parsers(table: Table, by_name: dict[str, Parser]) -> dict[str, Parser]:
+    """Every column's parser: `by_name`'s, else by type (an integer column holds a natural
+    number, a DECIMAL one a whole number, a `_lossless` one a 256-bit decimal)."""
+    parsers = {}
+    for column in table.columns:
+        if column.name in by_name:
+            parsers[column.name] = by_name[column.name]
+        elif column.type == schemas.LONG:
+            parsers[column.name] = column_natural
+        elif column.type == schemas.WEI:
+            parsers[column.name] = _decimal
+        elif column.name.endswith("_lossless"):
+            parsers[column.name] = column_wei
+        else:
+            raise KeyError(f"{table.name}.{column.name} has no parser")
+    return parsers
+
+
+BLOCK_PARSERS = _parsers(schemas.BLOCKS, {
+    **dict.fromkeys(("hash", "parent_hash", "sha3_uncles", "transactions_root", "state_root",
+                     "receipts_root", "mix_hash", "withdrawals_root", "parent_beacon_block_root",
+                     "requests_hash"), HASH),
+    "nonce": partial(column_bytes, size=8), "logs_bloom": BLOOM, "miner": ADDRESS,
+    "extra_data": column_bytes, "raw_header": column_bytes,
+})  # fmt: skip
+TRANSACTION_PARSERS = _parsers(schemas.TRANSACTIONS, {
+    "hash": HASH, "from_address": ADDRESS, "to_address": ADDRESS, "input": column_bytes,
+    "block_hash": HASH, "r": HASH, "s": HASH, "raw": column_bytes, "access_list": _access_list,
+    "transaction_type": TYPE,
+})  # fmt: skip
+RECEIPT_PARSERS = _parsers(schemas.RECEIPTS, {
+    "transaction_hash": HASH, "block_hash": HASH, "from_address": ADDRESS, "to_address": ADDRESS,
+    "contract_address": ADDRESS, "logs_bloom": BLOOM, "type": TYPE,
+})  # fmt: skip
+LOG_PARSERS = _parsers(schemas.LOGS, {
+    "transaction_hash": HASH, "block_hash": HASH, "address": ADDRESS, "data": column_bytes,
+    "topics": _words,
+})  # fmt: skip
+PARSERS = {"blocks": BLOCK_PARSERS, "transactions": TRANSACTION_PARSERS,
+           "receipts": RECEIPT_PARSERS, "logs": LOG_PARSERS}
+# Columns a row cannot be placed or checked without: null there is malformed too
+# (and the ones `roots` encodes: where it cannot, this rule reports why)
+REQUIRED = {
+    "blocks": ("raw_header",),
+    "transactions": ("transaction_index", "raw"),
+    "receipts": ("transaction_index", "cumulative_gas_used", "logs_bloom", "type"),
+    "logs": ("log_index", "transaction_index", "address", "data", "topics"),
+}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, Decimal) else str(value)
+    return text if len(text) <= SHOWN_CHARACTERS else text[:SHOWN_CHARACTERS] + "..."
+
+
+Expected = dict[str, tuple[str, str, Any]]  # column -> (rule, what gives it, value)
+
+
+def _expect(rule: str, source: str, columns: Row) -> Expected:
+    return {name: (rule, source, value) for name, value in columns.items()}
+
+
+def _parsed(parse: Parser, value: Any) -> Any:
+    """`parse(value)`, or None if it is malformed (reported when its row is checked)."""
+    try:
+        return parse(value)
+    except MalformedValue:
+        return None
+
+
+@dataclass
+class _Findings:
+    """The violations found in one block of one node."""
+
+    node: str
+    number: int
+    rows: list[tuple[str, str, int, str]] = field(default_factory=list)
+
+    def add(self, rule: str, detail: str) -> None:
+        self.rows.append((rule, self.node, self.number, detail))
+
+    def check_row(self, table: str, where: str, row: Row, expected: Expected) -> None:
+        """Every column of a `table` row: equal to what the bytes give where `expected` says
+        (else a violation of that column's rule), and, when it is not, well formed (else
+        `malformed-value` instead). A value equal to the bytes' is well formed, so the
+        common case costs one comparison."""
+        required = REQUIRED[table]
+        for name, parse in PARSERS[table].items():
+            value = row[name]
+            want = expected.get(name)
+            if want is not None and value == want[2]:
+                continue
+            if value is None and name in required:
+                self.add(MALFORMED_VALUE, f"{table}.{name} of {where} is null")
+                continue
+            if value is not None:
+                try:
+                    parse(value)
+                except MalformedValue as exc:
+                    self.add(MALFORMED_VALUE,
+                             f"{table}.{name} of {where}: {_shown(value)} is {exc}")
+                    continue
+            if want is not None:
+                rule, source, wanted = want
+                self.add(rule, f"{where}: {name} is {_shown(value)}, {source} "
+                               f"{_shown(wanted)}")
+
+
+# The raw block.
+
+
+def _header_value(column: schemas.Column, item: Any) -> Any:
+    """A header item (RLP bytes) as the export writes its column."""
+    if not isinstance(item, bytes):
+        raise MalformedValue("not an RLP header (a field is a list)")
+    if column.type == schemas.LONG:
+        return int.from_bytes(item, "big")
+    if column.name.endswith("_lossless"):
+        return str(int.from_bytes(item, "big"))
+    return to_hex(item)
+
+
+BLOCK_COLUMNS = {column.name: column for column in schemas.BLOCKS.columns}
+
+
+def _header_columns(raw_header: bytes) -> Row:
+    """The `blocks` columns the header gives (a later fork's absent field: null), DECIMAL
+    twins of the 256-bit ones included; MalformedValue if it is not an RLP header."""
+    try:
+        items = rlp.decode(raw_header)
+    except rlp.exceptions.RLPException as exc:
+        raise MalformedValue(f"not RLP ({exc})") from None
+    if not isinstance(items, list) or len(items) > len(HEADER_FIELDS):
+        raise MalformedValue(f"not an RLP list of at most {len(HEADER_FIELDS)} header fields")
+    columns: Row = {}
+    for position, name in enumerate(HEADER_FIELDS):
+        present = position < len(items)
+        value = _header_value(BLOCK_COLUMNS[name], items[position]) if present else None
+        columns[name] = value
+        if name.endswith("_lossless"):
+            columns[name.removesuffix("_lossless")] = (
+                wei_columns(int(value))[0] if value is not None else None
+            )
+    return columns
+
+
+def _list_length(payload: int) -> int:
+    """Bytes of an RLP list (or a string that is not one byte below 0x80) around a payload
+    of `payload` bytes."""
+    if payload < 56:
+        return 1 + payload
+    return 1 + (payload.bit_length() + 7) // 8 + payload
+
+
+def _transaction_length(raw: bytes) -> int:
+    """Bytes of a transaction in the block: a legacy one is its list, a typed one an RLP
+    string of its bytes."""
+    if raw[:1] >= bytes([LIST_OFFSET]) or (len(raw) == 1 and raw[0] < 0x80):
+        return len(raw)
+    return _list_length(len(raw))
+
+
+def block_size(raw_header: bytes, raws: list[bytes], has_withdrawals: bool) -> int:
+    """Length of the encoded block [header, transactions, ommers(, withdrawals)], as
+    debug_getRawBlock serves it: a typed transaction is an RLP string of its bytes, a legacy
+    one its list; the ommers are empty under PBFT, and so are the withdrawals when the header
+    has their root (both checked against the header)."""
+    transactions = sum(_transaction_length(raw) for raw in raws)
+    lists = 2 if has_withdrawals else 1
+    return _list_length(len(raw_header) + _list_length(transactions) + lists * len(EMPTY_LIST))
+
+
+@dataclass(frozen=True)
+class _Header:
+    """What `raw_header` gives: the header's columns, and the block columns its rows repeat
+    (from the header where it decodes and hashes to the block hash, else as served)."""
+
+    raw: bytes | None
+    hash: str | None  # keccak256 of raw
+    columns: Row | None
+    keys: Row
+
+    @property
+    def base_fee(self) -> int | None:
+        lossless = None if self.columns is None else self.columns["base_fee_per_gas_lossless"]
+        return None if lossless is None else int(lossless)
+
+
+def _header(found: _Findings, block: Row) -> _Header:
+    raw = _parsed(column_bytes, block["raw_header"])
+    served = {"block_number": block["number"], "block_hash": block["hash"],
+              "block_timestamp": block["timestamp"]}
+    if raw is None:
+        return _Header(None, None, None, served)
+    computed_hash = to_hex(keccak(raw))
+    try:
+        columns = _header_columns(raw)
+    except MalformedValue as exc:
+        found.add(MALFORMED_VALUE, f"blocks.raw_header of the block: {exc}")
+        return _Header(raw, computed_hash, None, served)
+    if computed_hash != block["hash"]:  # a raw header that is not the block's (reported)
+        return _Header(raw, computed_hash, columns, served)
+    keys = {"block_number": columns["number"], "block_hash": computed_hash,
+            "block_timestamp": columns["timestamp"]}
+    return _Header(raw, computed_hash, columns, keys)
+
+
+def _check_block_row(found: _Findings, block: Row, header: _Header,
+                     raws: list[bytes] | None) -> None:
+    """raw-block: the block's columns are what its raw header gives; its size and
+    transaction count are those of the block rebuilt around it."""
+    expected: Expected = {}
+    if header.hash is not None:
+        expected["hash"] = (RAW_BLOCK, "keccak256 of raw_header is", header.hash)
+    columns = header.columns
+    if header.raw is not None and columns is not None:
+        expected |= _expect(RAW_BLOCK, "raw_header gives", columns)
+        if columns["sha3_uncles"] != to_hex(EMPTY_LIST_HASH):
+            found.add(RAW_BLOCK, f"the header's ommers hash {columns['sha3_uncles']} is not "
+                                 "the empty list's: a PBFT block has no ommers")
+        withdrawals = columns["withdrawals_root"]
+        if withdrawals is not None and withdrawals != to_hex(BLANK_ROOT):
+            found.add(RAW_BLOCK, f"the header's withdrawals root {withdrawals} is not the "
+                                 "empty trie's: a PBFT block has no withdrawals")
+        if raws is not None:  # else a raw transaction or its index is malformed (reported)
+            size = block_size(header.raw, raws, withdrawals is not None)
+            expected |= _expect(RAW_BLOCK, "the block rebuilt from the raw bytes has",
+                                {"size": size, "transaction_count": len(raws)})
+    found.check_row("blocks", "the block", block, expected)
+
+
+# Transactions.
+
+_FEE_MARKET = ("chain_id", "nonce", "max_priority_fee_per_gas", "max_fee_per_gas", "gas", "to",
+               "value", "input", "access_list")
+# The RLP fields of each transaction type (EIP-155 legacy, 2930, 1559, 4844, 7702)
+FIELDS: dict[int, tuple[str, ...]] = {
+    0: ("nonce", "gas_price", "gas", "to", "value", "input", "v", "r", "s"),
+    1: ("chain_id", "nonce", "gas_price", "gas", "to", "value", "input", "access_list",
+        "y_parity", "r", "s"),
+    2: (*_FEE_MARKET, "y_parity", "r", "s"),
+    3: (*_FEE_MARKET, "max_fee_per_blob_gas", "blob_versioned_hashes", "y_parity", "r", "s"),
+    4: (*_FEE_MARKET, "authorization_list", "y_parity", "r", "s"),
+}
+INTEGERS = frozenset({"nonce", "gas_price", "gas", "value", "v", "r", "s", "y_parity",
+                      "chain_id", "max_priority_fee_per_gas", "max_fee_per_gas"})
+
+
+def _integer(item: Any) -> int:
+    if not isinstance(item, bytes) or item[:1] == b"\x00":
+        raise MalformedValue("an integer field is not a canonical RLP integer")
+    return int.from_bytes(item, "big")
+
+
+def _recipient(item: Any) -> str | None:
+    if not isinstance(item, bytes) or len(item) not in (0, 20):
+        raise MalformedValue("the recipient is neither empty nor 20 bytes")
+    return to_hex(item) if item else None
+
+
+def _decoded_access_list(item: Any) -> list[Row]:
+    """As the node's JSON writes it (and the export keeps): each storage key as 32 bytes."""
+    malformed = MalformedValue("the access list is not [[20-byte address, [keys]], ...]")
+    if not isinstance(item, list):
+        raise malformed
+    entries = []
+    for entry in item:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], bytes)
+                and len(entry[0]) == 20 and isinstance(entry[1], list)
+                and all(isinstance(k, bytes) and len(k) <= 32 for k in entry[1])):
+            raise malformed
+        address, keys = entry
+        entries.append({"address": to_hex(address),
+                        "storage_keys": [to_hex(key.rjust(32, b"\0")) for key in keys]})
+    return entries
+
+
+@dataclass(frozen=True)
+class DecodedTransaction:
+    """A raw transaction's fields (columns' names and values) and what it was signed as."""
+
+    type: int
+    fields: Row
+    signing_hash: bytes
+    parity: int | None  # None: a legacy v that is neither 27/28 nor EIP-155's
+
+
+def decode_transaction(raw: bytes) -> DecodedTransaction:
+    """The consensus encoding of a signed transaction; MalformedValue if it is not one."""
+    if not raw:
+        raise MalformedValue("empty")
+    type_id = 0 if raw[0] >= LIST_OFFSET else raw[0]
+    if type_id not in FIELDS:
+        raise MalformedValue(f"of transaction type {type_id}, not one of 0..4")
+    names = FIELDS[type_id]
+    try:
+        items = rlp.decode(raw if type_id == 0 else raw[1:])
+    except rlp.exceptions.RLPException as exc:
+        raise MalformedValue(f"not RLP ({exc})") from None
+    if not isinstance(items, list) or len(items) != len(names):
+        raise MalformedValue(f"not the {len(names)} fields of a type-{type_id} transaction")
+    values = dict(zip(names, items, strict=True))
+    fields: Row = {name: _integer(values[name]) for name in names if name in INTEGERS}
+    if max(fields["r"], fields["s"]).bit_length() > 256:
+        raise MalformedValue("its signature's r or s is longer than 32 bytes")
+    fields["to"] = _recipient(values["to"])
+    if not isinstance(values["input"], bytes):
+        raise MalformedValue("the input is a list, not bytes")
+    fields["input"] = to_hex(values["input"])
+    if type_id:
+        fields["access_list"] = _decoded_access_list(values["access_list"])
+        unsigned = bytes([type_id]) + rlp.encode(items[:-3])
+        parity = fields["y_parity"] if fields["y_parity"] in (0, 1) else None
+        return DecodedTransaction(type_id, fields, keccak(unsigned), parity)
+    v = fields["v"]
+    if v >= 35:  # EIP-155: v = chain id * 2 + 35 + parity
+        fields["chain_id"] = (v - 35) // 2
+        unsigned = rlp.encode([*items[:6], fields["chain_id"], 0, 0])
+        return DecodedTransaction(0, fields, keccak(unsigned), (v - 35) % 2)
+    parity = v - 27 if v in (27, 28) else None
+    return DecodedTransaction(0, fields, keccak(rlp.encode(items[:6])), parity)
+
+
+def effective_gas_price(decoded: DecodedTransaction, base_fee: int | None) -> int | None:
+    """What the transaction pays per gas: its gas price, or under EIP-1559 the fee cap or
+    base fee + tip cap, whichever is lower (None: a fee-market transaction in a block whose
+    base fee is unknown)."""
+    fields = decoded.fields
+    if "max_fee_per_gas" not in fields:
+        return int(fields["gas_price"])
+    if base_fee is None:
+        return None
+    tip: int = fields["max_priority_fee_per_gas"]
+    return min(int(fields["max_fee_per_gas"]), base_fee + tip)
+
+
+def _wei_pair(name: str, number: int | None) -> Row:
+    exact, lossless = wei_columns(number) if number is not None else (None, None)
+    return {name: exact, f"{name}_lossless": lossless}
+
+
+def transaction_columns(decoded: DecodedTransaction, base_fee: int | None) -> Row:
+    """The `transactions` columns a decoded transaction gives, as the node's JSON (and so the
+    export) writes them; gas_price is left out when it cannot be known."""
+    fields, typed = decoded.fields, decoded.type != 0
+    columns: Row = {
+        "nonce": fields["nonce"],
+        "to_address": fields["to"],
+        "gas": fields["gas"],
+        "input": fields["input"],
+        "transaction_type": decoded.type,
+        "chain_id": fields.get("chain_id"),
+        "access_list": fields.get("access_list"),
+        "v": fields["y_parity"] if typed else fields["v"],
+        "r": word(fields["r"]),
+        "s": word(fields["s"]),
+        "y_parity": fields["y_parity"] if typed else None,
+    }
+    for name in ("value", "max_fee_per_gas", "max_priority_fee_per_gas"):
+        columns |= _wei_pair(name, fields.get(name))
+    price = effective_gas_price(decoded, base_fee)
+    if price is not None:
+        columns |= _wei_pair("gas_price", price)
+    return columns
+
+
+def recover_sender(decoded: DecodedTransaction) -> bytes:
+    """The address that signed the transaction; ValueError (why) if the signature recovers
+    no key or is not one a valid transaction carries."""
+    fields = decoded.fields
+    r, s = fields["r"], fields["s"]
+    if decoded.parity is None:
+        raise ValueError("its v / y parity is not a recovery id")
+    if not (0 < r < SECP256K1_N and 0 < s <= SECP256K1_N // 2):
+        raise ValueError("its r or s is outside the curve's range (EIP-2: s <= n/2)")
+    signature = r.to_bytes(32, "big") + s.to_bytes(32, "big") + bytes([decoded.parity])
+    public_key = PublicKey.from_signature_and_message(signature, decoded.signing_hash,
+                                                      hasher=None)
+    return keccak(public_key.format(compressed=False)[1:])[12:]
+
+
+@dataclass(frozen=True)
+class _Transaction:
+    """A transaction as its bytes give it: hash, decoded fields and recovered sender (None:
+    the signature recovers none, reported)."""
+
+    hash: str
+    decoded: DecodedTransaction
+    sender: str | None
+
+
+def _transaction(found: _Findings, where: str, raw: bytes) -> _Transaction | None:
+    """The raw transaction decoded and its sender recovered (None, reported, if it does not
+    decode)."""
+    try:
+        decoded = decode_transaction(raw)
+    except MalformedValue as exc:
+        found.add(MALFORMED_VALUE, f"transactions.raw of {where}: not a signed transaction "
+                                   f"({exc})")
+        return None
+    try:
+        sender: str | None = to_hex(recover_sender(decoded))
+    except ValueError as exc:
+        sender = None
+        found.add(TRANSACTION_SENDER, f"{where}: the signature recovers no sender ({exc})")
+    return _Transaction(to_hex(keccak(raw)), decoded, sender)
+
+
+def _check_transactions(found: _Findings, block: Row, header: _Header
+                        ) -> tuple[dict[int, _Transaction], list[bytes] | None]:
+    """transaction-fields and transaction-sender for every row; the verified transactions
+    by index, and the raw ones in index order (None if one is malformed)."""
+    verified: dict[int, _Transaction] = {}
+    raws: list[tuple[int, bytes]] = []
+    whole = True
+    for row in block["transactions"] or []:
+        where = f"transaction {row['transaction_index']}"
+        index = _parsed(column_natural, row["transaction_index"])
+        raw = _parsed(column_bytes, row["raw"])
+        expected = _expect(TRANSACTION_FIELDS, "the block has", header.keys)
+        tx = None if raw is None else _transaction(found, where, raw)
+        if tx is not None:
+            columns = transaction_columns(tx.decoded, header.base_fee)
+            expected |= _expect(TRANSACTION_FIELDS, "the raw transaction gives", columns)
+            if tx.sender is not None:
+                expected["from_address"] = (TRANSACTION_SENDER, "the signature recovers",
+                                            tx.sender)
+        found.check_row("transactions", where, row, expected)
+        if index is None or raw is None:
+            whole = False
+            continue
+        raws.append((index, raw))
+        if tx is not None:
+            verified.setdefault(index, tx)
+    return verified, [raw for _, raw in sorted(raws)] if whole else None
+
+
+# Receipts and logs.
+
+
+def contract_address(sender: str, nonce: int) -> str:
+    """The address a creation deploys to: keccak256(rlp([sender, nonce]))[12:]."""
+    return to_hex(keccak(rlp.encode([from_hex(sender), nonce]))[12:])
+
+
+def _receipt_columns(tx: _Transaction, base_fee: int | None) -> Row:
+    """The receipt columns its transaction gives (the sender's only when it recovered)."""
+    fields = tx.decoded.fields
+    columns: Row = {"transaction_hash": tx.hash, "to_address": fields["to"],
+                    "type": tx.decoded.type}
+    if tx.sender is not None:
+        columns["from_address"] = tx.sender
+        creation = fields["to"] is None
+        columns["contract_address"] = (
+            contract_address(tx.sender, fields["nonce"]) if creation else None
+        )
+    price = effective_gas_price(tx.decoded, base_fee)
+    if price is not None:
+        columns |= _wei_pair("effective_gas_price", price)
+    return columns
+
+
+def _check_receipts(found: _Findings, block: Row, header: _Header,
+                    transactions: dict[int, _Transaction]) -> None:
+    """receipt-fields: each receipt's columns are its verified transaction's and block's,
+    and its status is 0 or 1 (the receipts root only binds status == 1)."""
+    keys = {name: header.keys[name] for name in ("block_number", "block_hash")}
+    for row in block["receipts"] or []:
+        where = f"receipt of transaction {row['transaction_index']}"
+        expected = _expect(RECEIPT_FIELDS, "the block has", keys)
+        tx = transactions.get(_parsed(column_natural, row["transaction_index"]))
+        if tx is not None:
+            columns = _receipt_columns(tx, header.base_fee)
+            expected |= _expect(RECEIPT_FIELDS, "the transaction gives", columns)
+        found.check_row("receipts", where, row, expected)
+        status = row["status"]
+        if status is None or _parsed(column_natural, status) not in (0, 1, None):
+            found.add(RECEIPT_FIELDS, f"{where}: status is {status}, not 0 or 1")
+
+
+def _check_logs(found: _Findings, block: Row, header: _Header,
+                transactions: dict[int, _Transaction]) -> None:
+    """log-order: each log names its transaction's hash and its block, and the log indexes
+    follow the order of the transactions."""
+    placed = []
+    for row in block["logs"] or []:
+        where = f"log {row['log_index']}"
+        expected = _expect(LOG_ORDER, "the block has", header.keys)
+        tx_index = _parsed(column_natural, row["transaction_index"])
+        tx = transactions.get(tx_index)
+        if tx is not None:
+            expected["transaction_hash"] = (LOG_ORDER, "its transaction has", tx.hash)
+        elif tx_index is not None:
+            found.add(LOG_ORDER, f"{where}: transaction_index {tx_index} is no verified "
+                                 "transaction of the block")
+        found.check_row("logs", where, row, expected)
+        log_index = _parsed(column_natural, row["log_index"])
+        if log_index is not None and tx_index is not None:
+            placed.append((log_index, tx_index))
+    placed.sort()
+    for (index, tx_index), (next_index, next_tx) in zip(placed, placed[1:], strict=False):
+        if next_tx < tx_index:
+            found.add(LOG_ORDER, f"log {next_index} of transaction {next_tx} comes after log "
+                                 f"{index} of transaction {tx_index}")
+
+
+def check_block(block: Row) -> list[tuple[str, str, int, str]]:
+    """Every violation of this module's rules in one block (a row of `_nested_blocks`)."""
+    found = _Findings(block["node"], block["number"])
+    header = _header(found, block)
+    transactions, raws = _check_transactions(found, block, header)
+    _check_block_row(found, block, header, raws)
+    _check_receipts(found, block, header, transactions)
+    _check_logs(found, block, header, transactions)
+    return found.rows
+
+
+def _nested_blocks(audit: Audit) -> DataFrame:
+    """One row per block: its columns, node, and its transactions, receipts and logs (all
+    their columns) nested."""
+    data = audit.data
+    keys = ["node", "block_number"]
+
+    def nested(frame: DataFrame, table: Table) -> DataFrame:
+        rows = F.collect_list(F.struct(*table.column_names)).alias(table.name)
+        return frame.groupBy(*keys).agg(rows)
+
+    blocks = data.blocks.select(F.col("number").alias("block_number"),
+                                *schemas.BLOCKS.column_names, "node")
+    for frame, table in ((data.transactions, schemas.TRANSACTIONS),
+                         (data.receipts, schemas.RECEIPTS), (data.logs, schemas.LOGS)):
+        blocks = blocks.join(nested(frame, table), keys, "left")
+    return blocks
+
+
+def column_checks(audit: Audit) -> DataFrame:
+    """The violations of every rule of this module, computed once per audit."""
+    return audit.cached(
+        "column-checks",
+        lambda: flat_map_rows(_nested_blocks(audit), check_block, schemas.VIOLATIONS),
+    )
+
+
+def _rule(name: str) -> Callable[[Audit], DataFrame]:
+    def rule(audit: Audit) -> DataFrame:
+        return column_checks(audit).where(F.col("rule") == name)
+
+    rule.__name__ = name.replace("-", "_")
+    return rule
+
+
+raw_block = _rule(RAW_BLOCK)
+transaction_fields = _rule(TRANSACTION_FIELDS)
+transaction_sender = _rule(TRANSACTION_SENDER)
+receipt_fields = _rule(RECEIPT_FIELDS)
+log_order = _rule(LOG_ORDER)
+malformed_values = _rule(MALFORMED_VALUE)
+
+COLUMN_RULES = (raw_block, transaction_fields, transaction_sender, receipt_fields, log_order,
+                malformed_values)
