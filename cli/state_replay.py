@@ -13,16 +13,18 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from eth.abc import BlockAPI
 from eth.chains.base import Chain
 from eth.exceptions import HeaderNotFound
 
 from chain.blockchain import Blockchain, _forget_block_tries, check_body_matches_header
-from chain.errors import BlockValidationError
+from chain.errors import BlockValidationError, GenesisError
 from chain.genesis import Genesis, load_genesis_bytes
 from chain.registry import available_engines
 from spark_etl.audit.state_rules import BlockNotExecuted, StateReplay
+from spark_etl.errors import UsageError
 from storage import Database, OverlayDB, StorageError
 
 
@@ -88,8 +90,18 @@ class ChainStateReplay(StateReplay):
     def __post_init__(self) -> None:
         self.parsed()
 
+    @classmethod
+    def from_file(cls, path: Path) -> ChainStateReplay:
+        """The replay from the genesis file at `path`; UsageError for one the chain refuses."""
+        try:
+            return cls(path.read_bytes())
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+        except GenesisError as exc:
+            raise UsageError(f"{path}: {exc}") from None
+
     def parsed(self) -> Genesis:
-        return load_genesis_bytes(self.genesis, available_engines(), origin="--genesis")
+        return load_genesis_bytes(self.genesis, available_engines())
 
     def state_roots(self, blocks: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
         with tempfile.TemporaryDirectory(prefix="pbft-state-") as directory, \

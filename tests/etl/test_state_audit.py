@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from spark_etl import schemas
 from spark_etl.audit import Audit, ValidatorSet, Violation, find_violations
 from spark_etl.audit.roots import trie_root
 from spark_etl.audit.state_rules import state_root_rule
+from spark_etl.errors import UsageError
 from spark_etl.hexcodec import from_hex, to_hex
 from tests.etl.chain_factory import (
     BUILDER,
@@ -214,3 +216,12 @@ def test_the_node_with_the_most_blocks_is_replayed(
     found = state_violations(spark, state_tables, validator_set)
     assert [(v.rule, v.node, v.block_number) for v in found] == [
         ("state-root", NODE_B, LAST_BLOCK)]
+
+
+def test_a_genesis_file_the_chain_refuses_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "genesis.json"
+    path.write_text(json.dumps({"config": {"chainId": CHAIN_ID}}))
+    with pytest.raises(UsageError, match="no engine section"):
+        ChainStateReplay.from_file(path)
+    with pytest.raises(UsageError, match="cannot read"):
+        ChainStateReplay.from_file(tmp_path / "missing.json")
