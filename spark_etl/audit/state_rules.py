@@ -82,25 +82,25 @@ def encoded_block(raw_header: bytes, raw_transactions: list[bytes]) -> bytes:
     return length_prefix(len(body), LIST_OFFSET) + body
 
 
-def _block_of(row: Row) -> bytes:
-    """The encoded block of a row of `_replay_inputs`; ValueError for a value that is
-    missing or not hex."""
-    if row["raw_header"] is None:
+def _block_of(rows: list[Row]) -> bytes:
+    """The encoded block of one block's rows of `_replay_inputs` (its header row, then its
+    transactions in index order); ValueError for a value that is missing or not hex."""
+    header, transactions = rows[0], rows[1:]
+    if header["raw"] is None:
         raise ValueError("the export has no raw_header for it (exported by an older "
                          "pbft-etl? export again)")
-    transactions = row["transactions"] or []
     if any(tx["raw"] is None for tx in transactions):
         raise ValueError("a transaction of it has no raw bytes")
     try:
-        return encoded_block(from_hex(row["raw_header"]),
-                             [from_hex(tx["raw"]) for tx in transactions])
+        return encoded_block(from_hex(header["raw"]), [from_hex(tx["raw"]) for tx in transactions])
     except ValueError:
         raise ValueError("its raw header or a raw transaction is not hex") from None
 
 
 class _Feed:
-    """The rows' blocks for the replay, remembering each one's certified root until the
-    replay answers for it, and why it stopped feeding (a block it cannot hand over)."""
+    """The rows' blocks for the replay, one block's rows in memory at a time, remembering
+    each one's certified root until the replay answers for it, and why it stopped feeding
+    (a block it cannot hand over: the replay ends there)."""
 
     def __init__(self, node: str, rows: Iterator[Row]) -> None:
         self.node = node
@@ -109,27 +109,41 @@ class _Feed:
         self.stopped: Violation | None = None
 
     def blocks(self) -> Iterator[tuple[int, bytes]]:
-        for expected, row in enumerate(self.rows):
-            number = row["block_number"]
-            if number != expected:
-                self.stopped = (RULE, self.node, number, self._out_of_order(number, expected))
+        by_block = itertools.groupby(self.rows, key=lambda row: row["block_number"])
+        for expected, (number, group) in enumerate(by_block):
+            rows = list(group)
+            problem = self._problem(number, expected, rows)
+            if problem is None:
+                try:
+                    block = _block_of(rows)
+                except ValueError as exc:
+                    problem = f"block {number} cannot be rebuilt: {exc}; blocks {number}.. " \
+                        "are unverified"
+            if problem is not None:
+                self.stopped = (RULE, self.node, number, problem)
                 return
-            try:
-                block = _block_of(row)
-            except ValueError as exc:
-                self.stopped = (RULE, self.node, number, f"block {number} cannot be rebuilt: "
-                                f"{exc}; blocks {number}.. are unverified")
-                return
-            self.claimed[number] = row["state_root"]
+            self.claimed[number] = rows[0]["state_root"]
             yield number, block
 
     @staticmethod
-    def _out_of_order(number: int, expected: int) -> str:
-        if expected == 0:
+    def _problem(number: int, expected: int, rows: list[Row]) -> str | None:
+        """Why the replay cannot take block `number` in place of block `expected`."""
+        headers = sum(1 for row in rows if row["header"])
+        if number == expected and headers == 1:
+            return None
+        if expected == 0 and headers == 1:
             return (f"the state audit replays every block from block 0, and this export "
                     f"starts at block {number}: export from block 0 to audit the state")
-        return (f"block {number} follows block {expected - 1}: the replay needs every block, "
-                f"so blocks {expected}.. are unverified")
+        if number > expected + 1:
+            problem = f"blocks {expected}..{number - 1} are missing from the blocks table"
+        elif number != expected:
+            problem = f"block {expected} is missing from the blocks table"
+        elif headers == 0:
+            problem = f"block {number} is missing from the blocks table (not its transactions)"
+        else:
+            problem = f"block {number} is in the blocks table {headers} times"
+        return f"{problem}: the replay needs every block once, so blocks {expected}.. are " \
+            "unverified"
 
 
 def replay_violations(replay: StateReplay, rows: Iterator[Row]) -> Iterator[Violation]:
@@ -172,19 +186,21 @@ def _replayed_node(blocks: DataFrame) -> DataFrame:
 
 
 def _replay_inputs(data: Dataset) -> DataFrame:
-    """One row per block of the replayed node: number, certified state root, raw header and
-    its raw transactions in index order."""
-    keys = ["node", "block_number"]
+    """The replayed node's blocks as small rows: per block its header (state root and raw
+    header), then its raw transactions; sorted by `REPLAY_ORDER` they make the blocks."""
+    node = F.broadcast(_replayed_node(data.blocks))
     raw_header = F.col("raw_header") if "raw_header" in data.blocks.columns \
         else F.lit(None).cast("string")
-    blocks = data.blocks.join(F.broadcast(_replayed_node(data.blocks)), "node").select(
-        "node", F.col("number").alias("block_number"), "state_root",
-        raw_header.alias("raw_header"),
+    headers = data.blocks.join(node, "node").select(
+        "node", F.col("number").alias("block_number"), F.lit(True).alias("header"),
+        F.lit(None).cast("long").alias("transaction_index"), "state_root",
+        raw_header.alias("raw"),
     )
-    transactions = data.transactions.groupBy(*keys).agg(
-        F.sort_array(F.collect_list(F.struct("transaction_index", "raw"))).alias("transactions")
+    transactions = data.transactions.join(node, "node").select(
+        "node", "block_number", F.lit(False).alias("header"), "transaction_index",
+        F.lit(None).cast("string").alias("state_root"), "raw",
     )
-    return blocks.join(transactions, keys, "left")
+    return headers.unionByName(transactions)
 
 
 def state_root_rule(replay: StateReplay) -> Callable[[Audit], DataFrame]:
@@ -194,7 +210,9 @@ def state_root_rule(replay: StateReplay) -> Callable[[Audit], DataFrame]:
         """state-root: every block's state root is the one replaying the blocks from the
         genesis allocation computes; a block that cannot be replayed (missing, not
         executing) is reported once, and the blocks after it are unverified."""
-        inputs = _replay_inputs(audit.data).repartition(1).sortWithinPartitions("block_number")
+        # Each block's header row first, then its transactions by index.
+        inputs = _replay_inputs(audit.data).repartition(1).sortWithinPartitions(
+            "block_number", "header", "transaction_index", ascending=[True, False, True])
         arrow_schema = to_arrow_schema(schemas.VIOLATIONS)
         return inputs.mapInArrow(partial(_run_replay, replay, arrow_schema),
                                  schemas.VIOLATIONS)

@@ -199,6 +199,15 @@ def test_a_missing_block_stops_the_replay_once(
     assert "blocks 6.. are unverified" in found[0].detail
 
 
+def test_a_block_exported_twice_stops_the_replay_once(
+    spark: SparkSession, state_tables: Tables, validator_set: ValidatorSet
+) -> None:
+    state_tables["blocks"].append(dict(blocks_of(state_tables, NODE_A)[3]))
+    found = state_violations(spark, state_tables, validator_set)
+    assert [(v.rule, v.node, v.block_number) for v in found] == [("state-root", NODE_A, 3)]
+    assert "in the blocks table 2 times" in found[0].detail
+
+
 def test_a_raw_header_that_is_not_hex_stops_the_replay_once(
     spark: SparkSession, state_tables: Tables, validator_set: ValidatorSet
 ) -> None:
