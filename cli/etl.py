@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
@@ -19,7 +20,14 @@ from spark_etl.audit.context import ValidatorSet
 from spark_etl.audit.html import write_html_report
 from spark_etl.audit.validators import read_genesis, read_validators_file, resolve_validators
 from spark_etl.errors import EtlError, UsageError, from_spark_failure
-from spark_etl.export import DEFAULT_RANGE_SIZE, ExportOptions, blocks_per_second, export
+from spark_etl.export import (
+    DEFAULT_LAG_WAIT,
+    DEFAULT_RANGE_SIZE,
+    ExportOptions,
+    blocks_per_second,
+    export,
+)
+from spark_etl.hexcodec import to_hex
 from spark_etl.rpc import RetryPolicy, parse_rpc_url
 from spark_etl.session import finish_session, recording_classes, spark_session
 from spark_etl.tables import Dataset, is_local_path
@@ -53,6 +61,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds")
+    return value
+
+
 def _export_arguments(out: argparse.ArgumentParser) -> None:
     out.add_argument("--rpc", required=True, metavar="URL[,URL...]",
                      help="the nodes' JSON-RPC URLs; each node's rows are kept apart")
@@ -61,7 +79,10 @@ def _export_arguments(out: argparse.ArgumentParser) -> None:
     out.add_argument("--from", dest="first", type=_count, metavar="N",
                      help="first block (default 0)")
     out.add_argument("--to", dest="last", type=_count, metavar="M",
-                     help="last block (default: the lowest head of the nodes)")
+                     help="last block (default: the highest head of the nodes)")
+    out.add_argument("--lag-wait", type=_seconds, default=DEFAULT_LAG_WAIT, metavar="SECONDS",
+                     help="how long to wait for a node behind --to to catch up; then it is "
+                          "exported up to its head (default %(default)s)")
     out.add_argument("--master", help="Spark master URL (default local[*])")
     out.add_argument("--range-size", type=_positive, default=DEFAULT_RANGE_SIZE, metavar="BLOCKS",
                      help=f"blocks per partition directory (default {DEFAULT_RANGE_SIZE})")
@@ -71,10 +92,15 @@ def _export_arguments(out: argparse.ArgumentParser) -> None:
 
 def _audit_arguments(audit: argparse.ArgumentParser) -> None:
     trusted = audit.add_mutually_exclusive_group()
-    trusted.add_argument("--validators", type=Path, metavar="FILE",
-                         help="validator addresses: JSON list, testnet.json, or one a line")
     trusted.add_argument("--genesis", type=Path, metavar="FILE",
-                         help="genesis file with config.pbft.validators")
+                         help="the chain's genesis file (config.pbft.validators): the trust "
+                              "anchor; block 0 must be the block it makes")
+    trusted.add_argument("--trust-node", action="store_true",
+                         help="no genesis: trust the validator set and chain id the exported "
+                              "nodes report (the verdict is then only as good as the node)")
+    audit.add_argument("--validators", type=Path, metavar="FILE",
+                       help="with --trust-node: these validator addresses instead of the "
+                            "nodes' (JSON list, testnet.json, or one a line)")
     audit.add_argument("--report", type=Path, metavar="FILE", help="write the JSON report here")
     audit.add_argument("--html", type=Path, metavar="FILE",
                        help="write a self-contained HTML page (verdict, violations, plots)")
@@ -130,6 +156,7 @@ def _export_to(args: argparse.Namespace) -> str:
         last=args.last,
         range_size=args.range_size,
         policy=RetryPolicy(attempts=args.retries + 1),
+        lag_wait=args.lag_wait,
     )
     summary = export(spark_session(args.master, record_classes=True), options, _stderr)
     tables = ", ".join(f"{name} {count}" for name, count in summary.rows.items())
@@ -143,18 +170,69 @@ def _export_to(args: argparse.Namespace) -> str:
 def _audit(args: argparse.Namespace) -> int:
     if is_local_path(args.data) and not Path(args.data).is_dir():
         raise UsageError(f"--data {args.data}: no such directory (the --out of an export)")
-    return _audit_data(args, args.data)
+    return _audit_data(args, args.data, _trust(args))
 
 
 def _export_and_audit(args: argparse.Namespace) -> int:
-    return _audit_data(args, _export_to(args))
+    trust = _trust(args)  # before the export: a usage error costs no export
+    return _audit_data(args, _export_to(args), trust)
 
 
-def _audit_data(args: argparse.Namespace, location: str) -> int:
+@dataclass(frozen=True)
+class Trust:
+    """What the audit takes as given: the genesis's validator set (chain id, K, block 0), or
+    (--trust-node) the addresses of --validators, if any, beside what the nodes report."""
+
+    genesis: ValidatorSet | None
+    addresses: tuple[str, ...] | None
+
+
+def _trust(args: argparse.Namespace) -> Trust:
+    if args.validators is not None and not args.trust_node:
+        raise UsageError("--validators: add --trust-node (the chain id and block 0 then come "
+                         "from the nodes), or give --genesis FILE instead")
+    if args.genesis is not None:
+        return Trust(genesis_validators(args.genesis), None)
+    if not args.trust_node:
+        raise UsageError("give --genesis FILE (the chain's genesis file), or --trust-node to "
+                         "take the validator set and chain id from the nodes")
+    _stderr("warning: --trust-node: the validator set and chain id are the exported nodes' "
+            "own answers, so the verdict trusts the node")
     addresses = read_validators_file(args.validators) if args.validators else None
-    genesis: ValidatorSet | None = read_genesis(args.genesis) if args.genesis else None
+    return Trust(None, addresses)
+
+
+def genesis_validators(path: Path) -> ValidatorSet:
+    """The genesis file's validator set, chain id, checkpoint interval and block 0 hash."""
+    return replace(read_genesis(path), genesis_hash=genesis_block_hash(path))
+
+
+def genesis_block_hash(path: Path) -> str:
+    """The hash of block 0 as the chain's own code builds it from the genesis file."""
+    # Imported here: py-evm's chain classes cost a quarter second that only --genesis needs.
+    from eth.db.atomic import AtomicDB
+    from eth_utils import ValidationError
+
+    from chain.blockchain import chain_class
+    from chain.errors import GenesisError
+    from chain.genesis import load_genesis_file
+    from chain.registry import available_engines
+
+    try:
+        genesis = load_genesis_file(path, available_engines())
+        state: Any = genesis.state()  # py-evm's AccountDetails are these dicts
+        built = chain_class(genesis.chain_id).from_genesis(
+            AtomicDB(), genesis.header_params(), state
+        )
+    except (GenesisError, ValidationError) as exc:  # what the node would refuse to start on
+        raise UsageError(f"--genesis {path}: {exc}") from None
+    return to_hex(built.get_canonical_head().hash)
+
+
+def _audit_data(args: argparse.Namespace, location: str, trust: Trust) -> int:
     data = Dataset.read(spark_session(args.master, record_classes=True), location)
-    result = run_audit(data, resolve_validators(data.export_manifest, addresses, genesis))
+    validators = resolve_validators(data.export_manifest, trust.addresses, trust.genesis)
+    result = run_audit(data, validators)
     print(result.summary(), end="")
     if args.html is not None:
         write_html_report(data, result, args.html)

@@ -9,8 +9,8 @@ only after all its tables are written."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from spark_etl import schemas
 from spark_etl.errors import EtlError, ExtractError, UsageError
-from spark_etl.hexcodec import hex_data, quantity
+from spark_etl.hexcodec import long
 from spark_etl.rpc import JsonRpcClient, RetryPolicy
 from spark_etl.source import (
     DEFAULT_BATCH_BLOCKS,
@@ -38,6 +38,8 @@ from spark_etl.tables import (
 )
 
 DEFAULT_RANGE_SIZE = 1_000
+DEFAULT_LAG_WAIT = 5.0  # seconds a node behind --to is given to catch up
+LAG_POLL = 0.25  # seconds between eth_blockNumber polls of a node behind
 Progress = Callable[[str], None]
 
 
@@ -51,6 +53,7 @@ class ExportOptions:
     partition_blocks: int = DEFAULT_PARTITION_BLOCKS
     batch_blocks: int = DEFAULT_BATCH_BLOCKS
     policy: RetryPolicy = field(default_factory=RetryPolicy)
+    lag_wait: float = DEFAULT_LAG_WAIT
 
     def read_options(self, kind: str, spans: tuple[Span, ...] = (),
                      nodes: tuple[tuple[str, int], ...] = ()) -> dict[str, str]:
@@ -72,7 +75,8 @@ class NodeInfo:
 
 
 def _number(value: Any, what: str) -> int:
-    return value if isinstance(value, int) else quantity(value, what)
+    """A quantity (or a JSON integer: pbft_status's view) that fits a 64-bit column."""
+    return long(hex(value) if type(value) is int else value, what)
 
 
 def probe(url: str, policy: RetryPolicy) -> NodeInfo:
@@ -88,50 +92,87 @@ def probe(url: str, policy: RetryPolicy) -> NodeInfo:
             chain_id, genesis, validators, status, head = client.batch(calls)
     except EtlError as exc:
         raise ExtractError(f"{url}: {exc} (is it a running PBFT node?)") from None
-    return NodeInfo(
-        url=url,
-        chain_id=_number(chain_id, "eth_chainId"),
-        genesis_hash=hex_data(genesis["hash"]),
-        validators=tuple(hex_data(v) for v in validators),
-        head=_number(head, "eth_blockNumber"),
-        view=_number(status["view"], "pbft_status view"),
-    )
+    try:
+        return NodeInfo(
+            url=url,
+            chain_id=_number(chain_id, "eth_chainId"),
+            genesis_hash=str(genesis["hash"]).lower(),
+            validators=tuple(str(v).lower() for v in validators),
+            head=_number(head, "eth_blockNumber"),
+            view=_number(status["view"], "pbft_status view"),
+        )
+    except (TypeError, KeyError) as exc:  # an answer of the wrong shape (null, no field)
+        raise ExtractError(f"{url}: a malformed answer about the node ({exc!r})") from None
 
 
-def check_same_chain(infos: list[NodeInfo]) -> None:
+def check_same_chain(infos: list[NodeInfo], progress: Progress) -> None:
+    """Nodes that report another chain id or block 0 than the first are exported all the
+    same (refusing would let one lying node stop the export of the honest ones): the audit
+    judges each against the genesis (chain-id, genesis-block). Say so now."""
     reference = infos[0]
     for info in infos[1:]:
         if (info.chain_id, info.genesis_hash) != (reference.chain_id, reference.genesis_hash):
-            raise UsageError(
-                f"{info.url} and {reference.url} are on different chains (chain id or genesis "
-                "differ): export them to different --out directories"
-            )
+            progress(f"warning: {info.url} and {reference.url} report different chain ids or "
+                     "block 0 hashes: both are exported, the audit judges them")
 
 
 def block_bounds(options: ExportOptions, infos: list[NodeInfo]) -> tuple[int, int]:
-    """--from (default 0) .. --to (default: the lowest head, so every node has every block)."""
-    lowest = min(infos, key=lambda i: i.head)
+    """--from (default 0) .. --to (default: the highest head: a node that claims a lower
+    head must not cut the others' export short; it is exported up to its own head)."""
+    highest = max(infos, key=lambda i: i.head)
     first = 0 if options.first is None else options.first
-    last = lowest.head if options.last is None else options.last
-    if last > lowest.head:
-        raise UsageError(f"--to {last} is above the head {lowest.head} of {lowest.url}")
+    last = highest.head if options.last is None else options.last
+    if last > highest.head:
+        raise UsageError(f"--to {last} is above the head {highest.head} of {highest.url}")
     if first > last:
         raise UsageError(f"--from {first} is after --to {last}")
     return first, last
+
+
+def _head(url: str, policy: RetryPolicy) -> int:
+    try:
+        with JsonRpcClient(url, policy) as client:
+            return _number(client.call("eth_blockNumber"), "eth_blockNumber")
+    except EtlError as exc:
+        raise ExtractError(f"{url}: {exc}") from None
+
+
+def catch_up(infos: list[NodeInfo], last: int, options: ExportOptions,
+             progress: Progress) -> list[NodeInfo]:
+    """`infos` with the heads of the nodes behind `last` polled again until they reach it or
+    --lag-wait runs out (an honest node a block or two behind catches up in that time); a
+    node still behind is exported up to its head and the audit reports it (node-behind)."""
+    deadline = time.monotonic() + options.lag_wait
+    infos = list(infos)
+    behind = [i for i, info in enumerate(infos) if info.head < last]
+    while behind and time.monotonic() < deadline:
+        time.sleep(min(LAG_POLL, max(0.0, deadline - time.monotonic())))
+        for index in behind:
+            infos[index] = replace(infos[index], head=_head(infos[index].url, options.policy))
+        behind = [i for i in behind if infos[i].head < last]
+    for index in behind:
+        info = infos[index]
+        progress(f"{info.url} reports head {info.head}, behind --to {last} after "
+                 f"{options.lag_wait:g} s: exporting it up to its head (the audit reports it)")
+    return infos
 
 
 Done = dict[tuple[str, int], tuple[int, int]]
 
 
 def plan_spans(nodes: tuple[str, ...], first: int, last: int, range_size: int,
-               done: Done) -> list[Span]:
-    """The spans still to fetch, ordered by range then node. A range the manifest covers is
-    skipped; one it holds partly is fetched whole again (what it held and what is asked),
-    so that replacing its partitions loses nothing."""
+               done: Done, heads: Mapping[str, int] | None = None) -> list[Span]:
+    """The spans still to fetch, ordered by range then node, each node's up to its head in
+    `heads` if lower than `last`. A range the manifest covers is skipped; one it holds
+    partly is fetched whole again (what it held and what is asked), so that replacing its
+    partitions loses nothing."""
     spans = []
     for start in range(first - first % range_size, last + 1, range_size):
         for node in nodes:
-            want = (max(start, first), min(start + range_size - 1, last))
+            node_last = min(last, heads[node]) if heads else last
+            want = (max(start, first), min(start + range_size - 1, node_last))
+            if want[0] > want[1]:
+                continue  # the node is behind this range
             have = done.get((node, start))
             if have is not None and have[0] <= want[0] and have[1] >= want[1]:
                 continue
@@ -153,10 +194,11 @@ def read_done(spark: SparkSession, options: ExportOptions, infos: list[NodeInfo]
     if is_local_path(options.out) and not Path(path.removeprefix("file://")).exists():
         return {}
     rows = spark.read.schema(schemas.EXPORT_MANIFEST.schema).parquet(path).collect()
-    reference = infos[0]
+    genesis = {info.url: info.genesis_hash for info in infos}
     for row in rows:
-        if row["genesis_hash"] != reference.genesis_hash:
-            raise UsageError(f"{options.out} holds an export of another chain: use another --out")
+        if genesis.get(row["node"], row["genesis_hash"]) != row["genesis_hash"]:
+            raise UsageError(f"{options.out} holds an export of another chain from "
+                             f"{row['node']}: use another --out")
         if row["range_size"] != options.range_size:
             raise UsageError(
                 f"{options.out} was exported with --range-size {row['range_size']}: use that"
@@ -199,16 +241,22 @@ def range_counts(bundle: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in rows]
 
 
-def manifest_rows(counts: list[dict[str, Any]], infos: dict[str, NodeInfo],
-                  range_size: int) -> list[tuple[Any, ...]]:
-    """The export_manifest rows of the ranges in `counts` (as `range_counts` gives them)."""
+def manifest_rows(counts: list[dict[str, Any]], infos: dict[str, NodeInfo], range_size: int,
+                  asked: tuple[int, int] | None = None) -> list[tuple[Any, ...]]:
+    """The export_manifest rows of the ranges in `counts` (as `range_counts` gives them), of
+    an export that asked for blocks `asked` (default 0..the highest head, as `export` does
+    without --from and --to)."""
     now = datetime.now(UTC)
+    first, last = asked or (0, max(info.head for info in infos.values()))
     rows = []
     for row in counts:
         info = infos[row["node"]]
         values = {
             **row,
             **{name: row[name] or 0 for name in COUNTED},
+            "asked_first": first,
+            "asked_last": last,
+            "node_head": info.head,
             "range_size": range_size,
             "chain_id": info.chain_id,
             "genesis_hash": info.genesis_hash,
@@ -220,7 +268,8 @@ def manifest_rows(counts: list[dict[str, Any]], infos: dict[str, NodeInfo],
 
 
 def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
-                infos: dict[str, NodeInfo], summary: ExportSummary) -> None:
+                infos: dict[str, NodeInfo], asked: tuple[int, int],
+                summary: ExportSummary) -> None:
     """Fetch the wave's spans once, write every block-range table, then the manifest."""
     bundle = (
         spark.read.format("pbft_chain")
@@ -234,7 +283,7 @@ def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
             write_table(frame, options.out, schemas.BY_NAME[name])
     finally:
         bundle.unpersist()
-    manifest = manifest_rows(counts, infos, options.range_size)
+    manifest = manifest_rows(counts, infos, options.range_size, asked)
     write_table(local_frame(spark, manifest, schemas.EXPORT_MANIFEST.schema), options.out,
                 schemas.EXPORT_MANIFEST)
     summary.add(counts)
@@ -253,10 +302,6 @@ def export_consensus_records(spark: SparkSession, options: ExportOptions,
         write_table(frame, options.out, table)
 
 
-def _ranges(first: int, last: int, range_size: int) -> int:
-    return last // range_size - first // range_size + 1
-
-
 def blocks_per_second(blocks: int, seconds: float) -> str:
     """A rate as people read it: one decimal below 10 (a small chain is not "0 blocks/s")."""
     rate = blocks / max(seconds, 1e-9)
@@ -266,21 +311,22 @@ def blocks_per_second(blocks: int, seconds: float) -> str:
 def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> ExportSummary:
     started = time.monotonic()
     infos = [probe(url, options.policy) for url in options.nodes]
-    check_same_chain(infos)
+    check_same_chain(infos, progress)
     first, last = block_bounds(options, infos)
+    infos = catch_up(infos, last, options, progress)
     done = read_done(spark, options, infos)
-    spans = plan_spans(options.nodes, first, last, options.range_size, done)
+    heads = {info.url: info.head for info in infos}
+    spans = plan_spans(options.nodes, first, last, options.range_size, done, heads)
     total = sum(s.size for s in spans)
-    summary = ExportSummary(
-        skipped=len(options.nodes) * _ranges(first, last, options.range_size) - len(spans)
-    )
+    asked = plan_spans(options.nodes, first, last, options.range_size, {}, heads)
+    summary = ExportSummary(skipped=len(asked) - len(spans))
     progress(
         f"exporting blocks {first}..{last} from {len(infos)} node(s) to {options.out}: "
         f"{total} blocks to fetch, {summary.skipped} range(s) already exported"
     )
     by_url = {info.url: info for info in infos}
     for wave in waves(spans, 2 * max(1, spark.sparkContext.defaultParallelism)):
-        export_wave(spark, options, wave, by_url, summary)
+        export_wave(spark, options, wave, by_url, (first, last), summary)
         elapsed = time.monotonic() - started
         progress(f"{summary.blocks}/{total} blocks ({100 * summary.blocks // max(total, 1)}%), "
                  f"{blocks_per_second(summary.blocks, elapsed)} blocks/s")

@@ -237,6 +237,11 @@ EXPORT_MANIFEST = _table(
     "one row per exported block range and node: what the export wrote (resume reads it)",
     Column("first_block", LONG, "first block exported in the range"),
     Column("last_block", LONG, "last block exported in the range"),
+    Column("asked_first", LONG, "first block the export asked for (--from)"),
+    Column("asked_last", LONG, "last block the export asked for (--to; default the highest "
+                               "head among the nodes)"),
+    Column("node_head", LONG, "the node's eth_blockNumber (after waiting --lag-wait for it to "
+                              "reach asked_last); the node was exported up to it"),
     Column("range_size", LONG, "blocks per range of this export"),
     Column("chain_id", LONG, "the node's eth_chainId"),
     Column("genesis_hash", STRING, "hash of the node's block 0"),

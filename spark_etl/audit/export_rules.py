@@ -8,24 +8,57 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_etl import schemas
-from spark_etl.audit.context import Audit, violations
+from spark_etl.audit.context import Audit, union_all, violations
 from spark_etl.tables import RANGE_KEYS
+
+# The tables whose rows every honest node serves alike for a block (certificates and
+# checkpoint proofs may legitimately hold different signatures); their height column.
+AGREED_TABLES = {
+    schemas.BLOCKS.name: "number",
+    schemas.TRANSACTIONS.name: "block_number",
+    schemas.RECEIPTS.name: "block_number",
+    schemas.LOGS.name: "block_number",
+}
+
+
+def _row_digests(audit: Audit, table: str, height: str) -> DataFrame:
+    """(node, block_number, table, digest): a SHA-256 over each node's rows of `table` at
+    each height it exported a block (no rows is a digest too), node and range excluded."""
+    frame = getattr(audit.data, table)
+    columns = [c for c in frame.columns if c not in RANGE_KEYS]
+    rows = frame.groupBy("node", F.col(height).alias("block_number")).agg(
+        F.sha2(F.array_join(F.sort_array(F.collect_list(F.to_json(F.struct(*columns)))), "\n"),
+               256).alias("digest")
+    )
+    exported = audit.data.blocks.select("node", F.col("number").alias("block_number"))
+    return exported.join(rows, ["node", "block_number"], "left").select(
+        "node", "block_number", F.lit(table).alias("table"),
+        F.coalesce("digest", F.sha2(F.lit(""), 256)).alias("digest"),
+    )
 
 
 def node_agreement(audit: Audit) -> DataFrame:
-    """node-agreement: every node exported holds the same block at every height."""
+    """node-agreement: every node exported holds the same block at every height, and the
+    same rows of blocks, transactions, receipts and logs for it (every column but node and
+    range), one violation per height and table that differs."""
+    hashes = audit.data.blocks.select("node", F.col("number").alias("block_number"), "hash")
+    digests = union_all(*(_row_digests(audit, t, h) for t, h in AGREED_TABLES.items()))
+    # a node's version of a table at a height: its block hash and its rows' digest (short)
+    version = F.concat_ws(" rows ", "hash", F.substring("digest", 1, 16))
     heights = (
-        audit.data.blocks.groupBy(F.col("number").alias("block_number"))
+        digests.join(hashes, ["node", "block_number"])
+        .groupBy("block_number", "table")
         .agg(
-            F.countDistinct("hash").alias("hashes"),
-            F.sort_array(F.collect_set(F.concat_ws(" has ", "node", "hash"))).alias("holders"),
+            F.countDistinct("digest").alias("versions"),
+            F.sort_array(F.collect_set(F.concat_ws(" has ", "node", version))).alias("holders"),
         )
-        .where(F.col("hashes") > 1)
+        .where(F.col("versions") > 1)
     )
     return violations(
         heights,
         "node-agreement",
-        F.concat(F.lit("nodes disagree: "), F.array_join("holders", "; ")),
+        F.concat(F.lit("nodes disagree on "), F.col("table"), F.lit(": "),
+                 F.array_join("holders", "; ")),
         node=F.lit(None),
     )
 

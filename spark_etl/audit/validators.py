@@ -1,5 +1,7 @@
-"""The validator set and chain id the audit checks signatures against: from a validators
-file, a genesis file (geth format, `config.pbft.validators`), or the export manifest."""
+"""The validator set and chain id the audit checks signatures against: from a genesis file
+(geth format, `config.pbft.validators`: the trust anchor), or, when the auditor trusts the
+node (`--trust-node`), the export manifest's chain id with a validators file's addresses or
+the set the nodes reported."""
 
 from __future__ import annotations
 
@@ -93,8 +95,8 @@ def _exported(manifest: DataFrame) -> tuple[set[tuple[str, ...]], set[int]]:
 def resolve_validators(
     manifest: DataFrame, addresses: tuple[str, ...] | None, genesis: ValidatorSet | None
 ) -> ValidatorSet:
-    """The genesis's set, else the given addresses with the exported chain id, else the set
-    the exported nodes reported."""
+    """The genesis's set, else (trusting the nodes) the given addresses with the exported
+    chain id, else the set the exported nodes reported."""
     if genesis is not None:
         return genesis
     sets, chain_ids = _exported(manifest)

@@ -1,6 +1,7 @@
 """A JSON-RPC server on 127.0.0.1 that serves a ServedChain the way a PBFT node does (the
 methods the ETL calls), with faults on demand: HTTP 503 for blocks from some number on, or
-for the next few requests. It counts which blocks were fetched."""
+for the next few requests, or a reported head (eth_blockNumber) of its choosing. It counts
+which blocks were fetched."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class FakeNode:
         self.chain = chain
         self.fail_from: int | None = None  # requests touching blocks >= this get HTTP 503
         self.fail_next = 0  # this many next requests get HTTP 503
+        # eth_blockNumber's next answers, the last one repeated (empty: the chain's head)
+        self.heads: list[int] = []
         self.requests = 0
         self.fetched: Counter[int] = Counter()  # eth_getBlockByNumber(n, true) per block
         self._lock = threading.Lock()
@@ -36,7 +39,7 @@ class FakeNode:
         chain = self.chain
         return {
             "eth_chainId": lambda: hex(CHAIN_ID),
-            "eth_blockNumber": lambda: hex(chain.head),
+            "eth_blockNumber": self._head,
             "eth_getBlockByNumber": self._block,
             "eth_getBlockReceipts": lambda n: getattr(self._payload(n), "receipts", None),
             "debug_getRawBlock": lambda n: getattr(self._payload(n), "raw_block", None),
@@ -52,6 +55,12 @@ class FakeNode:
             ],
             "pbft_getEvidence": lambda: chain.evidence,
         }
+
+    def _head(self) -> str:
+        with self._lock:
+            if len(self.heads) > 1:
+                return hex(self.heads.pop(0))
+            return hex(self.heads[0] if self.heads else self.chain.head)
 
     def _block(self, number: str, full: bool) -> Any:
         payload = self._payload(number)

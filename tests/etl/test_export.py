@@ -79,7 +79,8 @@ def test_export_of_two_nodes_writes_every_row_once_and_the_audit_passes(
 ) -> None:
     assert counts(spark, exported) == expected_counts(test_chain, nodes=2)
     report = tmp_path / "report.json"
-    code, stdout, stderr = etl(capsys, "audit", "--data", str(exported), "--report", str(report))
+    code, stdout, stderr = etl(capsys, "audit", "--data", str(exported), "--trust-node",
+                               "--report", str(report))
     assert code == 0, stdout + stderr
     assert "no violations" in stdout
     result = json.loads(report.read_text())
@@ -100,7 +101,7 @@ def test_run_exports_and_audits_in_one_command(
     out, report = tmp_path / "out", tmp_path / "report.json"
     with serving(test_chain) as node:
         code, stdout, stderr = etl(capsys, "run", "--rpc", node.url, "--out", str(out),
-                                   "--report", str(report))
+                                   "--trust-node", "--report", str(report))
     assert code == 0, stdout + stderr
     assert stdout.startswith("exported 11 blocks") and "no violations" in stdout
     assert counts(spark, out) == expected_counts(test_chain, nodes=1) | {"export_manifest": 1}
@@ -115,8 +116,8 @@ def test_audit_against_another_validator_set_fails_listing_each_violation(
     trusted = tmp_path / "validators.txt"
     trusted.write_text("\n".join(validators) + "\n")
     report = tmp_path / "report.json"
-    code, stdout, _ = etl(capsys, "audit", "--data", str(exported), "--validators",
-                          str(trusted), "--report", str(report))
+    code, stdout, _ = etl(capsys, "audit", "--data", str(exported), "--trust-node",
+                          "--validators", str(trusted), "--report", str(report))
     assert code == 1
     result = json.loads(report.read_text())
     lines = stdout.splitlines()
@@ -197,8 +198,8 @@ def test_client_retries_with_backoff_then_gives_up(node: FakeNode) -> None:
         (["export", "--rpc", "ftp://node", "--out", "x"], "expected an http:// or https:// URL"),
         (["export", "--rpc", "http://a,http://a", "--out", "x"], "a node is listed twice"),
         (["export", "--rpc", "http://a", "--out", "x", "--from", "-1"], "is negative"),
-        (["audit", "--data", "/no/such/dir"], "no such directory"),
-        (["audit", "--data", ".", "--validators", "a", "--genesis", "b"], "not allowed with"),
+        (["audit", "--data", "/no/such/dir", "--trust-node"], "no such directory"),
+        (["audit", "--data", ".", "--trust-node", "--genesis", "b"], "not allowed with"),
     ],
 )
 def test_usage_errors_are_one_line_with_exit_status_2(
@@ -245,8 +246,8 @@ def test_the_html_report_renders_every_figure_with_no_console_error(
     trusted = tmp_path / "validators.txt"
     validators = list(test_chain.validators.addresses)
     trusted.write_text("\n".join(validators if sound else [*validators[:3], "0x" + "ee" * 20]))
-    code, stdout, _ = etl(capsys, "audit", "--data", str(exported), "--validators",
-                          str(trusted), "--html", str(page))
+    code, stdout, _ = etl(capsys, "audit", "--data", str(exported), "--trust-node",
+                          "--validators", str(trusted), "--html", str(page))
     assert code == (0 if sound else 1)
     text = page.read_text()
     assert not re.search(r"""<script[^>]+src=|<link[^>]+href=["']?https?:""", text)

@@ -86,12 +86,12 @@ def test_export_and_audit_on_a_standalone_cluster_equal_local_mode(
     local, remote = tmp_path / "local", tmp_path / "cluster"
     with serving(test_chain) as node:
         code, stdout, stderr = etl(capsys, "run", "--rpc", node.url, "--out", str(local),
-                                   "--report", str(tmp_path / "local.json"))
+                                   "--trust-node", "--report", str(tmp_path / "local.json"))
         assert code == 0, stdout + stderr
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         result = subprocess.run(
             [sys.executable, "-m", "cli.etl", "run", "--rpc", node.url, "--out", str(remote),
-             "--master", standalone, "--report", str(tmp_path / "cluster.json")],
+             "--master", standalone, "--trust-node", "--report", str(tmp_path / "cluster.json")],
             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "no violations" in result.stdout
