@@ -28,6 +28,7 @@ from coincurve import PublicKey
 from eth_hash.auto import keccak
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from rlp.codec import consume_length_prefix, length_prefix
 
 from spark_etl import schemas
 from spark_etl.audit.chain_rules import HEADER_FIELDS
@@ -59,6 +60,7 @@ Parser = Callable[[Any], Any]
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 LIST_OFFSET = 0xC0  # an RLP list's first byte: a legacy transaction; a typed one is below 0x80
 EMPTY_LIST = rlp.encode([])
+EMPTY_STRING = rlp.encode(b"")
 EMPTY_LIST_HASH = keccak(EMPTY_LIST)
 SHOWN_CHARACTERS = 80  # a served value longer than this is cut in a violation's detail
 
@@ -381,6 +383,20 @@ class DecodedTransaction:
     parity: int | None  # None: a legacy v that is neither 27/28 nor EIP-155's
 
 
+def _string_length(item: bytes) -> int:
+    """Bytes of an RLP string."""
+    return 1 if len(item) == 1 and item[0] < 0x80 else _list_length(len(item))
+
+
+def _unsigned_fields(encoded: bytes, items: list[Any]) -> bytes:
+    """The payload of a transaction's RLP field list without its last three items (v or y
+    parity, r, s: validated byte strings), sliced from its encoding: encoding the fields
+    again cost more than the signature's recovery."""
+    _, _, length, start = consume_length_prefix(encoded, 0)
+    signature = sum(_string_length(item) for item in items[-3:])
+    return encoded[start : start + length - signature]
+
+
 def decode_transaction(raw: bytes) -> DecodedTransaction:
     """The consensus encoding of a signed transaction; MalformedValue if it is not one."""
     if not raw:
@@ -403,18 +419,21 @@ def decode_transaction(raw: bytes) -> DecodedTransaction:
     if not isinstance(values["input"], bytes):
         raise MalformedValue("the input is a list, not bytes")
     fields["input"] = to_hex(values["input"])
+    unsigned = _unsigned_fields(raw if type_id == 0 else raw[1:], items)
     if type_id:
         fields["access_list"] = _decoded_access_list(values["access_list"])
-        unsigned = bytes([type_id]) + rlp.encode(items[:-3])
         parity = fields["y_parity"] if fields["y_parity"] in (0, 1) else None
-        return DecodedTransaction(type_id, fields, keccak(unsigned), parity)
+        signed = bytes([type_id]) + length_prefix(len(unsigned), LIST_OFFSET) + unsigned
+        return DecodedTransaction(type_id, fields, keccak(signed), parity)
     v = fields["v"]
-    if v >= 35:  # EIP-155: v = chain id * 2 + 35 + parity
+    if v >= 35:  # EIP-155: v = chain id * 2 + 35 + parity, and the chain id signed
         fields["chain_id"] = (v - 35) // 2
-        unsigned = rlp.encode([*items[:6], fields["chain_id"], 0, 0])
-        return DecodedTransaction(0, fields, keccak(unsigned), (v - 35) % 2)
-    parity = v - 27 if v in (27, 28) else None
-    return DecodedTransaction(0, fields, keccak(rlp.encode(items[:6])), parity)
+        unsigned += rlp.encode(fields["chain_id"]) + EMPTY_STRING + EMPTY_STRING
+        parity = (v - 35) % 2
+    else:
+        parity = v - 27 if v in (27, 28) else None
+    signed = length_prefix(len(unsigned), LIST_OFFSET) + unsigned
+    return DecodedTransaction(0, fields, keccak(signed), parity)
 
 
 def effective_gas_price(decoded: DecodedTransaction, base_fee: int | None) -> int | None:
