@@ -20,7 +20,7 @@ from eth.chains.base import Chain
 from eth.exceptions import HeaderNotFound
 
 from chain.blockchain import Blockchain, _forget_block_tries, check_body_matches_header
-from chain.errors import BlockValidationError, GenesisError
+from chain.errors import BlockValidationError, FalseBodyError, GenesisError
 from chain.genesis import Genesis, load_genesis_bytes
 from chain.registry import available_engines
 from spark_etl.audit.state_rules import BlockNotExecuted, StateReplay
@@ -40,6 +40,9 @@ class _Replayer:
         try:
             check_body_matches_header(data)
             block = self.chain.decode_block(data)
+        except FalseBodyError as exc:
+            raise BlockNotExecuted(number, "its exported transactions are not the ones its "
+                                   f"header commits to ({exc})") from None
         except BlockValidationError as exc:
             raise BlockNotExecuted(number, str(exc)) from None
         if block.number != number:
@@ -57,7 +60,8 @@ class _Replayer:
             except (BlockNotExecuted, StorageError):
                 raise
             except Exception as exc:  # noqa: BLE001 (py-evm's errors for bad input have no base)
-                raise BlockNotExecuted(number, f"{type(exc).__name__}: {exc}") from None
+                raise BlockNotExecuted(number, "it does not execute on the replayed state: "
+                                       f"{type(exc).__name__}: {exc}") from None
             finally:
                 _forget_block_tries()
         chain.chaindb.persist_header(block.header)  # the next block's parent, for BLOCKHASH

@@ -165,8 +165,8 @@ def replay_violations(replay: StateReplay, rows: Iterator[Row]) -> Iterator[Viol
             yield (RULE, node, number, f"replaying the blocks from the genesis allocation "
                    f"gives state root {computed}; the header has {claimed}{since}")
     except BlockNotExecuted as exc:
-        yield (RULE, node, exc.number, f"block {exc.number} does not execute on its parent's "
-               f"state: {exc.reason}; blocks {exc.number}.. are unverified")
+        yield (RULE, node, exc.number, f"block {exc.number} cannot be replayed: {exc.reason}; "
+               f"blocks {exc.number}.. are unverified")
     if feed.stopped is not None:
         yield feed.stopped
 

@@ -163,11 +163,10 @@ def test_a_transaction_that_cannot_execute_stops_the_replay_once(
     found = state_violations(spark, state_tables, validator_set)
     assert [(v.rule, v.node, v.block_number) for v in found] == [
         ("state-root", NODE_A, LAST_BLOCK)]
-    assert "does not execute" in found[0].detail
-    assert "ValidationError" in found[0].detail
+    assert "does not execute on the replayed state: ValidationError" in found[0].detail
 
 
-def test_a_block_that_does_not_execute_stops_the_replay_once(
+def test_a_transaction_missing_from_the_export_stops_the_replay_once(
     spark: SparkSession, state_tables: Tables, validator_set: ValidatorSet
 ) -> None:
     state_tables["transactions"] = [
@@ -177,7 +176,7 @@ def test_a_block_that_does_not_execute_stops_the_replay_once(
     ]
     found = state_violations(spark, state_tables, validator_set)
     assert [(v.rule, v.node, v.block_number) for v in found] == [("state-root", NODE_A, 4)]
-    assert "does not execute" in found[0].detail
+    assert "its exported transactions are not the ones its header commits to" in found[0].detail
     assert "blocks 4.. are unverified" in found[0].detail
 
 
