@@ -219,42 +219,42 @@ def plant(cluster: Cluster, chain: Chain) -> tuple[Planted, ...]:
     """One lie per hole, each at a block of its own."""
     picker = BlockPicker({0, chain.interval})  # the genesis and checkpoint lies' blocks
     claimed_head = chain.head - 1
-    b = {name: picker.take(chain.transfers) for name in TRANSFER_LIES}
-    b["deployment"] = picker.take([chain.deployment])
-    b["log pair"] = picker.take([chain.log_pair])
-    b["input"] = picker.take([chain.token_call])
-    b |= {name: picker.take(range(1, claimed_head + 1)) for name in ANY_BLOCK_LIES}
+    at = {name: picker.take(chain.transfers) for name in TRANSFER_LIES}
+    at["deployment"] = picker.take([chain.deployment])
+    at["log pair"] = picker.take([chain.log_pair])
+    at["input"] = picker.take([chain.token_call])
+    at |= {name: picker.take(range(1, claimed_head + 1)) for name in ANY_BLOCK_LIES}
     stranger = cluster.description["accounts"][STRANGER]["address"].lower()
-    evidence = _false_evidence(cluster, b["evidence"])
+    evidence = _false_evidence(cluster, at["evidence"])
     return (
-        Planted("a transaction's from (and its receipt's)", "transaction-sender", b["sender"],
-                (_transaction(b["sender"], "from", _always(stranger)),
-                 _receipt(b["sender"], "from", _always(stranger)))),
-        Planted("a transaction's value", "transaction-fields", b["value"],
-                (_transaction(b["value"], "value", _plus(10**18)),)),
-        Planted("a transaction's input", "transaction-fields", b["input"],
-                (_transaction(b["input"], "input", _flip),)),
-        Planted("a transaction's nonce", "transaction-fields", b["nonce"],
-                (_transaction(b["nonce"], "nonce", _plus(1)),)),
-        Planted("a transaction's to (and its receipt's)", "transaction-fields", b["to"],
-                (_transaction(b["to"], "to", _flip), _receipt(b["to"], "to", _flip))),
-        Planted("a receipt's contractAddress", "receipt-fields", b["deployment"],
-                (_receipt(b["deployment"], "contractAddress", _flip),)),
+        Planted("a transaction's from (and its receipt's)", "transaction-sender", at["sender"],
+                (_transaction(at["sender"], "from", _always(stranger)),
+                 _receipt(at["sender"], "from", _always(stranger)))),
+        Planted("a transaction's value", "transaction-fields", at["value"],
+                (_transaction(at["value"], "value", _plus(10**18)),)),
+        Planted("a transaction's input", "transaction-fields", at["input"],
+                (_transaction(at["input"], "input", _flip),)),
+        Planted("a transaction's nonce", "transaction-fields", at["nonce"],
+                (_transaction(at["nonce"], "nonce", _plus(1)),)),
+        Planted("a transaction's to (and its receipt's)", "transaction-fields", at["to"],
+                (_transaction(at["to"], "to", _flip), _receipt(at["to"], "to", _flip))),
+        Planted("a receipt's contractAddress", "receipt-fields", at["deployment"],
+                (_receipt(at["deployment"], "contractAddress", _flip),)),
         Planted("a receipt's effectiveGasPrice (and the transaction's gasPrice)",
-                "receipt-fields", b["price"],
-                (_receipt(b["price"], "effectiveGasPrice", _plus(GWEI)),
-                 _transaction(b["price"], "gasPrice", _plus(GWEI)))),
-        Planted("a receipt's status 2", "receipt-fields", b["status"],
-                (_receipt(b["status"], "status", _always("0x2")),)),
-        Planted("two logs' logIndex swapped across transactions", "log-order", b["log pair"],
-                (Lie("eth_getBlockReceipts", _swap_log_indexes, b["log pair"]),)),
-        Planted("the raw block's header timestamp (the JSON's kept)", "raw-block", b["header"],
-                (Lie("debug_getRawBlock", _later_header, b["header"]),)),
-        Planted("a block's size", "raw-block", b["size"],
-                (Lie("eth_getBlockByNumber", _at(("size",), _plus(1)), b["size"]),)),
-        Planted("a certificate's signer names swapped", "signer-column", b["signers"],
-                (Lie("pbft_getCommitCertificate", _swap_signers, b["signers"]),)),
-        Planted("evidence against an honest validator", "evidence-false", b["evidence"],
+                "receipt-fields", at["price"],
+                (_receipt(at["price"], "effectiveGasPrice", _plus(GWEI)),
+                 _transaction(at["price"], "gasPrice", _plus(GWEI)))),
+        Planted("a receipt's status 2", "receipt-fields", at["status"],
+                (_receipt(at["status"], "status", _always("0x2")),)),
+        Planted("two logs' logIndex swapped across transactions", "log-order", at["log pair"],
+                (Lie("eth_getBlockReceipts", _swap_log_indexes, at["log pair"]),)),
+        Planted("the raw block's header timestamp (the JSON's kept)", "raw-block", at["header"],
+                (Lie("debug_getRawBlock", _later_header, at["header"]),)),
+        Planted("a block's size", "raw-block", at["size"],
+                (Lie("eth_getBlockByNumber", _at(("size",), _plus(1)), at["size"]),)),
+        Planted("a certificate's signer names swapped", "signer-column", at["signers"],
+                (Lie("pbft_getCommitCertificate", _swap_signers, at["signers"]),)),
+        Planted("evidence against an honest validator", "evidence-false", at["evidence"],
                 (Lie("pbft_getEvidence", lambda found: [*found, evidence]),)),
         Planted("a stable checkpoint left out", "checkpoint-missing", chain.interval,
                 (Lie("pbft_getCheckpoints", _leave_out(chain.interval), chain.interval),)),
@@ -263,10 +263,10 @@ def plant(cluster: Cluster, chain: Chain) -> tuple[Planted, ...]:
         Planted("block 0 with another hash", "genesis-block", 0,
                 (Lie("eth_getBlockByNumber", _at(("hash",), _flip), 0),)),
         Planted("another chain id", "chain-id", None, (Lie("eth_chainId", _plus(1)),)),
-        Planted("a receipt type of 0x100", "malformed-value", b["type"],
-                (_receipt(b["type"], "type", _always("0x100")),)),
-        Planted("a non-hex receipt logsBloom", "malformed-value", b["bloom"],
-                (_receipt(b["bloom"], "logsBloom", _always("0x" + "zz" * 256)),)),
+        Planted("a receipt type of 0x100", "malformed-value", at["type"],
+                (_receipt(at["type"], "type", _always("0x100")),)),
+        Planted("a non-hex receipt logsBloom", "malformed-value", at["bloom"],
+                (_receipt(at["bloom"], "logsBloom", _always("0x" + "zz" * 256)),)),
     )
 
 
@@ -291,8 +291,10 @@ def audit_run(capsys: pytest.CaptureFixture[str], out: Path, genesis: Path,
               *nodes: str) -> Run:
     report = out / "report.json"
     out.mkdir()
+    # --lag-wait 0: the lying node never catches up with the head it hides, and the chain
+    # is settled (no node is behind for real)
     code, stdout, stderr = etl(capsys, "run", "--rpc", ",".join(nodes), "--out",
-                               str(out / "data"), "--genesis", str(genesis),
+                               str(out / "data"), "--genesis", str(genesis), "--lag-wait", "0",
                                "--report", str(report))
     return Run(code, json.loads(report.read_text()) if report.exists() else {},
                stdout + stderr)
