@@ -4,51 +4,16 @@ through `signatures` (recovered once per distinct message)."""
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_etl.audit.context import Audit, union_all, violations
-from spark_etl.audit.signatures import signatures
-
-
-def _recovered(audit: Audit, prefix: str) -> DataFrame:
-    """The signatures table with its columns renamed `prefix`_column (message kept)."""
-    sig = signatures(audit)
-    return sig.select(
-        "message", *(F.col(c).alias(f"{prefix}_{c}") for c in sig.columns if c != "message")
-    )
-
-
-def _signature_problem(audit: Audit, prefix: str, expected_type: str) -> Column:
-    """Why a signed message is not a valid `expected_type` signed by the validator whose
-    replica index it claims (null when it is)."""
-    signer, replica = F.col(f"{prefix}_signer"), F.col(f"{prefix}_replica")
-    return (
-        F.when(F.col(f"{prefix}_error").isNotNull(), F.col(f"{prefix}_error"))
-        .when(
-            F.col(f"{prefix}_type") != expected_type,
-            F.format_string("a %s message where a %s belongs", f"{prefix}_type",
-                            F.lit(expected_type)),
-        )
-        .when(
-            ~audit.validators.contains(signer),
-            F.format_string("the signature recovers to %s, not a validator", signer),
-        )
-        .when(
-            ~F.col(f"{prefix}_valid"),
-            F.format_string("claims replica %d but is signed by validator %s", replica, signer),
-        )
-    )
-
-
-def _checked(audit: Audit, frame: DataFrame, prefix: str, expected_type: str,
-             *problems: Column) -> DataFrame:
-    """`frame` joined to the recovered signature of its `message` (columns `prefix`_*), with
-    `problem`: why the message is not a valid `expected_type` signed by the validator it
-    claims, or the first of `problems` that holds; null when none does (or no message)."""
-    return frame.join(_recovered(audit, prefix), "message", "left").withColumn(
-        "problem", F.coalesce(_signature_problem(audit, prefix, expected_type), *problems)
-    )
+from spark_etl.audit.records_rules import (
+    installed_views,
+    verified_evidence,
+    view_change_records,
+)
+from spark_etl.audit.signatures import checked, signatures
 
 
 def certificates(audit: Audit) -> DataFrame:
@@ -62,7 +27,7 @@ def certificates(audit: Audit) -> DataFrame:
         "node", "block_number", "block_hash", "signer", "message"
     )
     rows = (
-        _checked(audit, certificate, "c", "commit")
+        checked(audit, certificate, "c", "commit")
         .join(blocks, ["node", "block_number"], "left")
         .withColumn(
             "for_block",
@@ -176,14 +141,16 @@ def _identity(frame: DataFrame, *extra: str) -> DataFrame:
 
 def equivocation(audit: Audit) -> DataFrame:
     """equivocation-unreported: a validator that signed two different messages for one
-    (type, view, seqNo) appears in some node's evidence table for it."""
+    (type, view, seqNo) appears in some node's evidence table for it, as verified evidence
+    (an evidence row that proves nothing does not count)."""
     keyed = _identity(_valid(audit), "digest")
     doubles = (
         keyed.groupBy("signer", "type", "view", "seq_no")
         .agg(F.countDistinct("digest").alias("digests"))
         .where(F.col("digests") > 1)
     )
-    evidence = _identity(audit.data.evidence).alias("e")
+    proven = verified_evidence(audit).where(F.col("proof") == "equivocation")
+    evidence = _identity(proven).alias("e")
     condition = [
         doubles[c].eqNullSafe(F.col(f"e.{c}")) for c in ("signer", "type", "view", "seq_no")
     ]
@@ -210,7 +177,7 @@ def checkpoints(audit: Audit) -> DataFrame:
         "value", F.concat(F.col("block_hash"), F.substring("state_root", 3, 64))
     )
     rows = (
-        _checked(audit, claims, "p", "checkpoint")
+        checked(audit, claims, "p", "checkpoint")
         .withColumn(
             "matching",
             F.col("problem").isNull()
@@ -259,41 +226,9 @@ def checkpoints(audit: Audit) -> DataFrame:
 def view_changes(audit: Audit) -> DataFrame:
     """view-change: every installed view has a valid NEW-VIEW from its primary and N-f valid
     VIEW-CHANGE messages for it from distinct validators."""
-    validators = audit.validators
-    size = validators.size
-    installs = audit.data.view_changes
-    new_views = _checked(
-        audit,
-        installs.select("node", "view", "primary", F.col("new_view").alias("message")).distinct(),
-        "n",
-        "new-view",
-        F.when(F.col("n_view") != F.col("view"), F.lit("NEW-VIEW for another view")),
-        F.when(F.col("n_replica") != F.col("view") % size,
-               F.lit("NEW-VIEW not from the view's primary")),
-        F.when(F.col("primary") != validators.address_of(F.col("view") % size),
-               F.lit("primary is not validators[view mod N]")),
-    )
-    votes = _checked(
-        audit,
-        installs.where(F.col("message").isNotNull()),
-        "v",
-        "view-change",
-        F.when(F.col("v_view") != F.col("view"), F.lit("VIEW-CHANGE for another view")),
-    )
-    counted = (
-        installs.select("node", "view")
-        .distinct()
-        .join(
-            votes.groupBy("node", "view").agg(
-                F.countDistinct(F.when(F.col("problem").isNull(), F.col("v_signer")))
-                .alias("signers")
-            ),
-            ["node", "view"],
-            "left",
-        )
-        .fillna(0, ["signers"])
-    )
-    needed = validators.view_change_quorum
+    new_views, votes = view_change_records(audit)
+    counted = installed_views(audit)
+    needed = audit.validators.view_change_quorum
     detail = F.format_string("view %d: %s", "view", "problem")
     return union_all(
         violations(new_views.where(F.col("problem").isNotNull()), "view-change", detail,
@@ -301,10 +236,10 @@ def view_changes(audit: Audit) -> DataFrame:
         violations(votes.where(F.col("problem").isNotNull()), "view-change", detail,
                    block=F.lit(None)),
         violations(
-            counted.where(F.col("signers") < needed),
+            counted.where(F.col("senders") < needed),
             "view-change",
             F.format_string("view %d: %d valid VIEW-CHANGE messages, %d needed",
-                            "view", "signers", F.lit(needed)),
+                            "view", "senders", F.lit(needed)),
             block=F.lit(None),
         ),
     )

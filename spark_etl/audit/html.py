@@ -4,8 +4,10 @@ The verdict and every violation with its evidence come first, then plots (plotly
 JavaScript inlined, so the page opens with no network): blocks and transactions over time,
 the block interval distribution, the view changes (which view, at which stable checkpoint, by
 whom), each validator's share of commit certificates and checkpoints (an offline or lagging
-validator stands out), and the signed messages verified. Spark aggregates; only the small
-results reach the driver. The JSON report (`--report`) stays the one for machines.
+validator stands out) and the verified equivocation evidence against it, and the signed
+messages verified. Who signed is always the signer recovered from the signature
+(`ConsensusFigures`), never a signer column the node filled in. Spark aggregates; only the
+small results reach the driver. The JSON report (`--report`) stays the one for machines.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from pyspark.sql import functions as F
 
-from spark_etl.audit.report import AuditResult
+from spark_etl.audit.context import Audit
+from spark_etl.audit.records_rules import consensus_figures
+from spark_etl.audit.report import AuditResult, ConsensusFigures
 from spark_etl.errors import UsageError
 from spark_etl.tables import Dataset
 
@@ -34,9 +38,10 @@ th { background: #f3f3f3; } .figure { margin: 1.5em 0; }
 
 def write_html_report(data: Dataset, result: AuditResult, path: Path) -> None:
     blocks = _one_node_blocks(data)
+    consensus = result.figures or consensus_figures(Audit(data, result.validators))
     figures = [
-        _blocks_over_time(blocks), _block_intervals(blocks), _view_changes(data),
-        _validator_shares(data, result), _signatures(data, result),
+        _blocks_over_time(blocks), _block_intervals(blocks), _view_changes(consensus),
+        _validator_shares(consensus, result.validators.addresses), _signatures(data, result),
     ]
     body = [_verdict(result)]
     for index, figure in enumerate(figures):
@@ -110,36 +115,29 @@ def _block_intervals(blocks: list[tuple[int, int, int]]) -> go.Figure:
     return figure
 
 
-def _view_changes(data: Dataset) -> go.Figure:
-    rows = (data.view_changes.groupBy("view", "primary")
-            .agg(F.max("stable_seq_no").alias("checkpoint"),
-                 F.countDistinct("signer").alias("senders"))
-            .orderBy("view").collect())
+def _view_changes(consensus: ConsensusFigures) -> go.Figure:
+    views = consensus.views
     figure = go.Figure([go.Scatter(
-        x=[r["checkpoint"] for r in rows], y=[r["view"] for r in rows], mode="markers+text",
-        text=[f"{r['senders']} VIEW-CHANGEs, primary {r['primary'][:10]}" for r in rows],
+        x=[v.stable_seq_no for v in views], y=[v.view for v in views], mode="markers+text",
+        text=[f"{v.senders} VIEW-CHANGEs, primary {(v.primary or 'not proven')[:10]}"
+              for v in views],
         textposition="top center", name="installed views")])
-    figure.update_layout(title=f"View changes: {len(rows)} installed view(s) (the reasons: "
+    figure.update_layout(title=f"View changes: {len(views)} installed view(s) (the reasons: "
                                "each node's pbft_view_changes_total)",
                          xaxis={"title": "stable checkpoint (block)"},
                          yaxis={"title": "view"})
     return figure
 
 
-def _validator_shares(data: Dataset, result: AuditResult) -> go.Figure:
-    addresses = result.validators.addresses
-    commits = {r["signer"]: r["count"] for r in
-               data.commit_certificates.groupBy("signer").count().collect()}
-    checkpoints = {r["replica"]: r["count"] for r in
-                   data.checkpoints.where(F.col("replica").isNotNull())
-                   .groupBy("replica").count().collect()}
+def _validator_shares(consensus: ConsensusFigures, addresses: tuple[str, ...]) -> go.Figure:
     names = [f"{i}: {a[:10]}" for i, a in enumerate(addresses)]
-    figure = go.Figure([
-        go.Bar(x=names, y=[commits.get(a, 0) for a in addresses], name="COMMITs in certificates"),
-        go.Bar(x=names, y=[checkpoints.get(i, 0) for i in range(len(addresses))],
-               name="CHECKPOINTs kept"),
-    ])
-    figure.update_layout(title="Each validator's share of commit certificates and checkpoints",
+    shares = (("COMMITs in certificates", consensus.commits),
+              ("CHECKPOINTs kept", consensus.checkpoints),
+              ("equivocations proven", consensus.equivocations))
+    figure = go.Figure([go.Bar(x=names, y=[counts.get(a, 0) for a in addresses], name=name)
+                        for name, counts in shares])
+    figure.update_layout(title="Each validator's share of commit certificates and checkpoints "
+                               "(by recovered signer)",
                          barmode="group", yaxis={"title": "signed messages"})
     return figure
 

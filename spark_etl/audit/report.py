@@ -29,6 +29,46 @@ class Violation:
 
 
 @dataclass(frozen=True)
+class InstalledView:
+    """A view a node served as installed: its primary and VIEW-CHANGE senders as recovered
+    (`primary` None: no valid NEW-VIEW), and the highest stable checkpoint they name."""
+
+    view: int
+    primary: str | None
+    senders: int
+    stable_seq_no: int | None
+
+
+@dataclass(frozen=True)
+class ConsensusFigures:
+    """Who signed what, from recovered signatures only (never a signer column a node filled
+    in): per validator address, the blocks with its valid COMMIT in a certificate, the
+    checkpoints with its valid CHECKPOINT, the views with its valid VIEW-CHANGE, and the
+    verified equivocation evidence against it (two different messages it signed for one
+    type, view and seqNo); `unproven_evidence` counts the evidence rows that prove nothing,
+    `one_message_evidence` those that keep a single signed message (never an accusation)."""
+
+    commits: dict[str, int]
+    checkpoints: dict[str, int]
+    view_changes: dict[str, int]
+    equivocations: dict[str, int]
+    unproven_evidence: int
+    one_message_evidence: int
+    views: tuple[InstalledView, ...]
+
+    def to_json(self, addresses: tuple[str, ...]) -> dict[str, Any]:
+        kinds = ("commits", "checkpoints", "view_changes", "equivocations")
+        return {
+            "per_validator": {a: {k: getattr(self, k).get(a, 0) for k in kinds}
+                              for a in addresses},
+            "equivocations_verified": sum(self.equivocations.values()),
+            "evidence_unproven": self.unproven_evidence,
+            "evidence_one_message": self.one_message_evidence,
+            "installed_views": [asdict(v) for v in self.views],
+        }
+
+
+@dataclass(frozen=True)
 class AuditResult:
     validators: ValidatorSet
     blocks: dict[str, int]  # node -> blocks audited
@@ -38,6 +78,7 @@ class AuditResult:
     recovery_cpu_seconds: float  # CPU time of the recovery itself, summed over the workers
     seconds: float
     violations: list[Violation]
+    figures: ConsensusFigures | None = None  # the consensus records, by recovered signer
 
     @property
     def ok(self) -> bool:
@@ -62,6 +103,8 @@ class AuditResult:
             "signatures_per_cpu_second":
                 round(self.signatures / max(self.recovery_cpu_seconds, 1e-9)),
             "seconds": round(self.seconds, 3),
+            **({"consensus": self.figures.to_json(self.validators.addresses)}
+               if self.figures else {}),
             "violations_by_rule": self.by_rule(),
             "violations": [asdict(x) for x in self.violations],
         }

@@ -6,12 +6,14 @@ and the evidence) is decoded with `pbft_engine.messages`, its signing hash recom
 chain id (domain-separated), and its signer recovered with libsecp256k1 (coincurve). The
 result, `signatures`, has one row per distinct message:
 
-    message, type, view, seq_no, digest, replica, signer (recovered), error, valid
+    message, type, view, seq_no, digest, replica, signer (recovered), error, malformed, valid
 
 `digest` is what two messages of one (signer, type, view, seqNo) must agree on: the block
 hash of a phase message, block hash || state root of a CHECKPOINT, the keccak256 of the body
 of a VIEW-CHANGE or NEW-VIEW. `valid` means the recovered signer is the validator at the
-claimed replica index.
+claimed replica index; `malformed` that the bytes are not a signed message at all (not RLP,
+not canonical, an unknown type, a signature of the wrong length): the `malformed-value` rule
+reports those. `recovered` and `checked` join a table's message column to these rows.
 """
 
 from __future__ import annotations
@@ -26,10 +28,17 @@ import rlp
 from coincurve import PublicKey
 from eth_hash.auto import keccak
 from pyspark.accumulators import Accumulator
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 from rlp.codec import consume_length_prefix
 
 from pbft_engine.messages import (
@@ -67,6 +76,7 @@ RECOVERED = StructType(
         StructField("replica", LongType()),
         StructField("signer", StringType()),
         StructField("error", StringType()),
+        StructField("malformed", BooleanType()),
     ]
 )
 
@@ -111,7 +121,8 @@ def recover(encoded: bytes, chain_id: int, verifier: Verifier) -> tuple[Any, ...
     try:
         signed = decode_signed_bytes(encoded)  # canonical, or refused
     except (MessageError, ValueError) as exc:
-        return (message, None, None, None, None, None, None, f"undecodable message: {exc}")
+        return (message, None, None, None, None, None, None, f"undecodable message: {exc}",
+                True)
     body = signed.body
     view, seq_no, digest = _key(body)
     head = (message, TYPE_NAMES[type(body).__name__], view, seq_no, to_hex(digest), body.replica)
@@ -119,8 +130,8 @@ def recover(encoded: bytes, chain_id: int, verifier: Verifier) -> tuple[Any, ...
         signer = verifier.recover(encoded_signing_hash(encoded, body, chain_id),
                                   signed.signature)
     except SignatureError as exc:
-        return (*head, None, str(exc))
-    return (*head, to_hex(signer), None)
+        return (*head, None, str(exc), False)
+    return (*head, to_hex(signer), None, False)
 
 
 VERIFIER = CoincurveVerifier()
@@ -179,7 +190,9 @@ def signed_messages(audit: Audit) -> DataFrame:
     unnest = F.udf(nested_messages, ArrayType(StringType()), useArrow=True)
     nested = containers.select(F.explode(unnest("message")).alias("message"))
     union = reduce(DataFrame.unionByName, [*flat, nested]).where(F.col("message").isNotNull())
-    return union.select(F.expr("unhex(substr(message, 3))").alias("encoded")).distinct()
+    # a message that is not hex has no bytes to recover (malformed-value reports it)
+    encoded = union.select(F.expr("unhex(substr(message, 3))").alias("encoded"))
+    return encoded.where(F.col("encoded").isNotNull()).distinct()
 
 
 def signatures(audit: Audit) -> DataFrame:
@@ -201,3 +214,45 @@ def signatures(audit: Audit) -> DataFrame:
         )
 
     return audit.cached("signatures", build)
+
+
+def recovered(audit: Audit, prefix: str, key: str = "message") -> DataFrame:
+    """The signatures table with its columns renamed `prefix`_column, and its message column
+    named `key` (the column of the table it is joined to)."""
+    sig = signatures(audit)
+    return sig.select(
+        F.col("message").alias(key),
+        *(F.col(c).alias(f"{prefix}_{c}") for c in sig.columns if c != "message"),
+    )
+
+
+def signature_problem(audit: Audit, prefix: str, expected_type: str) -> Column:
+    """Why a signed message is not a valid `expected_type` signed by the validator whose
+    replica index it claims (null when it is, or when there is no recovered row)."""
+    signer, replica = F.col(f"{prefix}_signer"), F.col(f"{prefix}_replica")
+    return (
+        F.when(F.col(f"{prefix}_error").isNotNull(), F.col(f"{prefix}_error"))
+        .when(
+            F.col(f"{prefix}_type") != expected_type,
+            F.format_string("a %s message where a %s belongs", f"{prefix}_type",
+                            F.lit(expected_type)),
+        )
+        .when(
+            ~audit.validators.contains(signer),
+            F.format_string("the signature recovers to %s, not a validator", signer),
+        )
+        .when(
+            ~F.col(f"{prefix}_valid"),
+            F.format_string("claims replica %d but is signed by validator %s", replica, signer),
+        )
+    )
+
+
+def checked(audit: Audit, frame: DataFrame, prefix: str, expected_type: str,
+            *problems: Column) -> DataFrame:
+    """`frame` joined to the recovered signature of its `message` (columns `prefix`_*), with
+    `problem`: why the message is not a valid `expected_type` signed by the validator it
+    claims, or the first of `problems` that holds; null when none does (or no message)."""
+    return frame.join(recovered(audit, prefix), "message", "left").withColumn(
+        "problem", F.coalesce(signature_problem(audit, prefix, expected_type), *problems)
+    )

@@ -60,12 +60,14 @@ def test_recover_names_the_signer_or_the_problem() -> None:
     validators = Validators()
     commit = validators.sign(Commit(3, 9, DIGEST, 2))
     row = recover(commit.encode(), CHAIN_ID, VERIFIER)
-    assert row[1:] == ("commit", 3, 9, to_hex(DIGEST), 2, validators.addresses[2], None)
+    assert row[1:] == ("commit", 3, 9, to_hex(DIGEST), 2, validators.addresses[2], None, False)
     other_chain = recover(commit.encode(), CHAIN_ID + 1, VERIFIER)
     assert other_chain[6] != validators.addresses[2]  # the domain binds the chain id
     bad_v = Signed(commit.body, commit.signature[:64] + b"\x05")
     assert "v in {0, 1}" in recover(bad_v.encode(), CHAIN_ID, VERIFIER)[7]
-    assert "undecodable" in recover(b"\xc0", CHAIN_ID, VERIFIER)[7]
+    assert recover(bad_v.encode(), CHAIN_ID, VERIFIER)[8] is False  # decodes: a bad signature
+    undecodable = recover(b"\xc0", CHAIN_ID, VERIFIER)
+    assert "undecodable" in undecodable[7] and undecodable[8]  # malformed, not a bad signature
 
 
 def test_nested_messages_reach_every_signed_message_inside() -> None:

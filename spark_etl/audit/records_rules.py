@@ -1,0 +1,367 @@
+"""Rules on what a node says about its consensus records, checked against the signatures:
+the signer it names (signer-column), the evidence it keeps (evidence-false), the stable
+checkpoints and installed views it must hold (checkpoint-missing, view-change-missing), and
+records that do not decode (malformed-value). Who signed what is always the recovered signer
+(`spark_etl.audit.signatures`), never a column the node filled in."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from spark_etl import schemas
+from spark_etl.audit.context import Audit, union_all, violations
+from spark_etl.audit.report import ConsensusFigures, InstalledView
+from spark_etl.audit.signatures import checked, recovered, signatures
+
+VIEW_MESSAGES = ("view-change", "new-view")  # signed for a view, with no seqNo
+
+
+def no_violations(audit: Audit) -> DataFrame:
+    return audit.data.blocks.sparkSession.createDataFrame([], schemas.VIOLATIONS)
+
+
+def slot_block(kind: Column, seq_no: Column) -> Column:
+    """The block a message of type `kind` is about: its seqNo, none for a view message."""
+    return F.when(~kind.isin(*VIEW_MESSAGES), seq_no)
+
+
+# --- installed views ---------------------------------------------------------------------
+
+def view_change_records(audit: Audit) -> tuple[DataFrame, DataFrame]:
+    """(NEW-VIEWs, VIEW-CHANGEs) of the view_changes table, each checked (`problem`): the
+    NEW-VIEW is the view's, from its primary; each VIEW-CHANGE is for the view."""
+    validators = audit.validators
+    size = validators.size
+    installs = audit.data.view_changes
+    new_views = checked(
+        audit,
+        installs.select("node", "view", "primary", F.col("new_view").alias("message")).distinct(),
+        "n",
+        "new-view",
+        F.when(F.col("n_view") != F.col("view"), F.lit("NEW-VIEW for another view")),
+        F.when(F.col("n_replica") != F.col("view") % size,
+               F.lit("NEW-VIEW not from the view's primary")),
+        F.when(F.col("primary") != validators.address_of(F.col("view") % size),
+               F.lit("primary is not validators[view mod N]")),
+    )
+    votes = checked(
+        audit,
+        installs.where(F.col("message").isNotNull()),
+        "v",
+        "view-change",
+        F.when(F.col("v_view") != F.col("view"), F.lit("VIEW-CHANGE for another view")),
+    )
+    return new_views, votes
+
+
+def installed_views(audit: Audit) -> DataFrame:
+    """Per node and view served: `primary` (the NEW-VIEW's recovered signer, null unless it
+    is a valid NEW-VIEW for the view from its primary), `senders` (distinct validators with a
+    valid VIEW-CHANGE for it), `stable_seq_no` (the highest the senders name) and `complete`
+    (a valid NEW-VIEW and N-f VIEW-CHANGEs: the view was installed)."""
+    new_views, votes = view_change_records(audit)
+    valid_new_view = F.col("problem").isNull() & F.col("n_signer").isNotNull()
+    primaries = new_views.groupBy("node", "view").agg(
+        F.max(F.when(valid_new_view, F.col("n_signer"))).alias("primary")
+    )
+    senders = votes.groupBy("node", "view").agg(
+        F.countDistinct(F.when(F.col("problem").isNull(), F.col("v_signer"))).alias("senders"),
+        F.max("stable_seq_no").alias("stable_seq_no"),
+    )
+    return (
+        primaries.join(senders, ["node", "view"], "full")
+        .fillna(0, ["senders"])
+        .withColumn("complete", F.col("primary").isNotNull()
+                    & (F.col("senders") >= audit.validators.view_change_quorum))
+    )
+
+
+def view_change_missing(audit: Audit) -> DataFrame:
+    """view-change-missing: every view above 0 that the node's valid COMMITs or its view
+    changes name has an installed-view record there (a valid NEW-VIEW from the view's primary
+    and N-f valid VIEW-CHANGEs); reported at the first block certified in that view."""
+    commits = audit.data.commit_certificates.join(recovered(audit, "c"), "message").where(
+        F.col("c_valid") & (F.col("c_type") == "commit")
+    )
+    named = union_all(
+        commits.select("node", F.col("c_view").alias("view"), "block_number",
+                       F.lit("its commit certificates").alias("source")),
+        audit.data.view_changes.select("node", "view", F.lit(None).cast("long")
+                                       .alias("block_number"),
+                                       F.lit("its view changes").alias("source")),
+    ).where(F.col("view") > 0).groupBy("node", "view").agg(
+        F.min("block_number").alias("block_number"),
+        F.array_join(F.sort_array(F.collect_set("source")), " and ").alias("sources"),
+    )
+    needed = audit.validators.view_change_quorum
+    rows = named.join(installed_views(audit), ["node", "view"], "left").where(
+        ~F.coalesce(F.col("complete"), F.lit(False))
+    )
+    served = F.format_string(
+        "only part of it is served: %s, %d of the %d valid VIEW-CHANGEs needed",
+        F.when(F.col("primary").isNull(), F.lit("no valid NEW-VIEW from its primary"))
+        .otherwise(F.lit("a valid NEW-VIEW")),
+        F.coalesce(F.col("senders"), F.lit(0)), F.lit(needed),
+    )
+    return violations(
+        rows,
+        "view-change-missing",
+        F.format_string(
+            "view %d is named by %s, but %s", "view", "sources",
+            F.when(F.col("complete").isNull(), F.lit("the node serves no record of it "
+                                                     "being installed")).otherwise(served),
+        ),
+    )
+
+
+# --- stable checkpoints ------------------------------------------------------------------
+
+def checkpoint_missing(audit: Audit) -> DataFrame:
+    """checkpoint-missing: a node keeps every checkpoint it held stable for good
+    (pbft_engine.core.log: `stabilize`), so every multiple of K in its exported range, up to
+    the highest stable checkpoint it names (in its checkpoints, or as a VIEW-CHANGE's stable
+    checkpoint in an installed view), has a stable checkpoint row there. Skipped without K."""
+    interval = audit.validators.checkpoint_interval
+    if interval is None:
+        return no_violations(audit)
+    data = audit.data
+    exported = data.blocks.groupBy("node").agg(
+        F.min("number").alias("first"), F.max("number").alias("last")
+    )
+    stable = data.checkpoints.where(F.col("stable")).select(
+        "node", F.col("seq_no").alias("block_number")
+    ).distinct()
+    reached = union_all(
+        stable.select("node", F.col("block_number").alias("reached")),
+        data.view_changes.select("node", F.col("stable_seq_no").alias("reached")),
+    ).groupBy("node").agg(F.max("reached").alias("reached"))
+    k = F.lit(interval).cast("long")
+    start = F.greatest(k, F.ceil(F.col("first") / k) * k)
+    stop = F.least(F.col("last"), F.col("reached"))
+    expected = exported.join(reached, "node").select(
+        "node", "reached",
+        F.explode(F.when(start <= stop, F.sequence(start, stop, k))).alias("block_number"),
+    )
+    return violations(
+        expected.join(stable, ["node", "block_number"], "left_anti"),
+        "checkpoint-missing",
+        F.format_string(
+            "no stable checkpoint at %d: every multiple of K = %d up to %d (the highest "
+            "stable checkpoint the node names) must be served with its proof",
+            "block_number", F.lit(interval), "reached",
+        ),
+    )
+
+
+# --- signer columns ----------------------------------------------------------------------
+
+def _named(frame: DataFrame, column: str, named: Column, block: Column,
+           message: str = "message", served: Column | None = None) -> DataFrame:
+    """(node, block_number, column, served, named, message) of a table's signer column:
+    `named` is the address it names, `served` the value as served (for the detail)."""
+    return frame.where(F.col(message).isNotNull()).select(
+        "node",
+        block.cast("long").alias("block_number"),
+        F.lit(column).alias("column"),
+        F.coalesce(served if served is not None else named, F.lit("no signer")).alias("served"),
+        named.alias("named"),
+        F.col(message).alias("message"),
+    )
+
+
+def signer_columns(audit: Audit) -> DataFrame:
+    """signer-column: every signer a node names (a commit certificate's signer, a CHECKPOINT's
+    replica, a VIEW-CHANGE's signer, a NEW-VIEW's primary, the accused of evidence) is the
+    address its signed message recovers to."""
+    data = audit.data
+    replica = F.col("replica")
+    named = union_all(
+        _named(data.commit_certificates, "commit_certificates.signer", F.col("signer"),
+               F.col("block_number")),
+        _named(data.checkpoints, "checkpoints.replica", audit.validators.address_of(replica),
+               F.col("seq_no"), served=F.format_string(
+                   "%s (%s)", replica.cast("string"),
+                   F.coalesce(audit.validators.address_of(replica), F.lit("outside the set")))),
+        _named(data.view_changes, "view_changes.signer", F.col("signer"), F.lit(None)),
+        _named(data.view_changes.select("node", "primary", "new_view").distinct(),
+               "view_changes.primary", F.col("primary"), F.lit(None), message="new_view"),
+        _named(data.evidence, "evidence.signer", F.col("signer"),
+               slot_block(F.col("type"), F.col("seq_no")), message="first"),
+    )
+    wrong = named.join(recovered(audit, "r"), "message").where(
+        F.col("r_signer").isNotNull() & ~F.col("named").eqNullSafe(F.col("r_signer"))
+    )
+    return violations(
+        wrong,
+        "signer-column",
+        F.format_string("%s is %s; the signed message recovers to %s", "column", "served",
+                        "r_signer"),
+    )
+
+
+# --- evidence ----------------------------------------------------------------------------
+
+def _message_fault(prefix: str, label: str) -> Column:
+    """Why the `label` message of an evidence row is not validly signed by a validator."""
+    error, signer = F.col(f"{prefix}_error"), F.col(f"{prefix}_signer")
+    return (
+        F.when(error.isNotNull(), F.format_string("%s: %s", F.lit(label), error))
+        .when(signer.isNull(), F.format_string("%s is not a signed message", F.lit(label)))
+        .when(~F.col(f"{prefix}_valid"), F.format_string(
+            "%s claims replica %d but recovers to %s, not that validator", F.lit(label),
+            f"{prefix}_replica", signer))
+    )
+
+
+def _row_mismatch(prefix: str, label: str) -> Column:
+    """How the `label` message differs from what the evidence row says it is."""
+    kind, view, seq_no = F.col("type"), F.col(f"{prefix}_view"), F.col(f"{prefix}_seq_no")
+    return (
+        F.when(~F.col("signer").eqNullSafe(F.col(f"{prefix}_signer")), F.format_string(
+            "%s is signed by %s, not by the accused", F.lit(label), f"{prefix}_signer"))
+        .when(~kind.eqNullSafe(F.col(f"{prefix}_type")), F.format_string(
+            "%s is a %s message", F.lit(label), f"{prefix}_type"))
+        .when((kind != "checkpoint") & ~F.col("view").eqNullSafe(view), F.format_string(
+            "%s is for view %s", F.lit(label), view.cast("string")))
+        .when(~kind.isin(*VIEW_MESSAGES) & ~F.col("seq_no").eqNullSafe(seq_no),
+              F.format_string("%s is for seqNo %s", F.lit(label), seq_no.cast("string")))
+    )
+
+
+def verified_evidence(audit: Audit) -> DataFrame:
+    """The evidence table with `problem` (why it proves nothing; null when it does) and
+    `proof`: "equivocation" (two different messages the accused validator signed for the
+    row's type, view and seqNo), "one message" (the accused signed `first` as the row says,
+    and no `second` was kept: the node's word that it was a fault, never an accusation), or
+    null when `problem` is set."""
+    rows = (
+        audit.data.evidence.join(recovered(audit, "a", "first"), "first", "left")
+        .join(recovered(audit, "b", "second"), "second", "left")
+    )
+    second = F.col("second").isNotNull()
+    problem = F.coalesce(
+        F.when(F.col("first").isNull(), F.lit("no first message")),
+        _message_fault("a", "first"),
+        _row_mismatch("a", "first"),
+        F.when(second, F.coalesce(
+            _message_fault("b", "second"),
+            _row_mismatch("b", "second"),
+            F.when(F.col("a_digest") == F.col("b_digest"),
+                   F.lit("first and second sign the same content")),
+        )),
+    )
+    return rows.withColumn("problem", problem).withColumn(
+        "proof",
+        F.when(F.col("problem").isNull(),
+               F.when(second, F.lit("equivocation")).otherwise(F.lit("one message"))),
+    )
+
+
+def evidence_false(audit: Audit) -> DataFrame:
+    """evidence-false: evidence accuses a validator only with two different messages it
+    signed for the row's type, view and seqNo (or one it signed, with `second` null: kept,
+    never counted as equivocation); anything else accuses without proof."""
+    return violations(
+        verified_evidence(audit).where(F.col("problem").isNotNull()),
+        "evidence-false",
+        F.format_string(
+            "evidence against %s (%s, view %s, seqNo %s) proves nothing: %s",
+            F.coalesce(F.col("signer"), F.lit("no one")), "type",
+            F.coalesce(F.col("view").cast("string"), F.lit("-")),
+            F.coalesce(F.col("seq_no").cast("string"), F.lit("-")), "problem",
+        ),
+        block=slot_block(F.col("type"), F.col("seq_no")),
+    )
+
+
+# --- malformed records -------------------------------------------------------------------
+
+# Each consensus table's hex columns: (column, bytes it must hold; None: a signed message).
+HEX_COLUMNS: dict[str, tuple[tuple[str, int | None], ...]] = {
+    "commit_certificates": (("block_hash", 32), ("digest", 32), ("signer", 20),
+                            ("signature", 65), ("message", None)),
+    "checkpoints": (("block_hash", 32), ("state_root", 32), ("signature", 65),
+                    ("message", None)),
+    "view_changes": (("primary", 20), ("signer", 20), ("new_view", None), ("message", None)),
+    "evidence": (("signer", 20), ("first", None), ("second", None)),
+}
+
+
+def _shown(value: Column) -> Column:
+    """A served value for a detail line, cut short."""
+    return F.when(F.length(value) > 24, F.concat(F.substring(value, 1, 24), F.lit("...")))\
+        .otherwise(value)
+
+
+def _column_fault(table: str, column: str, size: int | None) -> Column:
+    value = F.col(column)
+    pattern = r"^0x([0-9a-f]{2})*$" if size is None else rf"^0x[0-9a-f]{{{2 * size}}}$"
+    what = "hex" if size is None else f"{size} bytes of hex"
+    fault = F.when(~value.rlike(pattern), F.format_string(
+        "%s.%s %s is not %s", F.lit(table), F.lit(column), _shown(value), F.lit(what)))
+    if size is None:  # a signed message: the bytes must also decode as one
+        fault = fault.when(F.col(f"{column}_error").isNotNull(), F.format_string(
+            "%s.%s %s: %s", F.lit(table), F.lit(column), _shown(value), f"{column}_error"))
+    return F.when(value.isNotNull(), fault)
+
+
+def malformed_records(audit: Audit) -> DataFrame:
+    """malformed-value: every hash, address and signature column of the consensus tables is
+    hex of its size, and every message column hex bytes that decode as a signed message."""
+    undecodable = F.broadcast(
+        signatures(audit).where(F.col("malformed")).select("message", "error")
+    )
+    blocks = {
+        "commit_certificates": F.col("block_number"),
+        "checkpoints": F.col("seq_no"),
+        "view_changes": F.lit(None),
+        "evidence": slot_block(F.col("type"), F.col("seq_no")),
+    }
+    found = []
+    for table, columns in HEX_COLUMNS.items():
+        frame = getattr(audit.data, table)
+        for column, size in columns:
+            if size is None:
+                frame = frame.join(undecodable.select(
+                    F.col("message").alias(column), F.col("error").alias(f"{column}_error")
+                ), column, "left")
+        faults = F.array_compact(F.array(*(_column_fault(table, c, s) for c, s in columns)))
+        exploded = frame.select("node", blocks[table].cast("long").alias("block_number"),
+                                F.explode(faults).alias("fault"))
+        found.append(violations(exploded, "malformed-value", F.col("fault")))
+    return union_all(*found)
+
+
+# --- figures -----------------------------------------------------------------------------
+
+def _per_signer(audit: Audit, frame: DataFrame, kind: str, key: str) -> dict[str, int]:
+    """Per recovered validator: distinct `key`s of its valid `kind` messages in `frame`."""
+    valid = signatures(audit).where(F.col("valid") & (F.col("type") == kind))
+    counts = (frame.select("message").distinct().join(valid, "message")
+              .groupBy("signer").agg(F.countDistinct(key).alias("count")).collect())
+    return {row["signer"]: row["count"] for row in counts}
+
+
+def consensus_figures(audit: Audit) -> ConsensusFigures:
+    data = audit.data
+    evidence = verified_evidence(audit)
+    slot = F.concat_ws("/", "type", "view", "seq_no")
+    equivocations = (evidence.where(F.col("proof") == "equivocation").groupBy("a_signer")
+                     .agg(F.countDistinct(slot).alias("count")).collect())
+    proofs: dict[str | None, int] = {
+        row["proof"]: row["count"] for row in evidence.groupBy("proof").count().collect()
+    }
+    views = (installed_views(audit).groupBy("view")
+             .agg(F.max("primary").alias("primary"), F.max("senders").alias("senders"),
+                  F.max("stable_seq_no").alias("stable_seq_no"))
+             .orderBy("view").collect())
+    return ConsensusFigures(
+        commits=_per_signer(audit, data.commit_certificates, "commit", "seq_no"),
+        checkpoints=_per_signer(audit, data.checkpoints, "checkpoint", "seq_no"),
+        view_changes=_per_signer(audit, data.view_changes, "view-change", "view"),
+        equivocations={row["a_signer"]: row["count"] for row in equivocations},
+        unproven_evidence=proofs.get(None, 0),
+        one_message_evidence=proofs.get("one message", 0),
+        views=tuple(InstalledView(**row.asDict()) for row in views),
+    )
