@@ -200,7 +200,9 @@ def _replay_inputs(data: Dataset) -> DataFrame:
         "node", "block_number", F.lit(False).alias("header"), "transaction_index",
         F.lit(None).cast("string").alias("state_root"), "raw",
     )
-    return headers.unionByName(transactions)
+    # A row without a block number (malformed-value's) is no block's: its block, if any,
+    # then lacks it and is reported.
+    return headers.unionByName(transactions).where(F.col("block_number").isNotNull())
 
 
 def state_root_rule(replay: StateReplay) -> Callable[[Audit], DataFrame]:

@@ -20,10 +20,10 @@ from eth_typing import Address
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StringType, StructField, StructType
 
+from chain.ordered_trie import ordered_trie_root_and_nodes
 from cli.state_replay import ChainStateReplay
 from spark_etl import schemas
 from spark_etl.audit import Audit, ValidatorSet, Violation, find_violations
-from spark_etl.audit.roots import trie_root
 from spark_etl.audit.state_rules import state_root_rule
 from spark_etl.errors import UsageError
 from spark_etl.hexcodec import from_hex, to_hex
@@ -121,7 +121,8 @@ def replace_last_transfer(tables: Tables, raw: bytes) -> None:
     for row in tables["transactions"]:
         if row["node"] == NODE_A and row["block_number"] == LAST_BLOCK:
             row.update(raw=to_hex(raw), hash=to_hex(keccak(raw)))
-    rewrite_header(tables, NODE_A, LAST_BLOCK, transactions_root=trie_root([raw]))
+    root, _ = ordered_trie_root_and_nodes([raw])
+    rewrite_header(tables, NODE_A, LAST_BLOCK, transactions_root=root)
 
 
 def test_the_honest_export_replays_to_every_certified_state_root(
@@ -178,6 +179,17 @@ def test_a_transaction_missing_from_the_export_stops_the_replay_once(
     assert [(v.rule, v.node, v.block_number) for v in found] == [("state-root", NODE_A, 4)]
     assert "its exported transactions are not the ones its header commits to" in found[0].detail
     assert "blocks 4.. are unverified" in found[0].detail
+
+
+def test_a_transaction_without_a_block_number_is_missing_from_its_block(
+    spark: SparkSession, state_tables: Tables, validator_set: ValidatorSet
+) -> None:
+    for row in state_tables["transactions"]:
+        if row["node"] == NODE_A and row["block_number"] == 4:
+            row["block_number"] = None
+    found = state_violations(spark, state_tables, validator_set)
+    assert [(v.rule, v.node, v.block_number) for v in found] == [("state-root", NODE_A, 4)]
+    assert "its exported transactions are not the ones its header commits to" in found[0].detail
 
 
 def test_an_export_not_starting_at_block_0_is_one_finding(
