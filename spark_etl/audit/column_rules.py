@@ -29,11 +29,11 @@ from eth_hash.auto import keccak
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from rlp.codec import consume_length_prefix, length_prefix
+from trie.hexary import HexaryTrie
 
 from spark_etl import schemas
 from spark_etl.audit.chain_rules import HEADER_FIELDS
 from spark_etl.audit.context import Audit, flat_map_rows
-from spark_etl.audit.roots import BLANK_ROOT
 from spark_etl.hexcodec import (
     MalformedValue,
     column_bytes,
@@ -52,6 +52,9 @@ TRANSACTION_SENDER = "transaction-sender"
 RECEIPT_FIELDS = "receipt-fields"
 LOG_ORDER = "log-order"
 MALFORMED_VALUE = "malformed-value"
+TRANSACTION_HASH = "transaction-hash"
+TRANSACTIONS_ROOT = "transactions-root"
+RECEIPTS_ROOT = "receipts-root"
 
 Row = dict[str, Any]
 Parser = Callable[[Any], Any]
@@ -62,6 +65,7 @@ LIST_OFFSET = 0xC0  # an RLP list's first byte: a legacy transaction; a typed on
 EMPTY_LIST = rlp.encode([])
 EMPTY_STRING = rlp.encode(b"")
 EMPTY_LIST_HASH = keccak(EMPTY_LIST)
+BLANK_ROOT = keccak(rlp.encode(b""))  # the empty trie's
 SHOWN_CHARACTERS = 80  # a served value longer than this is cut in a violation's detail
 
 
@@ -504,7 +508,7 @@ class _Transaction:
     sender: str | None
 
 
-def _transaction(found: _Findings, where: str, raw: bytes) -> _Transaction | None:
+def _transaction(found: _Findings, where: str, raw: bytes, tx_hash: str) -> _Transaction | None:
     """The raw transaction decoded and its sender recovered (None, reported, if it does not
     decode)."""
     try:
@@ -518,13 +522,14 @@ def _transaction(found: _Findings, where: str, raw: bytes) -> _Transaction | Non
     except ValueError as exc:
         sender = None
         found.add(TRANSACTION_SENDER, f"{where}: the signature recovers no sender ({exc})")
-    return _Transaction(to_hex(keccak(raw)), decoded, sender)
+    return _Transaction(tx_hash, decoded, sender)
 
 
 def _check_transactions(found: _Findings, block: Row, header: _Header
                         ) -> tuple[dict[int, _Transaction], list[bytes] | None]:
-    """transaction-fields and transaction-sender for every row; the verified transactions
-    by index, and the raw ones in index order (None if one is malformed)."""
+    """transaction-hash, transaction-fields and transaction-sender for every row; the
+    verified transactions by index, and the raw ones in index order (None if one is
+    malformed)."""
     verified: dict[int, _Transaction] = {}
     raws: list[tuple[int, bytes]] = []
     whole = True
@@ -533,7 +538,11 @@ def _check_transactions(found: _Findings, block: Row, header: _Header
         index = _parsed(column_natural, row["transaction_index"])
         raw = _parsed(column_bytes, row["raw"])
         expected = _expect(TRANSACTION_FIELDS, "the block has", header.keys)
-        tx = None if raw is None else _transaction(found, where, raw)
+        tx = None
+        if raw is not None:
+            tx_hash = to_hex(keccak(raw))
+            expected["hash"] = (TRANSACTION_HASH, "its raw bytes hash to", tx_hash)
+            tx = _transaction(found, where, raw, tx_hash)
         if tx is not None:
             columns = transaction_columns(tx.decoded, header.base_fee)
             expected |= _expect(TRANSACTION_FIELDS, "the raw transaction gives", columns)
@@ -619,12 +628,85 @@ def _check_logs(found: _Findings, block: Row, header: _Header,
                                  f"{index} of transaction {tx_index}")
 
 
+# The tries: transactions-root, receipts-root.
+
+
+def trie_root(values: list[bytes]) -> bytes:
+    """Root of the trie {rlp(i): values[i]}: Ethereum's transactions and receipts tries."""
+    if not values:
+        return BLANK_ROOT
+    trie = HexaryTrie({})
+    with trie.squash_changes() as batch:
+        for index, value in enumerate(values):
+            batch[rlp.encode(index)] = value
+    return trie.root_hash
+
+
+def typed(type_id: int, payload: bytes) -> bytes:
+    return payload if type_id == 0 else bytes([type_id]) + payload
+
+
+def _log_topics(log: Row) -> list[bytes]:
+    if not isinstance(log["topics"], list):
+        raise MalformedValue("not a list")
+    return [column_bytes(topic) for topic in log["topics"]]
+
+
+def receipt_encoding(receipt: Row, logs: list[Row]) -> bytes:
+    """The consensus encoding of a receipt and its logs; MalformedValue if a value it needs
+    does not parse."""
+    ordered = sorted(logs, key=lambda log: column_natural(log["log_index"]))
+    payload = rlp.encode(
+        [
+            b"\x01" if receipt["status"] == 1 else b"",
+            column_natural(receipt["cumulative_gas_used"]),
+            column_bytes(receipt["logs_bloom"]),
+            [
+                [column_bytes(log["address"]), _log_topics(log), column_bytes(log["data"])]
+                for log in ordered
+            ],
+        ]
+    )
+    return typed(column_natural(receipt["type"], 0x80), payload)
+
+
+def _receipt_encodings(block: Row) -> list[bytes] | None:
+    """The receipts trie's values in index order, each receipt with the logs of its
+    transaction index; None if a value they need does not parse (reported)."""
+    logs: dict[Any, list[Row]] = {}
+    for log in block["logs"] or []:
+        logs.setdefault(log["transaction_index"], []).append(log)
+    try:
+        receipts = sorted(block["receipts"] or [],
+                          key=lambda receipt: column_natural(receipt["transaction_index"]))
+        return [receipt_encoding(r, logs.get(r["transaction_index"], [])) for r in receipts]
+    except MalformedValue:
+        return None
+
+
+def _check_roots(found: _Findings, block: Row, raws: list[bytes] | None) -> None:
+    """transactions-root and receipts-root: each trie rebuilt from the rows has the header's
+    root (a value they need that does not parse leaves it unchecked: malformed-value)."""
+    checks = (
+        (TRANSACTIONS_ROOT, "transactions_root", raws),
+        (RECEIPTS_ROOT, "receipts_root", _receipt_encodings(block)),
+    )
+    for rule, column, values in checks:
+        if values is None:
+            continue
+        computed = to_hex(trie_root(values))
+        if computed != block[column]:
+            found.add(rule, f"{len(values)} rows give root {computed}, the header has "
+                            f"{block[column]}")
+
+
 def check_block(block: Row) -> list[tuple[str, str, int, str]]:
     """Every violation of this module's rules in one block (a row of `_nested_blocks`)."""
     found = _Findings(block["node"], block["number"])
     header = _header(found, block)
     transactions, raws = _check_transactions(found, block, header)
     _check_block_row(found, block, header, raws)
+    _check_roots(found, block, raws)
     _check_receipts(found, block, header, transactions)
     _check_logs(found, block, header, transactions)
     return found.rows
@@ -656,20 +738,22 @@ def column_checks(audit: Audit) -> DataFrame:
     )
 
 
-def _rule(name: str) -> Callable[[Audit], DataFrame]:
-    def rule(audit: Audit) -> DataFrame:
-        return column_checks(audit).where(F.col("rule") == name)
+def rule_of(*names: str) -> Callable[[Audit], DataFrame]:
+    """The audit rule that reports the pass's violations of `names`."""
 
-    rule.__name__ = name.replace("-", "_")
+    def rule(audit: Audit) -> DataFrame:
+        return column_checks(audit).where(F.col("rule").isin(list(names)))
+
+    rule.__name__ = names[0].replace("-", "_")
     return rule
 
 
-raw_block = _rule(RAW_BLOCK)
-transaction_fields = _rule(TRANSACTION_FIELDS)
-transaction_sender = _rule(TRANSACTION_SENDER)
-receipt_fields = _rule(RECEIPT_FIELDS)
-log_order = _rule(LOG_ORDER)
-malformed_values = _rule(MALFORMED_VALUE)
+raw_block = rule_of(RAW_BLOCK)
+transaction_fields = rule_of(TRANSACTION_FIELDS)
+transaction_sender = rule_of(TRANSACTION_SENDER)
+receipt_fields = rule_of(RECEIPT_FIELDS)
+log_order = rule_of(LOG_ORDER)
+malformed_values = rule_of(MALFORMED_VALUE)
 
 COLUMN_RULES = (raw_block, transaction_fields, transaction_sender, receipt_fields, log_order,
                 malformed_values)
