@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,8 @@ def test_a_genesis_file_the_chain_refuses_is_a_usage_error(tmp_path: Path) -> No
         ChainStateReplay.from_file(path)
     with pytest.raises(UsageError, match="cannot read"):
         ChainStateReplay.from_file(tmp_path / "missing.json")
+
+
+def test_the_replay_pickles_for_an_executor() -> None:
+    replay = ChainStateReplay(GENESIS)
+    assert pickle.loads(pickle.dumps(replay)) == replay
