@@ -3,59 +3,14 @@ transactions, receipts, logs and gas of every block agreeing with its header."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import rlp
-from eth_hash.auto import keccak
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from spark_etl import schemas
-from spark_etl.audit.context import Audit, flat_map_rows, union_all, violations
-from spark_etl.hexcodec import MalformedValue, column_bytes, column_natural, column_wei, to_hex
+from spark_etl.audit.column_rules import BLOCK_HASH, rule_of
+from spark_etl.audit.context import Audit, union_all, violations
 
-# The header's RLP fields in order, as columns of `blocks`; trailing fields of later forks
-# are absent (null) on older blocks.
-HEADER_FIELDS = (
-    "parent_hash", "sha3_uncles", "miner", "state_root", "transactions_root", "receipts_root",
-    "logs_bloom", "difficulty_lossless", "number", "gas_limit", "gas_used", "timestamp",
-    "extra_data", "mix_hash", "nonce", "base_fee_per_gas_lossless", "withdrawals_root",
-    "blob_gas_used", "excess_blob_gas", "parent_beacon_block_root", "requests_hash",
-)  # fmt: skip
-
-
-def _header_item(name: str, value: Any) -> int | bytes:
-    if name.endswith("_lossless"):
-        return column_wei(value)
-    return column_natural(value) if isinstance(value, int) else column_bytes(value)
-
-
-def header_hash(block: dict[str, Any]) -> str:
-    """keccak256 of the RLP header rebuilt from a `blocks` row; MalformedValue if a field
-    does not parse."""
-    items = []
-    for name in HEADER_FIELDS:
-        if block[name] is None:
-            break
-        items.append(_header_item(name, block[name]))
-    return to_hex(keccak(rlp.encode(items)))
-
-
-def _block_hash_violations(block: dict[str, Any]) -> list[tuple[Any, ...]]:
-    try:
-        computed = header_hash(block)
-    except MalformedValue:
-        return []  # the malformed-value rule (column_rules) reports it
-    if computed == block["hash"]:
-        return []
-    detail = f"the header fields hash to {computed}, not to the exported hash {block['hash']}"
-    return [("block-hash", block["node"], block["number"], detail)]
-
-
-def block_hashes(audit: Audit) -> DataFrame:
-    """block-hash: every block hash recomputed from its header fields."""
-    blocks = audit.data.blocks.select("node", "hash", *HEADER_FIELDS)
-    return flat_map_rows(blocks, _block_hash_violations, schemas.VIOLATIONS)
+# block-hash runs in the column rules' pass over each block, beside raw-block
+block_hashes = rule_of(BLOCK_HASH)
 
 
 def continuity(audit: Audit) -> DataFrame:

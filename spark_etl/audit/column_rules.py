@@ -32,7 +32,6 @@ from rlp.codec import consume_length_prefix, length_prefix
 from trie.hexary import HexaryTrie
 
 from spark_etl import schemas
-from spark_etl.audit.chain_rules import HEADER_FIELDS
 from spark_etl.audit.context import Audit, flat_map_rows
 from spark_etl.hexcodec import (
     MalformedValue,
@@ -52,6 +51,7 @@ TRANSACTION_SENDER = "transaction-sender"
 RECEIPT_FIELDS = "receipt-fields"
 LOG_ORDER = "log-order"
 MALFORMED_VALUE = "malformed-value"
+BLOCK_HASH = "block-hash"
 TRANSACTION_HASH = "transaction-hash"
 TRANSACTIONS_ROOT = "transactions-root"
 RECEIPTS_ROOT = "receipts-root"
@@ -209,6 +209,44 @@ class _Findings:
 
 
 # The raw block.
+
+# The header's RLP fields in order, as columns of `blocks`; trailing fields of later forks
+# are absent (null) on older blocks.
+HEADER_FIELDS = (
+    "parent_hash", "sha3_uncles", "miner", "state_root", "transactions_root", "receipts_root",
+    "logs_bloom", "difficulty_lossless", "number", "gas_limit", "gas_used", "timestamp",
+    "extra_data", "mix_hash", "nonce", "base_fee_per_gas_lossless", "withdrawals_root",
+    "blob_gas_used", "excess_blob_gas", "parent_beacon_block_root", "requests_hash",
+)  # fmt: skip
+
+
+def _header_item(name: str, value: Any) -> int | bytes:
+    if name.endswith("_lossless"):
+        return column_wei(value)
+    return column_natural(value) if isinstance(value, int) else column_bytes(value)
+
+
+def header_hash(block: Row) -> str:
+    """keccak256 of the RLP header rebuilt from a `blocks` row; MalformedValue if a field
+    does not parse."""
+    items = []
+    for name in HEADER_FIELDS:
+        if block[name] is None:
+            break
+        items.append(_header_item(name, block[name]))
+    return to_hex(keccak(rlp.encode(items)))
+
+
+def _check_block_hash(found: _Findings, block: Row) -> None:
+    """block-hash: the block hash is the keccak256 of the header rebuilt from its columns
+    (a field that does not parse: malformed-value)."""
+    try:
+        computed = header_hash(block)
+    except MalformedValue:
+        return
+    if computed != block["hash"]:
+        found.add(BLOCK_HASH, f"the header fields hash to {computed}, not to the exported "
+                              f"hash {block['hash']}")
 
 
 def _header_value(column: schemas.Column, item: Any) -> Any:
@@ -703,6 +741,7 @@ def _check_roots(found: _Findings, block: Row, raws: list[bytes] | None) -> None
 def check_block(block: Row) -> list[tuple[str, str, int, str]]:
     """Every violation of this module's rules in one block (a row of `_nested_blocks`)."""
     found = _Findings(block["node"], block["number"])
+    _check_block_hash(found, block)
     header = _header(found, block)
     transactions, raws = _check_transactions(found, block, header)
     _check_block_row(found, block, header, raws)
