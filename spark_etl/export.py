@@ -203,7 +203,8 @@ def read_done(spark: SparkSession, options: ExportOptions, infos: list[NodeInfo]
             raise UsageError(
                 f"{options.out} was exported with --range-size {row['range_size']}: use that"
             )
-    return {(r["node"], r["range_start"]): (r["first_block"], r["last_block"]) for r in rows}
+    return {(r["node"], r["range_start"]): (r["first_block"], r["last_block"]) for r in rows
+            if r["first_block"] is not None}  # a row of a node that had no block to export
 
 
 COUNTED = [t.name for t in schemas.NESTED_TABLES]  # the tables nested in a fetched block
@@ -289,6 +290,23 @@ def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
     summary.add(counts)
 
 
+def record_nodes_without_blocks(spark: SparkSession, options: ExportOptions,
+                                infos: dict[str, NodeInfo], asked: tuple[int, int],
+                                done: Done) -> None:
+    """A node whose head is below --from has no block to export: a manifest row with none
+    records that it was asked and the head it claimed (node-behind judges that claim), in the
+    range of --from, unless an earlier export holds that range."""
+    start = asked[0] - asked[0] % options.range_size
+    empty = {"range_start": start, "first_block": None, "last_block": None, "blocks": 0,
+             **dict.fromkeys(COUNTED, 0)}
+    counts = [{**empty, "node": url} for url, info in infos.items()
+              if info.head < asked[0] and (url, start) not in done]
+    if counts:
+        rows = manifest_rows(counts, infos, options.range_size, asked)
+        write_table(local_frame(spark, rows, schemas.EXPORT_MANIFEST.schema), options.out,
+                    schemas.EXPORT_MANIFEST)
+
+
 def export_consensus_records(spark: SparkSession, options: ExportOptions,
                              infos: list[NodeInfo]) -> None:
     """view_changes and evidence: each node's whole record, one task per node."""
@@ -330,6 +348,7 @@ def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> E
         elapsed = time.monotonic() - started
         progress(f"{summary.blocks}/{total} blocks ({100 * summary.blocks // max(total, 1)}%), "
                  f"{blocks_per_second(summary.blocks, elapsed)} blocks/s")
+    record_nodes_without_blocks(spark, options, by_url, (first, last), done)
     export_consensus_records(spark, options, infos)
     summary.seconds = time.monotonic() - started
     return summary

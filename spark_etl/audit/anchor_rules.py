@@ -74,8 +74,9 @@ def block_range(audit: Audit) -> DataFrame:
     )
     nodes = _asked(audit).join(held, "node", "left")
     asked = F.format_string("the export asked for blocks %d..%d", "want_first", "want_last")
+    expected = F.col("want_first") <= F.col("want_last")  # else its head is below --from
     start = violations(
-        nodes.where(F.coalesce(F.col("low") > F.col("want_first"), F.lit(True))),
+        nodes.where(expected & F.coalesce(F.col("low") > F.col("want_first"), F.lit(True))),
         "block-range",
         F.when(F.col("low").isNull(), F.concat(F.lit("no block exported; "), asked)).otherwise(
             F.concat(F.format_string("blocks %d..%d are missing at the start; ", "want_first",

@@ -85,7 +85,7 @@ def export_manifest(audit: Audit) -> DataFrame:
     ]
     span = F.col("last_block") - F.col("first_block") + 1
     detail = F.when(
-        F.col("first_block").isNull(),
+        F.col("range_size").isNull(),  # no manifest row (one with no block has a range size)
         F.lit("rows of a block range the manifest does not list (an interrupted export?)"),
     ).otherwise(
         F.concat_ws(

@@ -217,6 +217,21 @@ def test_a_node_claiming_a_lower_head_cuts_no_other_node_s_export_and_is_reporte
         ("node-behind", lagging, 10)]
 
 
+def test_a_node_claiming_a_head_below_from_is_recorded_and_node_behind(
+    spark: SparkSession, tmp_path: Path, test_chain: ServedChain, genesis_file: Path
+) -> None:
+    """It has no block to export, yet the manifest records its claim."""
+    out = tmp_path / "out"
+    with serving(test_chain) as honest, serving(test_chain) as lagging:
+        lagging.heads = [4]
+        assert main(["export", "--rpc", f"{honest.url},{lagging.url}", "--out", str(out),
+                     "--from", "8", "--lag-wait", "0.3", *FAST]) == 0
+    assert blocks_per_node(spark, out) == {honest.url: 3}
+    audit = Audit(Dataset.read(spark, str(out)), genesis_validators(genesis_file))
+    assert [(v.rule, v.node, v.block_number) for v in find_violations(audit, EXPORT_RULES)] == [
+        ("node-behind", lagging.url, 10)]
+
+
 def test_a_node_claiming_a_head_it_does_not_serve_is_block_range(
     spark: SparkSession, tmp_path: Path, test_chain: ServedChain, genesis_file: Path
 ) -> None:
