@@ -187,14 +187,12 @@ def _replayed_node(blocks: DataFrame) -> DataFrame:
 
 def _replay_inputs(data: Dataset) -> DataFrame:
     """The replayed node's blocks as small rows: per block its header (state root and raw
-    header), then its raw transactions; sorted by `REPLAY_ORDER` they make the blocks."""
+    header), then its raw transactions."""
     node = F.broadcast(_replayed_node(data.blocks))
-    raw_header = F.col("raw_header") if "raw_header" in data.blocks.columns \
-        else F.lit(None).cast("string")
     headers = data.blocks.join(node, "node").select(
         "node", F.col("number").alias("block_number"), F.lit(True).alias("header"),
         F.lit(None).cast("long").alias("transaction_index"), "state_root",
-        raw_header.alias("raw"),
+        F.col("raw_header").alias("raw"),
     )
     transactions = data.transactions.join(node, "node").select(
         "node", "block_number", F.lit(False).alias("header"), "transaction_index",
