@@ -4,16 +4,19 @@ the bytes the certificates bind.
 
 A certificate binds the block hash; the hash binds `raw_header` (its keccak256); the header
 binds the raw transactions (transactions root) and the receipts' consensus encoding
-(receipts root, `roots`). Every other column a node serves is derived here from those bytes:
-each header field decoded from `raw_header`, the block's size rebuilt, each transaction column
+(receipts root). Every other column a node serves is derived here from those bytes: each
+header field decoded from `raw_header`, the block's size rebuilt, each transaction column
 decoded from `raw`, each sender recovered from its signature (libsecp256k1, once per
 transaction), and each receipt and log column compared with the verified transaction it
 belongs to. A value that does not parse (not lower-case hex, a wrong length, an integer out of
 its column's range, bytes that are not RLP) is a `malformed-value` violation, never an error,
-and the checks that need it are skipped.
+and the checks that need it are skipped (a hash or root is never computed from a guess).
 
 One Python pass per block, its transactions, receipts and logs nested in its row, yields the
-violations of every rule here; it runs once per audit (cached) and each rule reads its own."""
+violations of every rule here and of the per-block byte checks that predate them, block-hash
+(`chain_rules.block_hashes`) and transaction-hash, transactions-root and receipts-root
+(`roots.trie_roots`): each block is shuffled, decoded and hashed once. The pass runs once per
+audit (cached) and each rule reads its own violations from it."""
 
 from __future__ import annotations
 
@@ -82,7 +85,7 @@ def _words(value: Any) -> list[bytes]:
     """Topics, storage keys: a list of 32-byte words."""
     if not isinstance(value, list):
         raise MalformedValue("not a list of 32-byte words")
-    return [column_bytes(word, 32) for word in value]
+    return [column_bytes(item, 32) for item in value]
 
 
 def _access_list(value: Any) -> list[Any]:
@@ -499,7 +502,7 @@ def _wei_pair(name: str, number: int | None) -> Row:
 def transaction_columns(decoded: DecodedTransaction, base_fee: int | None) -> Row:
     """The `transactions` columns a decoded transaction gives, as the node's JSON (and so the
     export) writes them; gas_price is left out when it cannot be known."""
-    fields, typed = decoded.fields, decoded.type != 0
+    fields, is_typed = decoded.fields, decoded.type != 0
     columns: Row = {
         "nonce": fields["nonce"],
         "to_address": fields["to"],
@@ -508,10 +511,10 @@ def transaction_columns(decoded: DecodedTransaction, base_fee: int | None) -> Ro
         "transaction_type": decoded.type,
         "chain_id": fields.get("chain_id"),
         "access_list": fields.get("access_list"),
-        "v": fields["y_parity"] if typed else fields["v"],
+        "v": fields["y_parity"] if is_typed else fields["v"],
         "r": word(fields["r"]),
         "s": word(fields["s"]),
-        "y_parity": fields["y_parity"] if typed else None,
+        "y_parity": fields["y_parity"] if is_typed else None,
     }
     for name in ("value", "max_fee_per_gas", "max_priority_fee_per_gas"):
         columns |= _wei_pair(name, fields.get(name))
