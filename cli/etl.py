@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from py4j.protocol import Py4JError
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 
 from spark_etl.audit import run_audit
@@ -247,7 +248,8 @@ def _audit_data(args: argparse.Namespace, location: str, trust: Trust) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return args.handler(args)
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        return handler(args)
     except UsageError as exc:
         _stderr(f"error: {exc}")
         return EXIT_USAGE

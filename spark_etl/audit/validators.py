@@ -75,7 +75,9 @@ def _chain_id(value: Any, path: Path) -> int:
 def read_genesis(path: Path) -> ValidatorSet:
     genesis = _json(path)
     config = genesis.get("config") if isinstance(genesis, dict) else None
-    pbft = config.get("pbft") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        config = {}
+    pbft = config.get("pbft")
     if not isinstance(pbft, dict) or not isinstance(pbft.get("validators"), list):
         raise UsageError(f"{path}: no config.pbft.validators: is it a PBFT chain's genesis?")
     chain_id = _chain_id(config.get("chainId"), path)
