@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 testnet = integration.cluster  # four validators of `testnet init`'s defaults, running
 LIAR, HONEST = 1, 2  # the node behind the proxy, and the one exported as it is
-DEPLOYER, STRANGER = 2, 8  # dev accounts: the token's owner, an address no lie's truth holds
+DEPLOYER, STRANGER = 2, 8  # dev accounts: the token's owner, one that sent nothing
 TOKEN_SUPPLY = 10**24
 MIN_TRANSFERS = 14  # blocks of one plain transfer each: room for every lie at its own block
 CHECKPOINT_DEADLINE = 30.0
@@ -58,7 +58,7 @@ class Chain:
 @dataclass(frozen=True)
 class Planted:
     """One lie (the rewrites of every answer it takes to tell it), the rule that must catch
-    it and the block it must be reported at (None: a claim about the node, any block)."""
+    it and the block it must be reported at (None: a claim about the node, at no block)."""
 
     name: str
     rule: str
@@ -66,13 +66,10 @@ class Planted:
     lies: tuple[Lie, ...]
 
     def caught(self, found: set[tuple[str, str | None, int | None]], node: str) -> bool:
-        if self.block is not None:
-            return (self.rule, node, self.block) in found
-        return any(rule == self.rule and where == node for rule, where, _ in found)
+        return (self.rule, node, self.block) in found
 
     def describe(self) -> str:
-        where = "any block" if self.block is None else f"block {self.block}"
-        return f"{self.name}: {self.rule} at {where}"
+        return f"{self.name}: {self.rule} at block {self.block}"
 
 
 @dataclass
@@ -105,8 +102,8 @@ def build_chain(cluster: Cluster) -> Chain:
     interval = read_genesis(cluster.directory / "genesis.json").checkpoint_interval
     assert interval is not None
     # Past the second checkpoint: the lying node serves the later one and leaves the first
-    # out (a node that names no stable checkpoint at all may have fetched the blocks past
-    # them: checkpoint-missing does not require one of it).
+    # out (a node that names no stable checkpoint at all may have caught up by fetching the
+    # blocks: checkpoint-missing requires none of it).
     transfers = [cluster.commit(via=0)]
     while len(transfers) < MIN_TRANSFERS or transfers[-1] < 2 * interval:
         transfers.append(cluster.commit(via=0))
@@ -264,7 +261,8 @@ def plant(cluster: Cluster, chain: Chain) -> tuple[Planted, ...]:
                 (Lie("pbft_getEvidence", lambda found: [*found, evidence]),)),
         Planted("the first stable checkpoint left out", "checkpoint-missing", chain.interval,
                 (Lie("pbft_getCheckpoints", _leave_out(chain.interval), chain.interval),)),
-        Planted("a head one block lower than the node's", "node-behind", None,
+        # reported at the highest block another node served with a quorum certificate
+        Planted("a head one block lower than the node's", "node-behind", chain.head,
                 (Lie("eth_blockNumber", _always(hex(claimed_head))),)),
         Planted("block 0 with another hash", "genesis-block", 0,
                 (Lie("eth_getBlockByNumber", _at(("hash",), _flip), 0),)),
