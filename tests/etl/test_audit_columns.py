@@ -10,18 +10,20 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+import pytest
 import rlp
 from eth_hash.auto import keccak
 from pyspark.sql import DataFrame, SparkSession
+from trie.hexary import HexaryTrie
 
 from spark_etl.audit import RULES, Audit, ValidatorSet, Violation, find_violations
-from spark_etl.audit.column_rules import COLUMN_RULES
+from spark_etl.audit.column_rules import COLUMN_RULES, trie_root
 from spark_etl.hexcodec import from_hex, to_hex, word
 from tests.etl.conftest import NODE_A, NODE_B, Tables, make_audit
 from tests.etl.test_audit import flip, rows
 
 Row = dict[str, Any]
-Where = tuple[str, str, int]  # rule, node, block
+Where = tuple[str, str | None, int | None]  # rule, node, block
 RULE_NAMES = {"raw-block", "transaction-fields", "transaction-sender", "receipt-fields",
               "log-order", "malformed-value"}
 OTHER_ADDRESS = "0x" + "33" * 20
@@ -40,7 +42,7 @@ def where(found: list[Violation]) -> set[Where]:
     return {(v.rule, v.node, v.block_number) for v in found if v.rule in RULE_NAMES}
 
 
-def columns(found: list[Violation]) -> set[tuple[str, int, str]]:
+def columns(found: list[Violation]) -> set[tuple[str | None, int | None, str]]:
     """(node, block, column) of each violation whose detail names a column: "...: COLUMN is"."""
     return {(v.node, v.block_number, v.detail.split(": ")[1].split(" is ")[0]) for v in found}
 
@@ -225,3 +227,14 @@ def test_malformed_values_are_violations_not_errors(
                 for v in found if v.rule == "malformed-value"}
     assert reported == {(node, block, f"{table}.{column}")
                         for table, node, block, _, column in MALFORMED}
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 16, 17, 127, 128, 129, 300])
+def test_the_trie_root_is_py_trie_s(count: int) -> None:
+    """Short values (nodes embedded in their parent) and long ones (hashed), keys across
+    rlp(127) / rlp(128), where the key's length changes."""
+    values = [keccak(i.to_bytes(4, "big"))[: 1 + i % 40] for i in range(count)]
+    trie = HexaryTrie({})
+    for index, value in enumerate(values):
+        trie[rlp.encode(index)] = value
+    assert trie_root(values) == trie.root_hash
