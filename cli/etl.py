@@ -16,9 +16,10 @@ from typing import Any, NoReturn
 from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 
-from spark_etl.audit import run_audit
+from spark_etl.audit import RULES, Rule, run_audit
 from spark_etl.audit.context import ValidatorSet
 from spark_etl.audit.html import write_html_report
+from spark_etl.audit.state_rules import state_root_rule
 from spark_etl.audit.validators import read_genesis, read_validators_file, resolve_validators
 from spark_etl.errors import EtlError, UsageError, from_spark_failure
 from spark_etl.export import (
@@ -102,6 +103,9 @@ def _audit_arguments(audit: argparse.ArgumentParser) -> None:
     audit.add_argument("--validators", type=Path, metavar="FILE",
                        help="with --trust-node: these validator addresses instead of the "
                             "nodes' (JSON list, testnet.json, or one a line)")
+    audit.add_argument("--state", action="store_true",
+                       help="also replay every block from the genesis allocation (needs "
+                            "--genesis) and check each block's state root (one core)")
     audit.add_argument("--report", type=Path, metavar="FILE", help="write the JSON report here")
     audit.add_argument("--html", type=Path, metavar="FILE",
                        help="write a self-contained HTML page (verdict, violations, plots)")
@@ -171,12 +175,12 @@ def _export_to(args: argparse.Namespace) -> str:
 def _audit(args: argparse.Namespace) -> int:
     if is_local_path(args.data) and not Path(args.data).is_dir():
         raise UsageError(f"--data {args.data}: no such directory (the --out of an export)")
-    return _audit_data(args, args.data, _trust(args))
+    return _audit_data(args, args.data, _trust(args), _state_rules(args))
 
 
 def _export_and_audit(args: argparse.Namespace) -> int:
-    trust = _trust(args)  # before the export: a usage error costs no export
-    return _audit_data(args, _export_to(args), trust)
+    trust, state = _trust(args), _state_rules(args)  # first: a usage error costs no export
+    return _audit_data(args, _export_to(args), trust, state)
 
 
 @dataclass(frozen=True)
@@ -201,6 +205,18 @@ def _trust(args: argparse.Namespace) -> Trust:
             "own answers, so the verdict trusts the node")
     addresses = read_validators_file(args.validators) if args.validators else None
     return Trust(None, addresses)
+
+
+def _state_rules(args: argparse.Namespace) -> tuple[Rule, ...]:
+    """--state: the state-root rule, its genesis file checked here (before Spark runs)."""
+    if not args.state:
+        return ()
+    if args.genesis is None:
+        raise UsageError("--state replays from the genesis allocation: give --genesis FILE")
+    # Imported here: py-evm's chain classes, which only --state and --genesis need.
+    from cli.state_replay import ChainStateReplay
+
+    return (state_root_rule(ChainStateReplay.from_file(args.genesis)),)
 
 
 def genesis_validators(path: Path) -> ValidatorSet:
@@ -230,10 +246,11 @@ def genesis_block_hash(path: Path) -> str:
     return to_hex(built.get_canonical_head().hash)
 
 
-def _audit_data(args: argparse.Namespace, location: str, trust: Trust) -> int:
+def _audit_data(args: argparse.Namespace, location: str, trust: Trust,
+                state: tuple[Rule, ...]) -> int:
     data = Dataset.read(spark_session(args.master, record_classes=True), location)
     validators = resolve_validators(data.export_manifest, trust.addresses, trust.genesis)
-    result = run_audit(data, validators)
+    result = run_audit(data, validators, RULES + state)
     print(result.summary(), end="")
     if args.html is not None:
         write_html_report(data, result, args.html)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 
+from spark_etl.audit.anchor_rules import block_range, chain_id, genesis_block, node_behind
 from spark_etl.audit.chain_rules import (
     block_hashes,
     continuity,
@@ -19,6 +20,7 @@ from spark_etl.audit.chain_rules import (
     receipts_per_transaction,
     transaction_counts,
 )
+from spark_etl.audit.column_rules import COLUMN_RULES
 from spark_etl.audit.consensus_rules import (
     certificates,
     checkpoints,
@@ -28,6 +30,14 @@ from spark_etl.audit.consensus_rules import (
 )
 from spark_etl.audit.context import Audit, ValidatorSet, union_all
 from spark_etl.audit.export_rules import export_manifest, node_agreement
+from spark_etl.audit.records_rules import (
+    checkpoint_missing,
+    consensus_figures,
+    evidence_false,
+    malformed_records,
+    signer_columns,
+    view_change_missing,
+)
 from spark_etl.audit.report import AuditResult, Violation
 from spark_etl.audit.roots import trie_roots
 from spark_etl.audit.signatures import signatures
@@ -50,6 +60,16 @@ RULES: tuple[Rule, ...] = (
     view_changes,
     node_agreement,
     export_manifest,
+    *COLUMN_RULES,
+    genesis_block,
+    chain_id,
+    block_range,
+    node_behind,
+    signer_columns,
+    evidence_false,
+    checkpoint_missing,
+    view_change_missing,
+    malformed_records,
 )
 
 
@@ -58,7 +78,8 @@ def find_violations(audit: Audit, rules: tuple[Rule, ...] = RULES) -> list[Viola
     return sorted((Violation(**row.asDict()) for row in found), key=Violation.sort_key)
 
 
-def run_audit(data: Dataset, validators: ValidatorSet) -> AuditResult:
+def run_audit(data: Dataset, validators: ValidatorSet,
+              rules: tuple[Rule, ...] = RULES) -> AuditResult:
     started = time.monotonic()
     audit = Audit(data, validators)
     recovered = signatures(audit).count()
@@ -67,7 +88,8 @@ def run_audit(data: Dataset, validators: ValidatorSet) -> AuditResult:
         row["node"]: row["count"] for row in data.blocks.groupBy("node").count().collect()
     }
     transactions = data.transactions.count()
-    found = find_violations(audit)
+    found = find_violations(audit, rules)
+    figures = consensus_figures(audit)
     return AuditResult(
         validators=validators,
         blocks=blocks,
@@ -77,8 +99,9 @@ def run_audit(data: Dataset, validators: ValidatorSet) -> AuditResult:
         recovery_cpu_seconds=audit.recovery_cpu_seconds.value,
         seconds=time.monotonic() - started,
         violations=found,
+        figures=figures,
     )
 
 
-__all__ = ["RULES", "Audit", "AuditResult", "ValidatorSet", "Violation", "find_violations",
-           "run_audit"]
+__all__ = ["RULES", "Audit", "AuditResult", "Rule", "ValidatorSet", "Violation",
+           "find_violations", "run_audit"]
