@@ -29,6 +29,7 @@ from spark_etl.hexcodec import (
 from spark_etl.schemas import Table
 
 Row = tuple[Any, ...]
+NO_SEQ_NO = hex(2**64 - 1)  # pbft_getEvidence's seqNo of a message type that has none
 Json = dict[str, Any]
 
 
@@ -301,7 +302,9 @@ def evidence_row(node: str, entry: Json) -> Row:
             "signer": hex_data(entry["signer"]),
             "type": str(entry["type"]),
             "view": optional_long(entry.get("view"), "view"),
-            "seq_no": optional_long(entry.get("seqNo"), "seqNo"),
+            # VIEW-CHANGE and NEW-VIEW evidence has no sequence number: the node says 2^64-1
+            "seq_no": None if entry.get("seqNo") in (None, NO_SEQ_NO)
+            else long(entry["seqNo"], "seqNo"),
             "first": hex_data(entry["first"]),
             "second": hex_data(entry.get("second")),
         },

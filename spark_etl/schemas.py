@@ -226,7 +226,8 @@ EVIDENCE = _table(
     Column("signer", STRING, "address of the validator that equivocated"),
     Column("type", STRING, "message type: pre-prepare, prepare, commit, checkpoint, view-change"),
     Column("view", LONG, "view of the conflicting messages"),
-    Column("seq_no", LONG, "sequence number of the conflicting messages"),
+    Column("seq_no", LONG, "sequence number of the conflicting messages; null for VIEW-CHANGE "
+           "and NEW-VIEW evidence (they have none)"),
     Column("first", STRING, "one signed message (RLP)"),
     Column("second", STRING, "the conflicting signed message (RLP); null if not kept"),
     by_range=False,

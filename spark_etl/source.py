@@ -12,9 +12,10 @@ retried with backoff; a range that still fails fails the task, naming the range 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
@@ -148,8 +149,12 @@ class BlockReader(_Reader):
         span: Span = partition.value
         try:
             with self._client(span.node) as client:
-                for payload in fetch_span(client, span, self.options.batch_blocks):
-                    yield bundle_row(span.node, span.range_start, payload)
+                payloads = fetch_span(client, span, self.options.batch_blocks)
+                for number, payload in enumerate(payloads, span.first):
+                    row = _readable(lambda p=payload: bundle_row(span.node, span.range_start, p),
+                                    f"{span.node}: block {number}")
+                    if row is not None:
+                        yield row
         except EtlError as exc:
             raise ExtractError(f"{span.describe()}: {exc}") from None
 
@@ -171,12 +176,34 @@ class NodeReader(_Reader):
     def _rows(self, client: JsonRpcClient, node: str, last_view: int) -> Iterator[Row]:
         if self.options.kind == "evidence":
             for entry in client.call("pbft_getEvidence") or []:
-                yield evidence_row(node, entry)
+                row = _readable(lambda e=entry: evidence_row(node, e), f"{node}: evidence")
+                if row is not None:
+                    yield row
             return
         for start in range(0, last_view + 1, VIEWS_PER_CALL):
             end = min(last_view, start + VIEWS_PER_CALL - 1)
             for installed in client.call("pbft_getViewChanges", hex(start), hex(end)) or []:
-                yield from view_change_rows(node, installed)
+                rows = _readable(lambda i=installed: view_change_rows(node, i),
+                                 f"{node}: view change")
+                yield from rows or []
+
+
+T = TypeVar("T")
+# What a node's answer of the wrong shape raises while it becomes rows.
+UNREADABLE = (EtlError, KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
+def _readable(convert: Callable[[], T], what: str) -> T | None:
+    """`convert()`, or None (and a warning on stderr) when the node's answer cannot become
+    rows: a lying node must not stop the export, so its unreadable block or record is left
+    out, and the audit reports it missing (block-gap, block-range, checkpoint-missing,
+    view-change-missing) instead of giving no verdict."""
+    try:
+        return convert()
+    except UNREADABLE as exc:
+        print(f"pbft-etl: warning: {what} left out: the node's answer cannot be read "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+        return None
 
 
 SCHEMAS: dict[str, StructType] = {

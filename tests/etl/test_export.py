@@ -4,6 +4,7 @@ retries, and the CLI's one-line errors and exit codes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -125,6 +126,32 @@ def test_audit_against_another_validator_set_fails_listing_each_violation(
     assert len(lines) == 2 + len(result["violations"])
     assert {"certificate-non-validator", "certificate-signature"} <= set(
         result["violations_by_rule"])
+
+
+def test_answers_a_lying_node_cannot_make_readable_are_left_out_and_judged(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, test_chain: ServedChain,
+) -> None:
+    """A block whose gasUsed is not a quantity, a garbage evidence entry and a VIEW-CHANGE
+    evidence entry (seqNo 2^64-1: it has none) do not stop the export: the audit reaches a
+    verdict, naming the block left out, and the honest entry is exported."""
+    payloads = list(test_chain.payloads)
+    payloads[5] = dataclasses.replace(payloads[5], block={**payloads[5].block, "gasUsed": "zz"})
+    evidence = [{"signer": "0x" + "11" * 20}, {
+        "signer": test_chain.validators.addresses[1], "type": "view-change", "view": "0x2",
+        "seqNo": hex(2**64 - 1), "first": "0x" + "ab" * 70, "second": None}]
+    lying = dataclasses.replace(test_chain, payloads=payloads, evidence=evidence)
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    with serving(lying) as node:
+        code, stdout, stderr = etl(capsys, "run", "--rpc", node.url, "--out", str(out),
+                                   "--trust-node", "--report", str(report), *FAST)
+    assert code == 1, stdout + stderr
+    found = {(v["rule"], v["block_number"]) for v in json.loads(report.read_text())["violations"]}
+    assert ("block-gap", 6) in found or ("block-range", 5) in found, found
+    assert counts_of(out, "evidence") == 1
+
+
+def counts_of(out: Path, table: str) -> int:
+    return int(getattr(Dataset.read(SparkSession.getActiveSession(), str(out)), table).count())
 
 
 def test_interrupted_export_resumes_from_the_manifest(
