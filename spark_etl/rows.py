@@ -12,6 +12,8 @@ from typing import Any
 import rlp
 from rlp.codec import consume_length_prefix
 
+from encoding import EncodingError
+from encoding.rlp import check_rlp_depth
 from pbft_engine.messages import Checkpoint, MessageError, decode_commit_certificate
 from pbft_engine.messages import decode_signed_bytes as decode_message
 from spark_etl import schemas
@@ -29,6 +31,7 @@ from spark_etl.hexcodec import (
 from spark_etl.schemas import Table
 
 Row = tuple[Any, ...]
+BLOCK_DEPTH = 5  # [header, [transactions (a legacy one a list)], [], [withdrawals]]: 3, and room
 NO_SEQ_NO = hex(2**64 - 1)  # pbft_getEvidence's seqNo of a message type that has none
 Json = dict[str, Any]
 
@@ -62,8 +65,9 @@ def raw_parts(raw_block: str) -> tuple[str, list[str]]:
         encoded = from_hex(raw_block)
         _, _, _, position = consume_length_prefix(encoded, 0)  # into the block's list
         _, _, length, start = consume_length_prefix(encoded, position)  # the header
+        check_rlp_depth(encoded, BLOCK_DEPTH)  # pyrlp recurses: bound it first
         transactions = rlp.decode(encoded)[1]
-    except (rlp.exceptions.RLPException, IndexError, ValueError) as exc:
+    except (rlp.exceptions.RLPException, EncodingError, IndexError, ValueError) as exc:
         raise ExtractError(f"debug_getRawBlock: not an RLP block ({exc})") from None
     raw_header = to_hex(encoded[position : start + length])
     return raw_header, [

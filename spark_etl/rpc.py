@@ -12,11 +12,13 @@ from http.client import HTTPConnection, HTTPSConnection
 from typing import Any
 from urllib.parse import urlsplit
 
+from encoding.json_bounds import nesting_within, without_strings
 from spark_etl.errors import RpcError, UsageError
 
 MAX_BATCH = 1000
 RESPONSE_TOO_LARGE = -32003
 RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+MAX_ANSWER_DEPTH = 32
 MAX_BACKOFF = 10.0
 
 Call = tuple[str, list[Any]]
@@ -139,6 +141,11 @@ class JsonRpcClient:
                 f"HTTP {response.status} {response.reason}",
                 retriable=response.status in RETRIABLE_STATUS,
             )
+        if not nesting_within(without_strings(data), MAX_ANSWER_DEPTH):
+            # json recurses per level: 100,000 `[` crashed the process (py-evm raises the
+            # recursion limit); what the ETL asks for nests under 10 deep
+            raise RpcError(f"the answer nests deeper than {MAX_ANSWER_DEPTH} (not an answer "
+                           "to what was asked)", retriable=False)
         try:
             return json.loads(data)
         except ValueError:

@@ -33,6 +33,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from rlp.codec import consume_length_prefix, length_prefix
 
+from encoding import EncodingError
+from encoding.rlp import check_rlp_depth
 from spark_etl import schemas
 from spark_etl.audit.context import Audit, flat_map_rows
 from spark_etl.hexcodec import (
@@ -263,15 +265,26 @@ def _header_value(column: schemas.Column, item: Any) -> Any:
 
 
 BLOCK_COLUMNS = {column.name: column for column in schemas.BLOCKS.columns}
+# How deep lists nest: a header is flat; a transaction's access list (or EIP-7702
+# authorization list) holds lists of lists. Deeper data is refused before pyrlp's recursive
+# decoder sees it (30,000 levels: a RecursionError, or with py-evm loaded a crashed worker).
+HEADER_DEPTH = 1
+TRANSACTION_DEPTH = 4
+
+
+def _decode(data: bytes, max_depth: int) -> Any:
+    """`data` decoded, nesting at most `max_depth` lists; MalformedValue if it cannot be."""
+    try:
+        check_rlp_depth(data, max_depth)
+        return rlp.decode(data)
+    except (EncodingError, rlp.exceptions.RLPException) as exc:
+        raise MalformedValue(f"not RLP of at most {max_depth} nested lists ({exc})") from None
 
 
 def _header_columns(raw_header: bytes) -> Row:
     """The `blocks` columns the header gives (a later fork's absent field: null), DECIMAL
     twins of the 256-bit ones included; MalformedValue if it is not an RLP header."""
-    try:
-        items = rlp.decode(raw_header)
-    except rlp.exceptions.RLPException as exc:
-        raise MalformedValue(f"not RLP ({exc})") from None
+    items = _decode(raw_header, HEADER_DEPTH)
     if not isinstance(items, list) or len(items) > len(HEADER_FIELDS):
         raise MalformedValue(f"not an RLP list of at most {len(HEADER_FIELDS)} header fields")
     columns: Row = {}
@@ -449,10 +462,7 @@ def decode_transaction(raw: bytes) -> DecodedTransaction:
     if type_id not in FIELDS:
         raise MalformedValue(f"of transaction type {type_id}, not one of 0..4")
     names = FIELDS[type_id]
-    try:
-        items = rlp.decode(raw if type_id == 0 else raw[1:])
-    except rlp.exceptions.RLPException as exc:
-        raise MalformedValue(f"not RLP ({exc})") from None
+    items = _decode(raw if type_id == 0 else raw[1:], TRANSACTION_DEPTH)
     if not isinstance(items, list) or len(items) != len(names):
         raise MalformedValue(f"not the {len(names)} fields of a type-{type_id} transaction")
     values = dict(zip(names, items, strict=True))

@@ -165,8 +165,6 @@ def nested_list(depth: int) -> bytes:
     return encoded
 
 
-@pytest.mark.xfail(strict=True, reason="finding 9: deeply nested RLP in a raw transaction or "
-                   "raw header raises RecursionError in the column rules' worker: no verdict")
 def test_deeply_nested_raw_bytes_are_malformed_values(
     spark: SparkSession, tables: Tables, anchored: ValidatorSet
 ) -> None:
@@ -352,9 +350,6 @@ except EtlError:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="finding 8: a deeply nested JSON answer kills the "
-                   "auditor's process (SIGSEGV under py-evm's recursion limit; else an "
-                   "uncaught RecursionError, exit status 1)")
 def test_a_deeply_nested_answer_is_an_rpc_error() -> None:
     """json.loads recurses once per nesting level; after `import eth` (as `run --genesis`
     does before the export) the limit is 100,000 and 100,000 `[` overflow the C stack. Run in
