@@ -11,7 +11,13 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame
 
-from spark_etl.audit.anchor_rules import block_range, chain_id, genesis_block, node_behind
+from spark_etl.audit.anchor_rules import (
+    block_range,
+    chain_id,
+    genesis_block,
+    node_behind,
+    validator_set,
+)
 from spark_etl.audit.chain_rules import (
     block_hashes,
     continuity,
@@ -63,6 +69,7 @@ RULES: tuple[Rule, ...] = (
     *COLUMN_RULES,
     genesis_block,
     chain_id,
+    validator_set,
     block_range,
     node_behind,
     signer_columns,

@@ -1,5 +1,5 @@
 """Rules that tie the export to the trust anchor and to what was asked, which a lying node
-cannot choose: genesis-block, chain-id, block-range, node-behind."""
+cannot choose: genesis-block, chain-id, validator-set, block-range, node-behind."""
 
 from __future__ import annotations
 
@@ -44,6 +44,21 @@ def chain_id(audit: Audit) -> DataFrame:
         F.format_string("the node reported chain id %s; the trusted chain id is %d",
                         F.coalesce(F.col("chain_id").cast("string"), F.lit("none")),
                         F.lit(trusted)),
+        block=F.lit(None),
+    )
+
+
+def validator_set(audit: Audit) -> DataFrame:
+    """validator-set: every node reported the trusted validator set, in replica order
+    (pbft_getValidators), to the export."""
+    trusted = F.array(*(F.lit(a) for a in audit.validators.addresses))
+    reported = audit.data.export_manifest.select("node", "validators").distinct()
+    return violations(
+        reported.where(~F.col("validators").eqNullSafe(trusted)),
+        "validator-set",
+        F.format_string("the node reported the validator set [%s]; the trusted set is [%s]",
+                        F.coalesce(F.array_join("validators", ", "), F.lit("none")),
+                        F.array_join(trusted, ", ")),
         block=F.lit(None),
     )
 
@@ -110,11 +125,10 @@ def block_range(audit: Audit) -> DataFrame:
     return union_all(start, end, beyond, short)
 
 
-def certified_blocks(audit: Audit) -> DataFrame:
-    """(node, number) of every exported block that has a quorum of valid COMMITs for its
-    number and hash, from whichever node's certificates they were exported."""
+def quorum_commits(audit: Audit) -> DataFrame:
+    """(seq_no, digest) that a quorum of valid COMMITs in any node's certificates certify."""
     commits = audit.data.commit_certificates.select("message").distinct()
-    certified = (
+    return (
         signatures(audit)
         .where(F.col("valid") & (F.col("type") == "commit"))
         .join(commits, "message")
@@ -122,6 +136,12 @@ def certified_blocks(audit: Audit) -> DataFrame:
         .agg(F.countDistinct("signer").alias("signers"))
         .where(F.col("signers") >= audit.validators.quorum)
     )
+
+
+def certified_blocks(audit: Audit) -> DataFrame:
+    """(node, number) of every exported block that has a quorum of valid COMMITs for its
+    number and hash, from whichever node's certificates they were exported."""
+    certified = quorum_commits(audit)
     blocks = audit.data.blocks.select("node", "number", "hash")
     on = (blocks["number"] == certified["seq_no"]) & (blocks["hash"] == certified["digest"])
     return blocks.join(certified, on).select("node", "number")

@@ -10,6 +10,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_etl import schemas
+from spark_etl.audit.anchor_rules import quorum_commits
 from spark_etl.audit.context import Audit, union_all, violations
 from spark_etl.audit.report import ConsensusFigures, InstalledView
 from spark_etl.audit.signatures import checked, recovered, signatures
@@ -254,11 +255,24 @@ def verified_evidence(audit: Audit) -> DataFrame:
     row's type, view and seqNo), "one message" (the accused signed `first` as the row says,
     and no `second` was kept: the node's word that it was a fault, never an accusation), or
     null when `problem` is set."""
+    certified = quorum_commits(audit).select(
+        F.col("seq_no").alias("q_seq_no"), F.col("digest").alias("q_digest"))
     rows = (
         audit.data.evidence.join(recovered(audit, "a", "first"), "first", "left")
         .join(recovered(audit, "b", "second"), "second", "left")
+        .join(certified, (F.col("a_seq_no") == F.col("q_seq_no"))
+              & (F.col("a_digest") == F.col("q_digest")), "left")
     )
     second = F.col("second").isNotNull()
+    # What one signed message proves by itself (the engine keeps just these with no second):
+    # a PREPARE from the view's primary, which never sends one, and a PRE-PREPARE of a block
+    # not certified at its seqNo (refused as invalid). Any other lone message is one an
+    # honest validator signs: a replayed COMMIT must never accuse its signer.
+    lone_fault = (
+        ((F.col("type") == "prepare")
+         & (F.col("a_replica") == F.col("view") % audit.validators.size))
+        | ((F.col("type") == "pre-prepare") & F.col("q_digest").isNull())
+    )
     problem = F.coalesce(
         F.when(F.col("first").isNull(), F.lit("no first message")),
         _message_fault("a", "first"),
@@ -269,6 +283,9 @@ def verified_evidence(audit: Audit) -> DataFrame:
             F.when(F.col("a_digest") == F.col("b_digest"),
                    F.lit("first and second sign the same content")),
         )),
+        F.when(~second & ~lone_fault, F.lit(
+            "one message an honest validator signs, and no second: only a PREPARE from the "
+            "view's primary or a PRE-PREPARE of a block never certified proves a fault alone")),
     )
     return rows.withColumn("problem", problem).withColumn(
         "proof",

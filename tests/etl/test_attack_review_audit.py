@@ -136,8 +136,6 @@ def test_stable_checkpoints_hidden_as_not_stable_are_reported(planted: list[Viol
     assert {v.block_number for v in against(planted, NODE_A)} >= {5, 10}
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: evidence with second null accuses an honest "
-                   "validator with any replayed message it signed")
 def test_one_message_evidence_against_an_honest_validator_is_evidence_false(
     planted: list[Violation]
 ) -> None:
@@ -145,8 +143,6 @@ def test_one_message_evidence_against_an_honest_validator_is_evidence_false(
     assert found >= {("evidence-false", 3), ("evidence-false", 2)}
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: the manifest's validators column is the "
-                   "node's word even with --genesis; no rule compares it")
 def test_a_false_validator_set_in_the_manifest_is_reported(planted: list[Violation]) -> None:
     assert any(OTHER_ADDRESS in v.detail for v in against(planted, NODE_B))
 

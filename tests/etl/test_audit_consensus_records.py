@@ -106,7 +106,9 @@ def test_evidence_is_reported_only_when_two_signed_messages_prove_it(
     forged = to_hex(test_chain.validators.sign(Commit(0, 3, bytes(32), 3), signers[0]).encode())
     tables["evidence"] += [
         evidence(NODE_B, addresses[2], honest[2], other[2]),  # proven
-        evidence(NODE_B, addresses[1], honest[1], None),  # one message, as the node kept it
+        # one COMMIT alone proves nothing (the engine keeps a lone message only for a PREPARE
+        # from the primary or an invalid block's PRE-PREPARE): a replayed honest vote
+        evidence(NODE_B, addresses[1], honest[1], None),
         evidence(NODE_B, addresses[1], honest[1], honest[1]),
         evidence(NODE_B, addresses[0], honest[3], other[3]),
         evidence(NODE_B, addresses[3], honest[3], forged),
@@ -123,10 +125,12 @@ def test_evidence_is_reported_only_when_two_signed_messages_prove_it(
         f"second claims replica 3 but recovers to {addresses[0]}, not that validator",
         "second is for seqNo 4",
         f"first is signed by {addresses[1]}, not by the accused",
+        "one message an honest validator signs, and no second: only a PREPARE from the "
+        "view's primary or a PRE-PREPARE of a block never certified proves a fault alone",
     ])
     figures = consensus_figures(audit)
     assert figures.equivocations == {addresses[2]: 1}
-    assert (figures.unproven_evidence, figures.one_message_evidence) == (5, 1)
+    assert (figures.unproven_evidence, figures.one_message_evidence) == (6, 0)
 
 
 def test_evidence_that_proves_nothing_does_not_report_an_equivocation(
