@@ -122,11 +122,19 @@ def view_change_missing(audit: Audit) -> DataFrame:
 def proven_stable(audit: Audit) -> DataFrame:
     """seqNos (`block_number`) some data in the export proves stable: Q validators' valid
     matching CHECKPOINTs, in any node's checkpoints or nested in a VIEW-CHANGE."""
-    votes = signatures(audit).where(F.col("valid") & (F.col("type") == "checkpoint"))
+    return _quorum_of_checkpoints(audit, _checkpoint_votes(audit), [])
+
+
+def _checkpoint_votes(audit: Audit) -> DataFrame:
+    return signatures(audit).where(F.col("valid") & (F.col("type") == "checkpoint"))
+
+
+def _quorum_of_checkpoints(audit: Audit, votes: DataFrame, by: list[str]) -> DataFrame:
+    """(`by`..., block_number): seqNos with Q validators' matching CHECKPOINTs in `votes`."""
     return (
-        votes.groupBy("seq_no", "digest").agg(F.countDistinct("signer").alias("signers"))
+        votes.groupBy(*by, "seq_no", "digest").agg(F.countDistinct("signer").alias("signers"))
         .where(F.col("signers") >= audit.validators.quorum)
-        .select(F.col("seq_no").alias("block_number")).distinct()
+        .select(*by, F.col("seq_no").alias("block_number")).distinct()
     )
 
 
@@ -148,8 +156,11 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
     stable = data.checkpoints.where(F.col("stable")).select(
         "node", F.col("seq_no").alias("block_number")
     ).distinct()
+    # What the node serves Q matching CHECKPOINTs for is stable whatever `stable` it says.
+    proven_here = _proven_by_node(audit)
     reached = union_all(
         stable.select("node", F.col("block_number").alias("reached")),
+        proven_here.select("node", F.col("block_number").alias("reached")),
         data.view_changes.select("node", F.col("stable_seq_no").alias("reached")),
     ).groupBy("node").agg(F.max("reached").alias("reached"))
     k = F.lit(interval).cast("long")
@@ -162,8 +173,9 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
     missing = expected.join(proven_stable(audit), "block_number", "left_semi").join(
         stable, ["node", "block_number"], "left_anti"
     )
+    proven_not_stable = proven_here.join(stable, ["node", "block_number"], "left_anti")
     return violations(
-        missing,
+        missing.join(proven_here, ["node", "block_number"], "left_anti"),
         "checkpoint-missing",
         F.format_string(
             "no stable checkpoint at %d, which Q validators' CHECKPOINTs prove stable: "
@@ -171,7 +183,19 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
             "names) must be served with its proof",
             "block_number", F.lit(interval), "reached",
         ),
-    )
+    ).unionByName(violations(
+        proven_not_stable,
+        "checkpoint-missing",
+        F.format_string("the node serves Q validators' matching CHECKPOINTs for %d but says "
+                        "it is not stable", "block_number"),
+    ))
+
+
+def _proven_by_node(audit: Audit) -> DataFrame:
+    """(node, block_number): seqNos a node's own checkpoint rows prove stable (Q validators'
+    valid matching CHECKPOINTs among them)."""
+    rows = audit.data.checkpoints.select("node", "message").distinct()
+    return _quorum_of_checkpoints(audit, rows.join(_checkpoint_votes(audit), "message"), ["node"])
 
 
 # --- signer columns ----------------------------------------------------------------------

@@ -129,9 +129,6 @@ def planted(spark: SparkSession, clean_tables: Tables, test_chain: ServedChain,
     return find_violations(make_audit(spark, tables, anchored), audit_rules())
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: stable checkpoints hidden by stable=false "
-                   "and a lowered view_changes.stable_seq_no; checkpoint-missing requires only "
-                   "what the node itself names stable")
 def test_stable_checkpoints_hidden_as_not_stable_are_reported(planted: list[Violation]) -> None:
     assert {v.block_number for v in against(planted, NODE_A)} >= {5, 10}
 
