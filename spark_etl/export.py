@@ -214,6 +214,7 @@ COUNTED = [t.name for t in schemas.NESTED_TABLES]  # the tables nested in a fetc
 class ExportSummary:
     skipped: int  # (node, range) pairs the manifest already held
     rows: dict[str, int] = field(default_factory=dict)  # rows written per table
+    nodes: set[str] = field(default_factory=set)  # the nodes that served a block
     seconds: float = 0.0
 
     @property
@@ -223,6 +224,7 @@ class ExportSummary:
 
     def add(self, counts: list[dict[str, Any]]) -> None:
         for row in counts:
+            self.nodes.add(row["node"])
             for table in ("blocks", *COUNTED):
                 self.rows[table] = self.rows.get(table, 0) + (row[table] or 0)
 
@@ -292,15 +294,17 @@ def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
 
 def record_nodes_without_blocks(spark: SparkSession, options: ExportOptions,
                                 infos: dict[str, NodeInfo], asked: tuple[int, int],
-                                done: Done) -> None:
-    """A node whose head is below --from has no block to export: a manifest row with none
-    records that it was asked and the head it claimed (node-behind judges that claim), in the
-    range of --from, unless an earlier export holds that range."""
+                                done: Done, served: set[str]) -> None:
+    """A node that served no block (its head is below --from, or it answered nothing
+    readable) gets a manifest row with none: it records that the node was asked and the head
+    it claimed, so block-range and node-behind judge it (a node without a row would be
+    judged by nothing), in the range of --from, unless an earlier export holds a range of
+    it."""
     start = asked[0] - asked[0] % options.range_size
     empty = {"range_start": start, "first_block": None, "last_block": None, "blocks": 0,
              **dict.fromkeys(COUNTED, 0)}
-    counts = [{**empty, "node": url} for url, info in infos.items()
-              if info.head < asked[0] and (url, start) not in done]
+    held = {node for node, _ in done} | served
+    counts = [{**empty, "node": url} for url in infos if url not in held]
     if counts:
         rows = manifest_rows(counts, infos, options.range_size, asked)
         write_table(local_frame(spark, rows, schemas.EXPORT_MANIFEST.schema), options.out,
@@ -348,7 +352,7 @@ def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> E
         elapsed = time.monotonic() - started
         progress(f"{summary.blocks}/{total} blocks ({100 * summary.blocks // max(total, 1)}%), "
                  f"{blocks_per_second(summary.blocks, elapsed)} blocks/s")
-    record_nodes_without_blocks(spark, options, by_url, (first, last), done)
+    record_nodes_without_blocks(spark, options, by_url, (first, last), done, summary.nodes)
     export_consensus_records(spark, options, infos)
     summary.seconds = time.monotonic() - started
     return summary

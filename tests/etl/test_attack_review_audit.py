@@ -263,8 +263,6 @@ def serving_node(node: FakeNode) -> Iterator[FakeNode]:
         yield plain
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: a node that serves no readable block "
-                   "gets no manifest row, so no rule ever names it: the audit says sound")
 def test_a_node_serving_no_readable_block_is_reported(
     spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
     test_chain: ServedChain, anchored: ValidatorSet,
