@@ -41,6 +41,7 @@ from spark_etl.audit.records_rules import (
     consensus_figures,
     evidence_false,
     malformed_records,
+    record_fields,
     signer_columns,
     view_change_missing,
 )
@@ -73,6 +74,7 @@ RULES: tuple[Rule, ...] = (
     block_range,
     node_behind,
     signer_columns,
+    record_fields,
     evidence_false,
     checkpoint_missing,
     view_change_missing,

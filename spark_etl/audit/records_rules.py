@@ -244,6 +244,25 @@ def signer_columns(audit: Audit) -> DataFrame:
     )
 
 
+def record_fields(audit: Audit) -> DataFrame:
+    """record-fields: a consensus record's column that its signed message binds is the
+    message's: a VIEW-CHANGE's `stable_seq_no` (the sender's stable checkpoint, which
+    checkpoint-missing and the report's installed views read)."""
+    served = audit.data.view_changes.where(F.col("message").isNotNull())
+    wrong = served.join(recovered(audit, "r"), "message").where(
+        (F.col("r_type") == "view-change")
+        & ~F.col("stable_seq_no").eqNullSafe(F.col("r_seq_no"))
+    )
+    return violations(
+        wrong,
+        "record-fields",
+        F.format_string("view_changes.stable_seq_no is %s; the signed VIEW-CHANGE of view %d "
+                        "names %d", F.coalesce(F.col("stable_seq_no").cast("string"),
+                                               F.lit("null")), "r_view", "r_seq_no"),
+        block=F.lit(None),
+    )
+
+
 # --- evidence ----------------------------------------------------------------------------
 
 def _message_fault(prefix: str, label: str) -> Column:

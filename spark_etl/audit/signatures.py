@@ -10,7 +10,8 @@ result, `signatures`, has one row per distinct message:
 
 `digest` is what two messages of one (signer, type, view, seqNo) must agree on: the block
 hash of a phase message, block hash || state root of a CHECKPOINT, the keccak256 of the body
-of a VIEW-CHANGE or NEW-VIEW. `valid` means the recovered signer is the validator at the
+of a VIEW-CHANGE or NEW-VIEW (a VIEW-CHANGE's `seq_no` is the stable checkpoint it
+names). `valid` means the recovered signer is the validator at the
 claimed replica index; `malformed` that the bytes are not a signed message at all (not RLP,
 not canonical, an unknown type, a signature of the wrong length): the `malformed-value` rule
 reports those. `recovered` and `checked` join a table's message column to these rows.
@@ -100,7 +101,10 @@ def _key(body: Any) -> tuple[int | None, int | None, bytes]:
         return body.view, body.seq_no, body.digest
     if isinstance(body, Checkpoint):
         return None, body.seq_no, body.block_hash + body.state_root
-    return body.view, None, keccak(rlp.encode(body.fields()))
+    # a VIEW-CHANGE's seqNo is its sender's stable checkpoint (no slot: the rules that key
+    # messages by slot leave it out for view changes)
+    seq_no = body.stable_seq_no if isinstance(body, ViewChange) else None
+    return body.view, seq_no, keccak(rlp.encode(body.fields()))
 
 
 def encoded_signing_hash(encoded: bytes, body: Any, chain_id: int) -> bytes:

@@ -144,8 +144,6 @@ def test_a_false_validator_set_in_the_manifest_is_reported(planted: list[Violati
     assert any(OTHER_ADDRESS in v.detail for v in against(planted, NODE_B))
 
 
-@pytest.mark.xfail(strict=True, reason="finding 6: view_changes.stable_seq_no is the node's "
-                   "word although the signed VIEW-CHANGE binds it")
 def test_a_view_change_s_stable_seq_no_is_the_signed_one(planted: list[Violation]) -> None:
     assert any("stable_seq_no" in v.detail for v in against(planted, NODE_B))
 
