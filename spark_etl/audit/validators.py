@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -87,28 +88,28 @@ def read_genesis(path: Path) -> ValidatorSet:
     return ValidatorSet(parse_addresses(pbft["validators"], str(path)), chain_id, interval)
 
 
-def _exported(manifest: DataFrame) -> tuple[set[tuple[str, ...]], set[int]]:
-    rows = manifest.select("validators", "chain_id").distinct().collect()
+def _reported(manifest: DataFrame) -> tuple[tuple[str, ...], int]:
+    """The validator set and chain id the most exported nodes reported (a tie: the one of
+    the first node by URL). The nodes that reported another are reported by validator-set
+    and chain-id: a node that disagrees must not take the verdict away (no verdict)."""
+    rows = manifest.select("node", "validators", "chain_id").distinct().collect()
     if not rows:
         raise DataError("the export manifest is empty: run `pbft-etl export` first")
-    return {tuple(r["validators"] or ()) for r in rows}, {r["chain_id"] for r in rows}
+    votes = Counter((tuple(r["validators"] or ()), r["chain_id"]) for r in rows)
+    first_node = {}
+    for row in sorted(rows, key=lambda r: r["node"]):
+        first_node.setdefault((tuple(row["validators"] or ()), row["chain_id"]), row["node"])
+    return min(votes, key=lambda value: (-votes[value], first_node[value]))
 
 
 def resolve_validators(
     manifest: DataFrame, addresses: tuple[str, ...] | None, genesis: ValidatorSet | None
 ) -> ValidatorSet:
-    """The genesis's set, else (trusting the nodes) the given addresses with the exported
-    chain id, else the set the exported nodes reported."""
+    """The genesis's set, else (trusting the nodes) the given addresses with the chain id the
+    most nodes reported, else the set and chain id the most nodes reported."""
     if genesis is not None:
         return genesis
-    sets, chain_ids = _exported(manifest)
-    if len(chain_ids) != 1:
-        raise DataError(f"the exported nodes have different chain ids {sorted(chain_ids)}")
-    chain_id = chain_ids.pop()
+    reported, chain_id = _reported(manifest)
     if addresses is not None:
         return ValidatorSet(addresses, chain_id)
-    if len(sets) != 1:
-        raise DataError(
-            "the exported nodes report different validator sets: pass --validators or --genesis"
-        )
-    return ValidatorSet(parse_addresses(sets.pop(), "the export manifest"), chain_id)
+    return ValidatorSet(parse_addresses(reported, "the export manifest"), chain_id)

@@ -170,8 +170,6 @@ def test_deeply_nested_raw_bytes_are_malformed_values(
         (v.rule, v.block_number) for v in against(found, NODE_A)}
 
 
-@pytest.mark.xfail(strict=True, reason="finding 10: with --trust-node, one node reporting "
-                   "another validator set or chain id stops the audit (DataError, exit 3)")
 def test_trust_node_with_a_node_reporting_another_set_gives_a_verdict(
     spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
     clean_tables: Tables,
