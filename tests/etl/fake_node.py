@@ -16,6 +16,15 @@ from typing import Any
 from tests.etl.chain_factory import CHAIN_ID, ServedChain
 
 
+def write_answer(handler: BaseHTTPRequestHandler, status: int, data: bytes) -> None:
+    """A JSON-RPC answer on a keep-alive connection."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class FakeNode:
     def __init__(self, chain: ServedChain) -> None:
         self.chain = chain
@@ -109,11 +118,7 @@ def _handler(node: FakeNode) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             status, reply = node.answer(body)
             data = json.dumps(reply).encode() if reply is not None else b"busy"
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            write_answer(self, status, data)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

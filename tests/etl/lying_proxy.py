@@ -23,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
+from tests.etl.fake_node import write_answer
+
 MAX_CONNECTIONS = 32
 MAX_BODY = 16 * 2**20
 IDLE_TIMEOUT = 30.0  # seconds a kept-alive connection may wait for its next request
@@ -175,11 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(*self.server.proxy.answer(self.rfile.read(length)))
 
     def _send(self, status: int, data: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        write_answer(self, status, data)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the tests' output is the audit's
