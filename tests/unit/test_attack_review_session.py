@@ -4,20 +4,18 @@ outboxes). Findings 1 to 4 are fixed."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from chain.errors import TxPoolError
-from chain.genesis import load_genesis_bytes
-from chain.node import GOSSIP_SLICE, Node, NodeConfig, initialize_datadir
-from chain.registry import available_engines
+from chain.node import GOSSIP_SLICE, Node
 from chain.rpc.errors import RpcError
 from chain.rpc.subscriptions import Subscriptions, WebSocketLimits
 from chain.txpool import PoolLimits, TxPool
-from tests.unit.test_txpool import ALICE, BOB, CHAIN_ID, Accounts, add, address, tx
+from tests.unit.test_txpool import ALICE, BOB, CHAIN_ID, Accounts, add, tx
+from tests.unit.test_txpool_admission import alice_node
 
 CAROL = type(ALICE)(b"\x03" * 32)
 GENESIS = Path(__file__).resolve().parents[2] / "genesis" / "dev.json"
@@ -26,15 +24,7 @@ GENESIS = Path(__file__).resolve().parents[2] / "genesis" / "dev.json"
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
     """A dev node with the default pool limits, not started, Alice funded."""
-    document = json.loads(GENESIS.read_text())
-    document["alloc"] = {"0x" + address(ALICE).hex(): {"balance": hex(10**24)}}
-    genesis = load_genesis_bytes(json.dumps(document).encode(), available_engines())
-    initialize_datadir(tmp_path, genesis)
-    node = Node(NodeConfig(datadir=tmp_path, http_enabled=False))
-    try:
-        yield node
-    finally:
-        node.db.close()
+    yield from alice_node(tmp_path, PoolLimits())
 
 
 def test_one_gossip_slice_admits_at_most_gossip_slice_transactions(node: Node) -> None:

@@ -184,19 +184,23 @@ def test_a_pop_is_the_oldest_senders_lowest_nonce() -> None:
     assert backlog.pop().sender == address(BOB)
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    """A dev node, not started: its pool, backlog and admission, without the network."""
+def alice_node(datadir: Path, limits: PoolLimits) -> Iterator[Node]:
+    """A dev node with Alice funded, not started: its pool, backlog and admission, without
+    the network (a fixture's body)."""
     document = json.loads(GENESIS.read_text())
     document["alloc"] = {"0x" + address(ALICE).hex(): {"balance": hex(10**24)}}
     genesis = load_genesis_bytes(json.dumps(document).encode(), available_engines())
-    initialize_datadir(tmp_path, genesis)
-    node = Node(NodeConfig(datadir=tmp_path, http_enabled=False,
-                           pool_limits=PoolLimits(max_queued_per_sender=4)))
+    initialize_datadir(datadir, genesis)
+    node = Node(NodeConfig(datadir=datadir, http_enabled=False, pool_limits=limits))
     try:
         yield node
     finally:
         node.db.close()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    yield from alice_node(tmp_path, PoolLimits(max_queued_per_sender=4))
 
 
 def test_a_gap_waiting_in_the_gossip_backlog_is_filled_before_judging(node: Node) -> None:
