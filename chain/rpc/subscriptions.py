@@ -26,6 +26,7 @@ only when the connection's writer takes it.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import secrets
 import time
@@ -252,6 +253,18 @@ class _Slice:
             self._started = time.perf_counter()
 
 
+def client_of(remote: str) -> str:
+    """Whose budget a connection from `remote` draws on: its IPv4 address, or its IPv6 /64
+    (one host holds a whole /64, and could otherwise take a budget per address)."""
+    try:
+        address = ipaddress.ip_address(remote)
+    except ValueError:
+        return remote
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
 class Subscriptions:
     METHODS = frozenset({"eth_subscribe", "eth_unsubscribe"})
 
@@ -266,8 +279,8 @@ class Subscriptions:
         self._task: asyncio.Task[None] | None = None
         node.head_listeners.append(self._on_block)
 
-    def session(self, client: str = "") -> Session:
-        session = Session(self, client)
+    def session(self, remote: str = "") -> Session:
+        session = Session(self, client_of(remote))
         self.sessions.add(session)
         return session
 

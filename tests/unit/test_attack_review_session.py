@@ -73,6 +73,14 @@ def test_one_client_cannot_take_the_whole_node_log_subscription_budget() -> None
                 continue
             with pytest.raises(RpcError, match="of this client's connections"):
                 await session.eth_subscribe("logs", {"address": addresses})
+        for host in range(3):  # one IPv6 client from other addresses of its /64 each time
+            ipv6 = subscriptions.session(f"2001:db8::{host + 1}")
+            criteria = {"address": ["0x%040x" % (20_000 + host * 1000 + i) for i in range(1000)]}
+            if host < 2:
+                await ipv6.eth_subscribe("logs", criteria)
+                continue
+            with pytest.raises(RpcError, match="of this client's connections"):
+                await ipv6.eth_subscribe("logs", criteria)
         honest = subscriptions.session("198.51.100.1")
         try:
             await honest.eth_subscribe("logs", {"address": "0x" + "ab" * 20})
