@@ -40,7 +40,7 @@ def _alive_workers(ui_port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as reply:
             return int(json.load(reply).get("aliveworkers", 0))
-    except OSError:
+    except (OSError, ValueError):  # not listening yet, or a half-started UI's empty answer
         return 0
 
 
