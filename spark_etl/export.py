@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from spark_etl.source import (
     DEFAULT_PARTITION_BLOCKS,
     ReadOptions,
     Span,
+    fetch_span,
 )
 from spark_etl.tables import (
     is_local_path,
@@ -160,32 +162,91 @@ def catch_up(infos: list[NodeInfo], last: int, options: ExportOptions,
 Done = dict[tuple[str, int], tuple[int, int]]
 
 
+@dataclass
+class Plan:
+    """The spans still to fetch, made lazily, ordered by range then node, each node's up to
+    its head in `heads` if lower than `last`. A range the manifest covers is skipped; one it
+    holds partly is fetched whole again (what it held and what is asked), so that replacing
+    its partitions loses nothing. A node in `stopped` gets no more spans: a node that did
+    not serve a block it was asked for is not asked for the blocks above it, so a head
+    claimed at 2**63 costs one range, not 2**53 (the audit reports what it did not serve)."""
+
+    nodes: tuple[str, ...]
+    first: int
+    last: int
+    range_size: int
+    done: Done = field(default_factory=dict)
+    heads: Mapping[str, int] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)
+
+    def node_last(self, node: str) -> int:
+        return min(self.last, self.heads.get(node, self.last))
+
+    def spans(self) -> Iterator[Span]:
+        start = self.first - self.first % self.range_size
+        while start <= max((self.node_last(n) for n in self.nodes if n not in self.stopped),
+                           default=-1):
+            for node in self.nodes:
+                span = None if node in self.stopped else self._span(node, start)
+                if span is not None:
+                    yield span
+            start += self.range_size
+
+    def _span(self, node: str, start: int) -> Span | None:
+        want = (max(start, self.first), min(start + self.range_size - 1, self.node_last(node)))
+        if want[0] > want[1]:
+            return None  # the node is behind this range
+        have = self.done.get((node, start))
+        if have is not None and have[0] <= want[0] and have[1] >= want[1]:
+            return None
+        if have is not None:
+            want = (min(want[0], have[0]), max(want[1], have[1]))
+        return Span(node, want[0], want[1], start)
+
+    def held(self) -> list[tuple[str, int]]:
+        """The (node, range) pairs of the plan that the manifest already covers."""
+        low = self.first - self.first % self.range_size
+        return [(node, start) for node, start in self.done
+                if node in self.nodes and low <= start <= self.last
+                and self._within(node, start) > 0 and self._span(node, start) is None]
+
+    def blocks(self) -> int:
+        """Blocks to fetch at most: the asked ones of every node, less those held."""
+        asked = sum(max(0, self.node_last(node) - self.first + 1) for node in self.nodes)
+        return asked - sum(self._within(node, start) for node, start in self.held())
+
+    def _within(self, node: str, start: int) -> int:
+        return max(0, min(start + self.range_size - 1, self.node_last(node))
+                   - max(start, self.first) + 1)
+
+
 def plan_spans(nodes: tuple[str, ...], first: int, last: int, range_size: int,
                done: Done, heads: Mapping[str, int] | None = None) -> list[Span]:
-    """The spans still to fetch, ordered by range then node, each node's up to its head in
-    `heads` if lower than `last`. A range the manifest covers is skipped; one it holds
-    partly is fetched whole again (what it held and what is asked), so that replacing its
-    partitions loses nothing."""
-    spans = []
-    for start in range(first - first % range_size, last + 1, range_size):
-        for node in nodes:
-            node_last = min(last, heads[node]) if heads else last
-            want = (max(start, first), min(start + range_size - 1, node_last))
-            if want[0] > want[1]:
-                continue  # the node is behind this range
-            have = done.get((node, start))
-            if have is not None and have[0] <= want[0] and have[1] >= want[1]:
-                continue
-            if have is not None:
-                want = (min(want[0], have[0]), max(want[1], have[1]))
-            spans.append(Span(node, want[0], want[1], start))
-    return spans
+    """Every span of the plan, for nodes that serve every block they are asked for."""
+    return list(Plan(nodes, first, last, range_size, done, heads or {}).spans())
 
 
-def waves(spans: list[Span], spans_per_wave: int) -> Iterator[list[Span]]:
-    """Consecutive groups of spans: one Spark job each, recorded in the manifest when done."""
-    for start in range(0, len(spans), spans_per_wave):
-        yield spans[start : start + spans_per_wave]
+def waves(spans: Iterator[Span], spans_per_wave: int) -> Iterator[list[Span]]:
+    """Consecutive groups of spans: one Spark job each, recorded in the manifest when done;
+    taken from `spans` only when the wave before is written (a plan is lazy)."""
+    while wave := list(islice(spans, spans_per_wave)):
+        yield wave
+
+
+def short_spans(wave: list[Span], counts: list[dict[str, Any]]) -> dict[str, Span]:
+    """node -> the rest of its first span in the wave that it served only in part (an error
+    after the retries, a null, an unreadable answer), from the first block it did not serve."""
+    served = {(row["node"], row["range_start"]): row for row in counts}
+    short: dict[str, Span] = {}
+    for span in wave:
+        row = served.get((span.node, span.range_start))
+        if span.node in short or (row is not None and row["first_block"] == span.first
+                                  and row["last_block"] == span.last
+                                  and row["blocks"] == span.size):
+            continue
+        first_missing = span.first if row is None else row["last_block"] + 1
+        short[span.node] = replace(span, first=min(first_missing, span.last))
+    return short
 
 
 def read_done(spark: SparkSession, options: ExportOptions, infos: list[NodeInfo]) -> Done:
@@ -272,8 +333,9 @@ def manifest_rows(counts: list[dict[str, Any]], infos: dict[str, NodeInfo], rang
 
 def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
                 infos: dict[str, NodeInfo], asked: tuple[int, int],
-                summary: ExportSummary) -> None:
-    """Fetch the wave's spans once, write every block-range table, then the manifest."""
+                summary: ExportSummary) -> dict[str, Span]:
+    """Fetch the wave's spans once, write every block-range table, then the manifest; the
+    first block each node that served less than asked did not serve (`short_spans`)."""
     bundle = (
         spark.read.format("pbft_chain")
         .options(**options.read_options("blocks", tuple(wave)))
@@ -290,6 +352,38 @@ def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
     write_table(local_frame(spark, manifest, schemas.EXPORT_MANIFEST.schema), options.out,
                 schemas.EXPORT_MANIFEST)
     summary.add(counts)
+    return short_spans(wave, counts)
+
+
+def refusal(rest: Span, options: ExportOptions) -> str | None:
+    """What the node answers when asked again, as the export asked it, for the first blocks
+    of `rest`, which it did not serve: the error (after the retries), or None when it
+    answers (a null: it has no such block)."""
+    batch = replace(rest, last=min(rest.last, rest.first + options.batch_blocks - 1))
+    try:
+        with JsonRpcClient(rest.node, options.policy) as client:
+            for _ in fetch_span(client, batch, options.batch_blocks):
+                pass
+    except EtlError as exc:
+        return str(exc)
+    return None
+
+
+def fail_if_no_node_served(plan: Plan, short: dict[str, Span], options: ExportOptions) -> None:
+    """An error from a node is left to the audit while another node served every block it
+    was asked for (a node that answers errors must not stop the export of the others). When
+    none did and every node that stopped early refuses again, the export has nothing whole
+    to judge: ExtractError naming the first, so that a re-run resumes from the manifest."""
+    if len(short) < len(plan.nodes):
+        return
+    refused = []
+    for rest in short.values():
+        error = refusal(rest, options)
+        if error is None:
+            return
+        whole = replace(rest, last=plan.node_last(rest.node))
+        refused.append(f"{whole.describe()}: {error}")
+    raise ExtractError(refused[0])
 
 
 def record_nodes_without_blocks(spark: SparkSession, options: ExportOptions,
@@ -337,21 +431,28 @@ def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> E
     first, last = block_bounds(options, infos)
     infos = catch_up(infos, last, options, progress)
     done = read_done(spark, options, infos)
-    heads = {info.url: info.head for info in infos}
-    spans = plan_spans(options.nodes, first, last, options.range_size, done, heads)
-    total = sum(s.size for s in spans)
-    asked = plan_spans(options.nodes, first, last, options.range_size, {}, heads)
-    summary = ExportSummary(skipped=len(asked) - len(spans))
+    plan = Plan(options.nodes, first, last, options.range_size, done,
+                {info.url: info.head for info in infos})
+    total = plan.blocks()
+    summary = ExportSummary(skipped=len(plan.held()))
     progress(
         f"exporting blocks {first}..{last} from {len(infos)} node(s) to {options.out}: "
         f"{total} blocks to fetch, {summary.skipped} range(s) already exported"
     )
     by_url = {info.url: info for info in infos}
-    for wave in waves(spans, 2 * max(1, spark.sparkContext.defaultParallelism)):
-        export_wave(spark, options, wave, by_url, (first, last), summary)
+    short: dict[str, Span] = {}
+    for wave in waves(plan.spans(), 2 * max(1, spark.sparkContext.defaultParallelism)):
+        for url, rest in export_wave(spark, options, wave, by_url, (first, last),
+                                     summary).items():
+            short.setdefault(url, rest)
+            plan.stopped.add(url)
         elapsed = time.monotonic() - started
         progress(f"{summary.blocks}/{total} blocks ({100 * summary.blocks // max(total, 1)}%), "
                  f"{blocks_per_second(summary.blocks, elapsed)} blocks/s")
+    for url, rest in short.items():
+        progress(f"{url} did not serve block {rest.first} (see the warnings above): the "
+                 "blocks above it were not asked for (the audit reports them)")
+    fail_if_no_node_served(plan, short, options)
     record_nodes_without_blocks(spark, options, by_url, (first, last), done, summary.nodes)
     export_consensus_records(spark, options, infos)
     summary.seconds = time.monotonic() - started

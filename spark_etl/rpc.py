@@ -19,6 +19,9 @@ MAX_BATCH = 1000
 RESPONSE_TOO_LARGE = -32003
 RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 MAX_ANSWER_DEPTH = 32
+# The node answers a batch within 25 MB (geth's BatchResponseMaxSize) and one call alone
+# within a block's size; what is far above is no answer to what the ETL asks
+MAX_ANSWER_BYTES = 256 << 20
 MAX_BACKOFF = 10.0
 
 Call = tuple[str, list[Any]]
@@ -132,7 +135,7 @@ class JsonRpcClient:
             connection = self._connect()
             connection.request("POST", self._path, body, headers)
             response = connection.getresponse()
-            data = response.read()
+            data = response.read(MAX_ANSWER_BYTES + 1)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise RpcError(f"{type(exc).__name__}: {exc}", retriable=True) from None
@@ -141,6 +144,10 @@ class JsonRpcClient:
                 f"HTTP {response.status} {response.reason}",
                 retriable=response.status in RETRIABLE_STATUS,
             )
+        if len(data) > MAX_ANSWER_BYTES:
+            self.close()  # the rest of the answer is never read
+            raise RpcError(f"the answer is larger than {MAX_ANSWER_BYTES >> 20} MiB (not an "
+                           "answer to what was asked)", retriable=False)
         if not nesting_within(without_strings(data), MAX_ANSWER_DEPTH):
             # json recurses per level: 100,000 `[` crashed the process (py-evm raises the
             # recursion limit); what the ETL asks for nests under 10 deep

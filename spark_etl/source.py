@@ -6,7 +6,7 @@
 into partitions of at most `partition_blocks` blocks, each fetched by one task with batched
 calls (`batch_blocks` blocks, 4 calls each, per request). `kind` = `view_changes` or
 `evidence` (option `nodes`: [[url, last_view], ...]): one task per node. A node error is
-retried with backoff; a range that still fails fails the task, naming the range and node.
+retried with backoff; what still fails is left out with a warning (the audit judges the hole).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from spark_etl import schemas
-from spark_etl.errors import EtlError, ExtractError, UsageError
+from spark_etl.errors import EtlError, UsageError
 from spark_etl.hexcodec import long
 from spark_etl.rows import BlockPayload, Row, bundle_row, evidence_row, view_change_rows
 from spark_etl.rpc import JsonRpcClient, RetryPolicy
@@ -30,6 +30,7 @@ DEFAULT_PARTITION_BLOCKS = 250
 DEFAULT_BATCH_BLOCKS = 25
 MAX_SPAN = 10_000  # pbft_getCheckpoints answers at most this many seqNos at once
 VIEWS_PER_CALL = 1_000
+MAX_VIEWS = 1_000_000  # views asked of one node at most: a thousand calls
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class BlockReader(_Reader):
                     if row is not None:
                         yield row
         except EtlError as exc:
-            raise ExtractError(f"{span.describe()}: {exc}") from None
+            _left_out(f"{span.describe()} (from the first not yet exported)", exc)
 
 
 class NodeReader(_Reader):
@@ -171,7 +172,7 @@ class NodeReader(_Reader):
             with self._client(node) as client:
                 yield from self._rows(client, node, last_view)
         except EtlError as exc:
-            raise ExtractError(f"{self.options.kind} from {node}: {exc}") from None
+            _left_out(f"{self.options.kind} from {node} (from the first not yet exported)", exc)
 
     def _rows(self, client: JsonRpcClient, node: str, last_view: int) -> Iterator[Row]:
         if self.options.kind == "evidence":
@@ -180,12 +181,21 @@ class NodeReader(_Reader):
                 if row is not None:
                     yield row
             return
-        for start in range(0, last_view + 1, VIEWS_PER_CALL):
+        for start in range(0, min(last_view + 1, MAX_VIEWS), VIEWS_PER_CALL):
             end = min(last_view, start + VIEWS_PER_CALL - 1)
-            for installed in client.call("pbft_getViewChanges", hex(start), hex(end)) or []:
+            page = client.call("pbft_getViewChanges", hex(start), hex(end)) or []
+            if not page and start > 0:
+                # A view is reached by view changes, each one installed: a thousand views
+                # without one are no honest node's (its timers double each time), and a
+                # view claimed at 2**63 must not cost 2**53 calls.
+                return
+            for installed in page:
                 rows = _readable(lambda i=installed: view_change_rows(node, i),
                                  f"{node}: view change")
                 yield from rows or []
+        if last_view >= MAX_VIEWS:
+            _left_out(f"{node}: view changes above view {MAX_VIEWS - 1}",
+                      ValueError(f"the node claims view {last_view}"))
 
 
 T = TypeVar("T")
@@ -201,9 +211,18 @@ def _readable(convert: Callable[[], T], what: str) -> T | None:
     try:
         return convert()
     except UNREADABLE as exc:
-        print(f"pbft-etl: warning: {what} left out: the node's answer cannot be read "
-              f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+        _left_out(what, ValueError(f"the node's answer cannot be read ({type(exc).__name__}: "
+                                   f"{exc})"))
         return None
+
+
+def _left_out(what: str, reason: Exception) -> None:
+    """A warning on stderr for what a node did not give. A node that answers errors (after
+    the retries) or nonsense must not stop the export of the others: what it did not serve
+    is left out, and the audit reports the hole against it (block-gap, block-range,
+    node-behind, checkpoint-missing, view-change-missing). An honest node's outage is
+    reported the same way; exporting again into the same --out fetches the hole."""
+    print(f"pbft-etl: warning: {what} left out: {reason}", file=sys.stderr, flush=True)
 
 
 SCHEMAS: dict[str, StructType] = {

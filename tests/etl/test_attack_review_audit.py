@@ -28,13 +28,16 @@ from rlp.codec import length_prefix
 
 from cli.etl import genesis_validators
 from pbft_engine.messages import Prepare
+from spark_etl import rpc
 from spark_etl.audit import RULES, Audit, Rule, ValidatorSet, Violation, find_violations
 from spark_etl.audit.anchor_rules import validator_set
 from spark_etl.audit.chain_rules import block_hashes
 from spark_etl.audit.column_rules import COLUMN_RULES, LIST_OFFSET
 from spark_etl.audit.roots import trie_roots
 from spark_etl.audit.validators import resolve_validators
+from spark_etl.errors import EtlError
 from spark_etl.hexcodec import from_hex, to_hex
+from spark_etl.rpc import JsonRpcClient, RetryPolicy
 from spark_etl.tables import Dataset
 from tests.etl.chain_factory import ServedChain
 from tests.etl.conftest import NODE_A, NODE_B, Tables, dataset, etl, make_audit
@@ -219,20 +222,27 @@ def export_audit(spark: SparkSession, capsys: pytest.CaptureFixture[str], out: P
     return find_violations(Audit(Dataset.read(spark, str(out)), anchored), audit_rules())
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a node claiming head 2**40 makes the "
-                   "export plan 2**38 ranges in a Python loop: no verdict, ever")
+class Overclaiming(FakeNode):
+    """Claims view 2**62: before, the export asked it for 2**52 pages of view changes."""
+
+    def methods(self) -> dict[str, Callable[..., Any]]:
+        return {**super().methods(),
+                "pbft_status": lambda: {"engine": "pbft", "view": 2**62, "mode": "normal"}}
+
+
 def test_a_node_claiming_an_enormous_head_gets_a_verdict(
     spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
     test_chain: ServedChain, anchored: ValidatorSet,
 ) -> None:
     """`--to` defaults to the highest head any node claims, and `plan_spans` walks every
     range up to it (then every 250-block partition, each a Spark task) before asking the
-    node whether it has a single block there."""
-    with serving(test_chain) as honest, serving(test_chain) as liar:
-        liar.heads = [2**40]
-        with deadline(4):
-            found = export_audit(spark, capsys, tmp_path / "out", anchored, honest.url,
-                                 liar.url)
+    node whether it has a single block there (finding 1). Now a node is not asked above the
+    first block it did not serve, and view changes stop at a page with none."""
+    overclaiming = Overclaiming(test_chain)
+    overclaiming.heads = [2**40]
+    # deadline: an export that ends (the test chain takes ~10 s of it)
+    with serving(test_chain) as honest, serving_node(overclaiming) as liar, deadline(90):
+        found = export_audit(spark, capsys, tmp_path / "out", anchored, honest.url, liar.url)
     assert against(found, liar.url) != []
 
 
@@ -282,15 +292,14 @@ class Refusing(FakeNode):
         return served
 
 
-@pytest.mark.xfail(strict=True, reason="finding 7: one JSON-RPC error answer from a liar "
-                   "fails the whole export (exit 3) beside an honest node")
 def test_a_node_answering_errors_cannot_stop_the_honest_node_s_verdict(
     spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
     test_chain: ServedChain, anchored: ValidatorSet,
 ) -> None:
     """`_readable` leaves out an unreadable answer so that a lying node cannot stop the
-    export; an error object instead of the answer is a non-retriable RpcError that fails the
-    task, the job and the run: no verdict on the honest node either."""
+    export; an error object instead of the answer was a non-retriable RpcError that failed the
+    task, the job and the run: no verdict on the honest node either (finding 7). Now what a
+    node refuses is left out while another node served every block it was asked for."""
     with serving(test_chain) as honest, serving_node(Refusing(test_chain)) as liar:
         found = export_audit(spark, capsys, tmp_path / "out", anchored, honest.url, liar.url)
     assert against(found, liar.url) != []
@@ -345,3 +354,12 @@ def test_a_deeply_nested_answer_is_an_rpc_error() -> None:
         child = subprocess.run([sys.executable, "-c", DEEP_CALL, url], capture_output=True,
                                timeout=60, check=False)
     assert child.returncode == 0, child.stderr[-300:]
+
+
+def test_an_answer_larger_than_the_bound_is_an_rpc_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`response.read()` read whatever a node sent; the answer is now read up to the bound
+    (256 MiB: set to 1,000 bytes here) and what is above refused before it is parsed."""
+    monkeypatch.setattr(rpc, "MAX_ANSWER_BYTES", 1_000)
+    answer = b'{"jsonrpc": "2.0", "id": 0, "result": "' + b"0" * 2_000 + b'"}'
+    with raw_server(answer) as url, pytest.raises(EtlError, match="larger than"):
+        JsonRpcClient(url, RetryPolicy(attempts=1)).call("eth_chainId")

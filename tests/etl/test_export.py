@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from cli.etl import main
 from spark_etl import schemas
 from spark_etl.errors import RpcError
-from spark_etl.export import plan_spans
+from spark_etl.export import Plan, plan_spans
 from spark_etl.rpc import JsonRpcClient, RetryPolicy
 from spark_etl.source import Span
 from spark_etl.tables import Dataset
@@ -164,7 +164,7 @@ def test_interrupted_export_resumes_from_the_manifest(
                           "--range-size", "2", *FAST)
     assert code == 3 and "Traceback" not in stderr
     error = stderr.splitlines()[-1]
-    assert re.search(f"error: blocks (8-9|10-10) from {node.url}: HTTP 503", error), error
+    assert re.search(f"error: blocks 8-10 from {node.url}: HTTP 503", error), error
     assert spark.read.parquet(str(out / "blocks")).count() == 8
     node.fail_from = None
     node.fetched.clear()
@@ -202,6 +202,21 @@ def test_plan_skips_what_the_manifest_holds_and_widens_partial_ranges() -> None:
         Span("b", 8, 9, 8),
     ]
     assert plan_spans(("a",), 5, 5, 4, done) == []
+    plan = Plan(("a", "b"), 0, 9, 4, done)
+    assert plan.held() == [("a", 0)] and plan.blocks() == 20 - 4  # a: 4..5 is partial
+
+
+def test_plan_is_lazy_and_asks_a_stopped_node_for_nothing_more() -> None:
+    """A head claimed at 2**63 - 1 costs what the node serves, not 2**61 ranges."""
+    plan = Plan(("honest", "liar"), 0, 2**63 - 1, 4, heads={"honest": 9})
+    spans = plan.spans()
+    assert [next(spans) for _ in range(4)] == [
+        Span("honest", 0, 3, 0), Span("liar", 0, 3, 0),
+        Span("honest", 4, 7, 4), Span("liar", 4, 7, 4),
+    ]
+    plan.stopped.add("liar")  # it served less than span 4..7
+    assert list(spans) == [Span("honest", 8, 9, 8)]
+    assert plan.blocks() == 10 + 2**63
 
 
 def test_client_retries_with_backoff_then_gives_up(node: FakeNode) -> None:
