@@ -14,7 +14,15 @@ from pathlib import Path
 
 from benchmarks.load import BenchError
 from benchmarks.report import Results, describe_machine, format_table
-from benchmarks.stages import QUICK, STAGES, Context, Reference, Sizes, raw_limit
+from benchmarks.stages import (
+    OPT_IN_STAGES,
+    QUICK,
+    STAGES,
+    Context,
+    Reference,
+    Sizes,
+    raw_limit,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -23,12 +31,18 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results JSON file")
     parser.add_argument("--quick", action="store_true", help="small loads, for development")
-    parser.add_argument("--only", nargs="+", choices=sorted(STAGES), default=sorted(STAGES),
-                        help="stages to run (the raw limit always runs)")
+    parser.add_argument("--only", nargs="+", choices=sorted(STAGES),
+                        default=sorted(set(STAGES) - OPT_IN_STAGES),
+                        help="stages to run (the raw limit always runs; "
+                             f"{', '.join(sorted(OPT_IN_STAGES))} only when named)")
     parser.add_argument("--keep", action="store_true", help="keep the testnets' directories")
     parser.add_argument("--soak", type=int, metavar="N",
                         help="N=1: committed transactions when memory is read again "
                              f"(default {Sizes.soak_total:,})")
+    parser.add_argument("--chain-dir", type=Path, metavar="DIR",
+                        help="etl-large: the 300,000-transaction chain, built there if absent "
+                             "(default $PBFT_BENCH_CHAIN_DIR or ~/.cache/pbft-chain/"
+                             "bench-chain300k)")
     return parser.parse_args(argv)
 
 
@@ -56,7 +70,7 @@ def main(argv: list[str]) -> int:
         sizes = dataclasses.replace(sizes, soak_total=args.soak)
     workdir = Path(tempfile.mkdtemp(prefix="pbft-bench-"))
     try:
-        _run_stages(Context(results, Reference(), sizes, workdir), args.only)
+        _run_stages(Context(results, Reference(), sizes, workdir, args.chain_dir), args.only)
     except KeyboardInterrupt:
         print("interrupted; every node was stopped", file=sys.stderr)
         return 130
