@@ -9,10 +9,10 @@ only after all its tables are written."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from spark_etl.tables import (
 
 DEFAULT_RANGE_SIZE = 1_000
 DEFAULT_LAG_WAIT = 5.0  # seconds a node behind --to is given to catch up
+RETRIES_PER_NODE = 3  # spans fetched again for a node that serves them when asked again
 LAG_POLL = 0.25  # seconds between eth_blockNumber polls of a node behind
 Progress = Callable[[str], None]
 
@@ -178,19 +179,41 @@ class Plan:
     done: Done = field(default_factory=dict)
     heads: Mapping[str, int] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)
+    again: deque[Span] = field(default_factory=deque)  # spans to fetch once more, first
+    retried: Counter[str] = field(default_factory=Counter)
+    _start: int = field(init=False)  # the next range to plan
+
+    def __post_init__(self) -> None:
+        self._start = self.first - self.first % self.range_size
 
     def node_last(self, node: str) -> int:
         return min(self.last, self.heads.get(node, self.last))
 
-    def spans(self) -> Iterator[Span]:
-        start = self.first - self.first % self.range_size
-        while start <= max((self.node_last(n) for n in self.nodes if n not in self.stopped),
-                           default=-1):
-            for node in self.nodes:
-                span = None if node in self.stopped else self._span(node, start)
-                if span is not None:
-                    yield span
-            start += self.range_size
+    def next_wave(self, spans: int) -> list[Span]:
+        """About `spans` spans (a range's spans are not split), the ones to fetch again
+        first; [] when the plan is done. Made when asked for: a node stopped by then gets no
+        more spans."""
+        wave: list[Span] = []
+        while len(wave) < spans:
+            if self.again:
+                wave.append(self.again.popleft())
+            elif self._start <= max((self.node_last(n) for n in self.nodes
+                                     if n not in self.stopped), default=-1):
+                wave.extend(span for node in self.nodes if node not in self.stopped
+                            if (span := self._span(node, self._start)) is not None)
+                self._start += self.range_size
+            else:
+                break
+        return wave
+
+    def fetch_again(self, span: Span) -> bool:
+        """Queue `span` once more (whole: its range's partitions are replaced), unless its
+        node had its RETRIES_PER_NODE already."""
+        if self.retried[span.node] >= RETRIES_PER_NODE:
+            return False
+        self.retried[span.node] += 1
+        self.again.append(span)
+        return True
 
     def _span(self, node: str, start: int) -> Span | None:
         want = (max(start, self.first), min(start + self.range_size - 1, self.node_last(node)))
@@ -223,30 +246,24 @@ class Plan:
 def plan_spans(nodes: tuple[str, ...], first: int, last: int, range_size: int,
                done: Done, heads: Mapping[str, int] | None = None) -> list[Span]:
     """Every span of the plan, for nodes that serve every block they are asked for."""
-    return list(Plan(nodes, first, last, range_size, done, heads or {}).spans())
+    plan = Plan(nodes, first, last, range_size, done, heads or {})
+    return [span for wave in iter(lambda: plan.next_wave(1), []) for span in wave]
 
 
-def waves(spans: Iterator[Span], spans_per_wave: int) -> Iterator[list[Span]]:
-    """Consecutive groups of spans: one Spark job each, recorded in the manifest when done;
-    taken from `spans` only when the wave before is written (a plan is lazy)."""
-    while wave := list(islice(spans, spans_per_wave)):
-        yield wave
-
-
-def short_spans(wave: list[Span], counts: list[dict[str, Any]]) -> dict[str, Span]:
-    """node -> the rest of its first span in the wave that it served only in part (an error
-    after the retries, a null, an unreadable answer), from the first block it did not serve."""
+def short_spans(wave: list[Span], counts: list[dict[str, Any]]) -> list[tuple[Span, int]]:
+    """The first span of each node in the wave that it served only in part (an error after
+    the retries, a null, an unreadable answer), with the first block it did not serve."""
     served = {(row["node"], row["range_start"]): row for row in counts}
-    short: dict[str, Span] = {}
+    short: dict[str, tuple[Span, int]] = {}
     for span in wave:
         row = served.get((span.node, span.range_start))
         if span.node in short or (row is not None and row["first_block"] == span.first
                                   and row["last_block"] == span.last
                                   and row["blocks"] == span.size):
             continue
-        first_missing = span.first if row is None else row["last_block"] + 1
-        short[span.node] = replace(span, first=min(first_missing, span.last))
-    return short
+        first_missing = span.first if row is None else min(row["last_block"] + 1, span.last)
+        short[span.node] = (span, first_missing)
+    return list(short.values())
 
 
 def read_done(spark: SparkSession, options: ExportOptions, infos: list[NodeInfo]) -> Done:
@@ -333,7 +350,7 @@ def manifest_rows(counts: list[dict[str, Any]], infos: dict[str, NodeInfo], rang
 
 def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
                 infos: dict[str, NodeInfo], asked: tuple[int, int],
-                summary: ExportSummary) -> dict[str, Span]:
+                summary: ExportSummary) -> list[tuple[Span, int]]:
     """Fetch the wave's spans once, write every block-range table, then the manifest; the
     first block each node that served less than asked did not serve (`short_spans`)."""
     bundle = (
@@ -355,35 +372,50 @@ def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
     return short_spans(wave, counts)
 
 
-def refusal(rest: Span, options: ExportOptions) -> str | None:
-    """What the node answers when asked again, as the export asked it, for the first blocks
-    of `rest`, which it did not serve: the error (after the retries), or None when it
-    answers (a null: it has no such block)."""
+def ask_again(rest: Span, options: ExportOptions) -> str | None:
+    """What the node answers when asked once more, as the export asked it, for the first
+    blocks of `rest`, which it did not serve: the error (after the retries), "" when it
+    still serves less (a null: it has no such block), None when it serves them now."""
     batch = replace(rest, last=min(rest.last, rest.first + options.batch_blocks - 1))
     try:
         with JsonRpcClient(rest.node, options.policy) as client:
-            for _ in fetch_span(client, batch, options.batch_blocks):
-                pass
+            served = sum(1 for _ in fetch_span(client, batch, options.batch_blocks))
     except EtlError as exc:
         return str(exc)
-    return None
+    return None if served == batch.size else ""
 
 
-def fail_if_no_node_served(plan: Plan, short: dict[str, Span], options: ExportOptions) -> None:
-    """An error from a node is left to the audit while another node served every block it
-    was asked for (a node that answers errors must not stop the export of the others). When
-    none did and every node that stopped early refuses again, the export has nothing whole
-    to judge: ExtractError naming the first, so that a re-run resumes from the manifest."""
-    if len(short) < len(plan.nodes):
-        return
-    refused = []
-    for rest in short.values():
-        error = refusal(rest, options)
-        if error is None:
+@dataclass
+class Stops:
+    """Why each node stopped early: the blocks it did not serve and its error ("" for a
+    null answer)."""
+
+    refused: dict[str, tuple[Span, str]] = field(default_factory=dict)
+
+    def settle(self, plan: Plan, span: Span, first_missing: int, options: ExportOptions,
+               progress: Progress) -> None:
+        """A node that serves the blocks when asked once more had a passing failure: the span
+        is fetched again. One that does not is stopped: asked for nothing above."""
+        rest = replace(span, first=first_missing)
+        answer = ask_again(rest, options)
+        if answer is None and plan.fetch_again(span):
+            progress(f"{span.node} serves block {first_missing} now: fetching "
+                     f"{span.describe()} again")
             return
-        whole = replace(rest, last=plan.node_last(rest.node))
-        refused.append(f"{whole.describe()}: {error}")
-    raise ExtractError(refused[0])
+        plan.stopped.add(span.node)
+        self.refused[span.node] = (replace(rest, last=plan.node_last(span.node)), answer or "")
+        progress(f"{span.node} did not serve block {first_missing} (see the warnings above):"
+                 " the blocks above it are not asked for (the audit reports them)")
+
+    def fail_if_no_node_served(self, plan: Plan) -> None:
+        """An error from a node is left to the audit while another node served every block
+        it was asked for (a node that answers errors must not stop the export of the
+        others). When none did and each answers errors, the export has nothing whole to
+        judge: ExtractError naming the first, so that a re-run resumes from the manifest."""
+        errors = [f"{rest.describe()}: {error}" for rest, error in self.refused.values()
+                  if error]
+        if len(errors) == len(plan.nodes):
+            raise ExtractError(errors[0])
 
 
 def record_nodes_without_blocks(spark: SparkSession, options: ExportOptions,
@@ -440,19 +472,16 @@ def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> E
         f"{total} blocks to fetch, {summary.skipped} range(s) already exported"
     )
     by_url = {info.url: info for info in infos}
-    short: dict[str, Span] = {}
-    for wave in waves(plan.spans(), 2 * max(1, spark.sparkContext.defaultParallelism)):
-        for url, rest in export_wave(spark, options, wave, by_url, (first, last),
-                                     summary).items():
-            short.setdefault(url, rest)
-            plan.stopped.add(url)
+    stops = Stops()
+    per_wave = 2 * max(1, spark.sparkContext.defaultParallelism)
+    for wave in iter(lambda: plan.next_wave(per_wave), []):
+        for span, first_missing in export_wave(spark, options, wave, by_url, (first, last),
+                                               summary):
+            stops.settle(plan, span, first_missing, options, progress)
         elapsed = time.monotonic() - started
         progress(f"{summary.blocks}/{total} blocks ({100 * summary.blocks // max(total, 1)}%), "
                  f"{blocks_per_second(summary.blocks, elapsed)} blocks/s")
-    for url, rest in short.items():
-        progress(f"{url} did not serve block {rest.first} (see the warnings above): the "
-                 "blocks above it were not asked for (the audit reports them)")
-    fail_if_no_node_served(plan, short, options)
+    stops.fail_if_no_node_served(plan)
     record_nodes_without_blocks(spark, options, by_url, (first, last), done, summary.nodes)
     export_consensus_records(spark, options, infos)
     summary.seconds = time.monotonic() - started

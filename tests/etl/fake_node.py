@@ -29,6 +29,7 @@ class FakeNode:
     def __init__(self, chain: ServedChain) -> None:
         self.chain = chain
         self.fail_from: int | None = None  # requests touching blocks >= this get HTTP 503
+        self.fail_from_times: int | None = None  # ... only this many of them (None: all)
         self.fail_next = 0  # this many next requests get HTTP 503
         # eth_blockNumber's next answers, the last one repeated (empty: the chain's head)
         self.heads: list[int] = []
@@ -90,7 +91,13 @@ class FakeNode:
             return False
         numbers = [int(c["params"][0], 16) for c in calls
                    if c["method"] == "eth_getBlockByNumber" and c["params"][0] != "0x0"]
-        return any(n >= self.fail_from for n in numbers)
+        if not any(n >= self.fail_from for n in numbers):
+            return False
+        with self._lock:
+            if self.fail_from_times is None:
+                return True
+            self.fail_from_times -= 1
+            return self.fail_from_times >= 0
 
     def answer(self, body: bytes) -> tuple[int, Any]:
         payload = json.loads(body)

@@ -176,6 +176,23 @@ def test_interrupted_export_resumes_from_the_manifest(
     assert counts(spark, out) == expected_counts(test_chain, nodes=1)
 
 
+def test_a_passing_failure_is_fetched_again(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    test_chain: ServedChain, node: FakeNode,
+) -> None:
+    """Blocks 8-10 fail every attempt of their task (503 twice), then are served: the span
+    is asked again and fetched whole, not left out (that would read as a node withholding
+    blocks) nor failing the export."""
+    out = tmp_path / "out"
+    node.fail_from, node.fail_from_times = 9, 2
+    code, _, stderr = etl(capsys, "export", "--rpc", node.url, "--out", str(out),
+                          "--range-size", "4", *FAST)
+    assert code == 0, stderr
+    assert f"{node.url} serves block 8 now: fetching blocks 8-10 from {node.url} again" \
+        in stderr
+    assert counts(spark, out) == {**expected_counts(test_chain, nodes=1), "export_manifest": 3}
+
+
 def test_rerunning_a_range_replaces_it(
     spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
     test_chain: ServedChain, node: FakeNode,
@@ -209,13 +226,14 @@ def test_plan_skips_what_the_manifest_holds_and_widens_partial_ranges() -> None:
 def test_plan_is_lazy_and_asks_a_stopped_node_for_nothing_more() -> None:
     """A head claimed at 2**63 - 1 costs what the node serves, not 2**61 ranges."""
     plan = Plan(("honest", "liar"), 0, 2**63 - 1, 4, heads={"honest": 9})
-    spans = plan.spans()
-    assert [next(spans) for _ in range(4)] == [
+    assert plan.next_wave(4) == [
         Span("honest", 0, 3, 0), Span("liar", 0, 3, 0),
         Span("honest", 4, 7, 4), Span("liar", 4, 7, 4),
     ]
     plan.stopped.add("liar")  # it served less than span 4..7
-    assert list(spans) == [Span("honest", 8, 9, 8)]
+    assert plan.fetch_again(Span("honest", 4, 7, 4))  # it failed, then served
+    assert plan.next_wave(4) == [Span("honest", 4, 7, 4), Span("honest", 8, 9, 8)]
+    assert plan.next_wave(4) == []
     assert plan.blocks() == 10 + 2**63
 
 
