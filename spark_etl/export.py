@@ -291,20 +291,30 @@ COUNTED = [t.name for t in schemas.NESTED_TABLES]  # the tables nested in a fetc
 @dataclass
 class ExportSummary:
     skipped: int  # (node, range) pairs the manifest already held
-    rows: dict[str, int] = field(default_factory=dict)  # rows written per table
-    nodes: set[str] = field(default_factory=set)  # the nodes that served a block
+    # (node, range_start) -> rows written per table; a range fetched again replaces its own
+    ranges: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
     seconds: float = 0.0
+
+    @property
+    def rows(self) -> dict[str, int]:
+        """Rows written per table."""
+        return {table: sum(r[table] for r in self.ranges.values())
+                for table in ("blocks", *COUNTED)}
+
+    @property
+    def nodes(self) -> set[str]:
+        """The nodes that served a block."""
+        return {node for node, _ in self.ranges}
 
     @property
     def blocks(self) -> int:
         """Blocks fetched, summed over the nodes."""
-        return self.rows.get("blocks", 0)
+        return self.rows["blocks"]
 
     def add(self, counts: list[dict[str, Any]]) -> None:
         for row in counts:
-            self.nodes.add(row["node"])
-            for table in ("blocks", *COUNTED):
-                self.rows[table] = self.rows.get(table, 0) + (row[table] or 0)
+            self.ranges[(row["node"], row["range_start"])] = {
+                table: row[table] or 0 for table in ("blocks", *COUNTED)}
 
 
 def range_counts(bundle: DataFrame) -> list[dict[str, Any]]:

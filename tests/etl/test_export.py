@@ -185,9 +185,10 @@ def test_a_passing_failure_is_fetched_again(
     blocks) nor failing the export."""
     out = tmp_path / "out"
     node.fail_from, node.fail_from_times = 9, 2
-    code, _, stderr = etl(capsys, "export", "--rpc", node.url, "--out", str(out),
-                          "--range-size", "4", *FAST)
+    code, stdout, stderr = etl(capsys, "export", "--rpc", node.url, "--out", str(out),
+                               "--range-size", "4", *FAST)
     assert code == 0, stderr
+    assert "exported 11 blocks" in stdout  # each fetched once in the count
     assert f"{node.url} serves block 8 now: fetching blocks 8-10 from {node.url} again" \
         in stderr
     assert counts(spark, out) == {**expected_counts(test_chain, nodes=1), "export_manifest": 3}
