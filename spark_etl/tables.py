@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +89,22 @@ class Dataset:
     @classmethod
     def read(cls, spark: SparkSession, root: str) -> Dataset:
         return cls(**{t.name: read_table(spark, root, t) for t in schemas.TABLES})
+
+    def frames(self) -> dict[str, DataFrame]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def estimated_bytes(self) -> int:
+        """The tables' size as Spark's planner estimates it (a file's: its bytes), without
+        running a job."""
+        return sum(_estimated_bytes(frame) for frame in self.frames().values())
+
+    def in_one_partition(self) -> Dataset:
+        """Every table in one partition, read by one task (no shuffle)."""
+        return Dataset(**{name: frame.coalesce(1) for name, frame in self.frames().items()})
+
+
+def _estimated_bytes(frame: DataFrame) -> int:
+    # The optimized plan's statistics (a Scala BigInt): what Spark itself weighs a
+    # broadcast join by; PySpark has no public call for it.
+    stats = frame._jdf.queryExecution().optimizedPlan().stats()
+    return int(stats.sizeInBytes())

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
+from pyspark.sql import functions as F
 
 from spark_etl.audit.anchor_rules import (
     block_range,
@@ -34,12 +35,13 @@ from spark_etl.audit.consensus_rules import (
     equivocation,
     view_changes,
 )
-from spark_etl.audit.context import Audit, ValidatorSet, union_all
+from spark_etl.audit.context import Audit, ValidatorSet, tagged_union, union_all
 from spark_etl.audit.export_rules import export_manifest, node_agreement
 from spark_etl.audit.records_rules import (
     checkpoint_missing,
-    consensus_figures,
     evidence_false,
+    figure_rows,
+    figures_of,
     malformed_records,
     record_fields,
     signer_columns,
@@ -83,32 +85,57 @@ RULES: tuple[Rule, ...] = (
 
 
 def find_violations(audit: Audit, rules: tuple[Rule, ...] = RULES) -> list[Violation]:
-    found = union_all(*(rule(audit) for rule in rules)).collect()
-    return sorted((Violation(**row.asDict()) for row in found), key=Violation.sort_key)
+    return _violations(audit.collect(union_all(*(rule(audit) for rule in rules))))
+
+
+def _violations(rows: list[Row]) -> list[Violation]:
+    found = (Violation(**{k: row[k] for k in Violation.__dataclass_fields__}) for row in rows)
+    return sorted(found, key=Violation.sort_key)
+
+
+def _results(audit: Audit, rules: tuple[Rule, ...]) -> DataFrame:
+    """Everything the report needs, as rows of one query (`result` says what each is): the
+    violations of every rule, the counts, and the consensus figures. Collected at once, it
+    is one Spark job (in one partition: of one stage) instead of one per count."""
+    data = audit.data
+    parts = {
+        "violation": union_all(*(rule(audit) for rule in rules)),
+        "blocks": data.blocks.groupBy("node").agg(F.count("*").alias("count")),
+        "transactions": data.transactions.agg(F.count("*").alias("count")),
+        "signatures": signatures(audit).agg(F.count("*").alias("count")),
+        "figure": figure_rows(audit),
+    }
+    return tagged_union("result", parts)
 
 
 def run_audit(data: Dataset, validators: ValidatorSet,
               rules: tuple[Rule, ...] = RULES) -> AuditResult:
     started = time.monotonic()
     audit = Audit(data, validators)
-    recovered = signatures(audit).count()
-    recovery_seconds = time.monotonic() - started
-    blocks = {
-        row["node"]: row["count"] for row in data.blocks.groupBy("node").count().collect()
-    }
-    transactions = data.transactions.count()
-    found = find_violations(audit, rules)
-    figures = consensus_figures(audit)
+    try:
+        if not audit.one_partition:
+            signatures(audit)  # recovered first, in parallel: the step's wall time is its own
+        recovery_seconds = time.monotonic() - started
+        rows = audit.collect(_results(audit, rules))
+    finally:
+        audit.release()
+    if audit.one_partition:  # recovered in the one task that needed them: its CPU time
+        recovery_seconds = audit.recovery_cpu_seconds.value
+    kinds: dict[str, list[Row]] = {}
+    for row in rows:
+        kinds.setdefault(row["result"], []).append(row)
+    counts = {kind: sum(row["count"] for row in kinds.get(kind, []))
+              for kind in ("transactions", "signatures")}
     return AuditResult(
         validators=validators,
-        blocks=blocks,
-        transactions=transactions,
-        signatures=recovered,
+        blocks={row["node"]: row["count"] for row in kinds.get("blocks", [])},
+        transactions=counts["transactions"],
+        signatures=counts["signatures"],
         recovery_seconds=recovery_seconds,
         recovery_cpu_seconds=audit.recovery_cpu_seconds.value,
         seconds=time.monotonic() - started,
-        violations=found,
-        figures=figures,
+        violations=_violations(kinds.get("violation", [])),
+        figures=figures_of(kinds.get("figure", [])),
     )
 
 

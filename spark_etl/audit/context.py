@@ -4,12 +4,13 @@ Python over partitions (Arrow batches) and to shape violations."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 from pyspark.accumulators import Accumulator
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
@@ -54,12 +55,47 @@ class ValidatorSet:
         return address.isin(list(self.addresses))
 
 
+# Up to this many bytes of exported tables (Parquet, as Spark's planner estimates them: the
+# files' sizes), the audit runs each table in one partition: its plans then need no shuffle
+# (a single partition is clustered every way), so every rule, count and figure is one Spark
+# job of one stage instead of some 170 jobs, each of which costs its scheduling however few
+# rows it holds. About 20,000 transactions with their receipts and consensus records; their
+# Python pass takes a few seconds on one core, what the shuffles' stages cost anyway.
+ONE_PARTITION_BYTES = 16 * 1024 * 1024
+# How Spark plans and runs the audit's queries in one partition: no shuffle, and nothing
+# that only pays off on many rows.
+ONE_PARTITION = {
+    # a join of two inputs in one partition needs no shuffle (EnsureRequirements) when
+    # their estimated size is below this: Spark's estimate of a join multiplies its inputs'
+    "spark.sql.maxSinglePartitionBytes": str(2**62),
+    # what still needs a shuffle (an input that is not known to be in one partition, like
+    # a full outer join's output) shuffles into one partition, not 200
+    "spark.sql.shuffle.partitions": "1",
+    # no broadcast join: each would be a job of its own, to send rows that are already there
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    # not adaptive: there is no shuffle to adapt, and an adaptive plan does not say it is in
+    # one partition (every join with a cached frame would shuffle)
+    "spark.sql.adaptive.enabled": "false",
+    # no semi or anti join pushed below a table's coalesce: it would read the table's
+    # partitions, and shuffle them
+    "spark.sql.optimizer.excludedRules":
+        "org.apache.spark.sql.catalyst.optimizer.PushDownLeftSemiAntiJoin",
+    # interpreted, not compiled: compiling each of the hundreds of operators' Java code
+    # (Janino) cost more than running them over a few thousand rows (on the test chain:
+    # the query's CPU time 22 s -> 15 s)
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+
+
 @dataclass
 class Audit:
-    """One audit run: rules read `data`, and share `signatures` (recovered once, cached)."""
+    """One audit run: rules read `data`, and share `signatures` (recovered once, cached).
+    `one_partition` (None: decided from the data's size) runs every table in one partition."""
 
     data: Dataset
     validators: ValidatorSet
+    one_partition: bool | None = None
     _cache: dict[str, DataFrame] = field(default_factory=dict)
     # CPU time the Python workers spent recovering signatures (the per-core rate's divisor)
     recovery_cpu_seconds: Accumulator[float] = field(init=False)
@@ -67,12 +103,60 @@ class Audit:
     def __post_init__(self) -> None:
         spark = self.data.blocks.sparkSession
         self.recovery_cpu_seconds = spark.sparkContext.accumulator(0.0)
+        if self.one_partition is None:
+            self.one_partition = self.data.estimated_bytes() <= ONE_PARTITION_BYTES
+        if self.one_partition:
+            self.data = self.data.in_one_partition()
 
     def cached(self, name: str, build: Callable[[], DataFrame]) -> DataFrame:
-        """`build()` computed once per audit and kept (local checkpoint) for every rule."""
+        """`build()` computed once per audit and kept for every rule: in one partition, cached
+        by the first task that reads it (no job of its own); else a local checkpoint."""
         if name not in self._cache:
-            self._cache[name] = build().localCheckpoint(eager=True)
+            with self.planning():  # cache() plans its query now
+                frame = build()
+                self._cache[name] = (frame.cache() if self.one_partition
+                                     else frame.localCheckpoint(eager=True))
         return self._cache[name]
+
+    @contextmanager
+    def planning(self) -> Iterator[None]:
+        """Spark plans and runs queries in here as the audit's mode wants (`ONE_PARTITION`)."""
+        if not self.one_partition:
+            yield
+            return
+        conf = self.data.blocks.sparkSession.conf
+        before = {key: conf.get(key, None) for key in ONE_PARTITION}
+        for key, value in ONE_PARTITION.items():
+            conf.set(key, value)
+        try:
+            yield
+        finally:
+            for key, value in before.items():
+                if value is None:
+                    conf.unset(key)
+                else:
+                    conf.set(key, value)
+
+    def union(self, first: DataFrame, *others: DataFrame) -> DataFrame:
+        """`union_all`, kept in one partition when the audit runs in one (a union has a
+        partition per part: grouping or joining it would shuffle)."""
+        frame = union_all(first, *others)
+        return frame.coalesce(1) if self.one_partition else frame
+
+    def broadcast(self, frame: DataFrame) -> DataFrame:
+        """`frame` as the small side of a broadcast join, unless in one partition."""
+        return frame if self.one_partition else F.broadcast(frame)
+
+    def collect(self, frame: DataFrame) -> list[Row]:
+        with self.planning():
+            return frame.collect()
+
+    def release(self) -> None:
+        """Drop what `cached` kept (a cache outlives the audit otherwise)."""
+        for frame in self._cache.values():
+            if self.one_partition:
+                frame.unpersist()
+        self._cache.clear()
 
 
 def violations(
@@ -95,6 +179,16 @@ def violations(
 def union_all(first: DataFrame, *others: DataFrame) -> DataFrame:
     for other in others:
         first = first.unionByName(other)
+    return first
+
+
+def tagged_union(tag: str, parts: dict[str, DataFrame]) -> DataFrame:
+    """The rows of every part, with column `tag` naming their part (a column a part lacks:
+    null), to collect as one query."""
+    tagged = [frame.select(F.lit(name).alias(tag), "*") for name, frame in parts.items()]
+    first, *others = tagged
+    for other in others:
+        first = first.unionByName(other, allowMissingColumns=True)
     return first
 
 

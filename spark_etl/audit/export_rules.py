@@ -8,7 +8,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_etl import schemas
-from spark_etl.audit.context import Audit, union_all, violations
+from spark_etl.audit.context import Audit, violations
 from spark_etl.tables import RANGE_KEYS
 
 # The tables whose rows every honest node serves alike for a block (certificates and
@@ -42,7 +42,7 @@ def node_agreement(audit: Audit) -> DataFrame:
     same rows of blocks, transactions, receipts and logs for it (every column but node and
     range), one violation per height and table that differs."""
     hashes = audit.data.blocks.select("node", F.col("number").alias("block_number"), "hash")
-    digests = union_all(*(_row_digests(audit, t, h) for t, h in AGREED_TABLES.items()))
+    digests = audit.union(*(_row_digests(audit, t, h) for t, h in AGREED_TABLES.items()))
     # a node's version of a table at a height: its block hash and its rows' digest (short)
     version = F.concat_ws(" rows ", "hash", F.substring("digest", 1, 16))
     heights = (

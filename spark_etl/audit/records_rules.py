@@ -6,12 +6,12 @@ records that do not decode (malformed-value). Who signed what is always the reco
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
 from spark_etl import schemas
 from spark_etl.audit.anchor_rules import quorum_commits
-from spark_etl.audit.context import Audit, union_all, violations
+from spark_etl.audit.context import Audit, tagged_union, union_all, violations
 from spark_etl.audit.report import ConsensusFigures, InstalledView
 from spark_etl.audit.signatures import checked, recovered, signatures
 
@@ -85,7 +85,7 @@ def view_change_missing(audit: Audit) -> DataFrame:
     commits = audit.data.commit_certificates.join(recovered(audit, "c"), "message").where(
         F.col("c_valid") & (F.col("c_type") == "commit")
     )
-    named = union_all(
+    named = audit.union(
         commits.select("node", F.col("c_view").alias("view"), "block_number",
                        F.lit("its commit certificates").alias("source")),
         audit.data.view_changes.select(
@@ -158,7 +158,7 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
     ).distinct()
     # What the node serves Q matching CHECKPOINTs for is stable whatever `stable` it says.
     proven_here = _proven_by_node(audit)
-    reached = union_all(
+    reached = audit.union(
         stable.select("node", F.col("block_number").alias("reached")),
         proven_here.select("node", F.col("block_number").alias("reached")),
         data.view_changes.select("node", F.col("stable_seq_no").alias("reached")),
@@ -220,7 +220,7 @@ def signer_columns(audit: Audit) -> DataFrame:
     address its signed message recovers to."""
     data = audit.data
     replica = F.col("replica")
-    named = union_all(
+    named = audit.union(
         _named(data.commit_certificates, "commit_certificates.signer", F.col("signer"),
                F.col("block_number")),
         _named(data.checkpoints, "checkpoints.replica", audit.validators.address_of(replica),
@@ -388,7 +388,7 @@ def _column_fault(table: str, column: str, size: int | None) -> Column:
 def malformed_records(audit: Audit) -> DataFrame:
     """malformed-value: every hash, address and signature column of the consensus tables is
     hex of its size, and every message column hex bytes that decode as a signed message."""
-    undecodable = F.broadcast(
+    undecodable = audit.broadcast(
         signatures(audit).where(F.col("malformed")).select("message", "error")
     )
     blocks = {
@@ -414,33 +414,59 @@ def malformed_records(audit: Audit) -> DataFrame:
 
 # --- figures -----------------------------------------------------------------------------
 
-def _per_signer(audit: Audit, frame: DataFrame, kind: str, key: str) -> dict[str, int]:
-    """Per recovered validator: distinct `key`s of its valid `kind` messages in `frame`."""
+def _per_signer(audit: Audit, frame: DataFrame, kind: str, key: str) -> DataFrame:
+    """(key, count) per recovered validator: distinct `key`s of its valid `kind` messages in
+    `frame`."""
     valid = signatures(audit).where(F.col("valid") & (F.col("type") == kind))
-    counts = (frame.select("message").distinct().join(valid, "message")
-              .groupBy("signer").agg(F.countDistinct(key).alias("count")).collect())
-    return {row["signer"]: row["count"] for row in counts}
+    return (frame.select("message").distinct().join(valid, "message")
+            .groupBy(F.col("signer").alias("key")).agg(F.countDistinct(key).alias("count")))
 
 
-def consensus_figures(audit: Audit) -> ConsensusFigures:
+def figure_rows(audit: Audit) -> DataFrame:
+    """The consensus figures as rows (`figure`: what a row counts; `key` and `count`, or a
+    view's columns) to collect with the audit's other results in one job."""
     data = audit.data
     evidence = verified_evidence(audit)
     slot = F.concat_ws("/", "type", "view", "seq_no")
-    equivocations = (evidence.where(F.col("proof") == "equivocation").groupBy("a_signer")
-                     .agg(F.countDistinct(slot).alias("count")).collect())
-    proofs: dict[str | None, int] = {
-        row["proof"]: row["count"] for row in evidence.groupBy("proof").count().collect()
+    parts = {
+        "commits": _per_signer(audit, data.commit_certificates, "commit", "seq_no"),
+        "checkpoints": _per_signer(audit, data.checkpoints, "checkpoint", "seq_no"),
+        "view_changes": _per_signer(audit, data.view_changes, "view-change", "view"),
+        "equivocations": evidence.where(F.col("proof") == "equivocation")
+        .groupBy(F.col("a_signer").alias("key")).agg(F.countDistinct(slot).alias("count")),
+        "proofs": evidence.groupBy(F.col("proof").alias("key")).agg(F.count("*").alias("count")),
+        "views": installed_views(audit).groupBy("view").agg(
+            F.max("primary").alias("primary"), F.max("senders").alias("senders"),
+            F.max("stable_seq_no").alias("stable_seq_no")),
     }
-    views = (installed_views(audit).groupBy("view")
-             .agg(F.max("primary").alias("primary"), F.max("senders").alias("senders"),
-                  F.max("stable_seq_no").alias("stable_seq_no"))
-             .orderBy("view").collect())
+    return tagged_union("figure", parts)
+
+
+def figures_of(rows: list[Row]) -> ConsensusFigures:
+    """The figures from the collected `figure_rows`."""
+    counts: dict[str, dict[str | None, int]] = {}
+    views = []
+    for row in rows:
+        if row["figure"] == "views":
+            views.append(InstalledView(row["view"], row["primary"], row["senders"],
+                                       row["stable_seq_no"]))
+        else:
+            counts.setdefault(row["figure"], {})[row["key"]] = row["count"]
+
+    def per_validator(figure: str) -> dict[str, int]:
+        return {key: n for key, n in counts.get(figure, {}).items() if key is not None}
+
+    proofs = counts.get("proofs", {})
     return ConsensusFigures(
-        commits=_per_signer(audit, data.commit_certificates, "commit", "seq_no"),
-        checkpoints=_per_signer(audit, data.checkpoints, "checkpoint", "seq_no"),
-        view_changes=_per_signer(audit, data.view_changes, "view-change", "view"),
-        equivocations={row["a_signer"]: row["count"] for row in equivocations},
+        commits=per_validator("commits"),
+        checkpoints=per_validator("checkpoints"),
+        view_changes=per_validator("view_changes"),
+        equivocations=per_validator("equivocations"),
         unproven_evidence=proofs.get(None, 0),
         one_message_evidence=proofs.get("one message", 0),
-        views=tuple(InstalledView(**row.asDict()) for row in views),
+        views=tuple(sorted(views, key=lambda v: v.view)),
     )
+
+
+def consensus_figures(audit: Audit) -> ConsensusFigures:
+    return figures_of(audit.collect(figure_rows(audit)))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from functools import partial, reduce
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -185,15 +185,15 @@ def signed_messages(audit: Audit) -> DataFrame:
         data.commit_certificates.select("message"),
         data.checkpoints.select("message"),
     ]
-    containers = reduce(DataFrame.unionByName, [
+    containers = audit.union(
         data.view_changes.select("message"),
         data.view_changes.select(F.col("new_view").alias("message")),
         data.evidence.select(F.col("first").alias("message")),
         data.evidence.select(F.col("second").alias("message")),
-    ]).distinct()
+    ).distinct()
     unnest = F.udf(nested_messages, ArrayType(StringType()), useArrow=True)
     nested = containers.select(F.explode(unnest("message")).alias("message"))
-    union = reduce(DataFrame.unionByName, [*flat, nested]).where(F.col("message").isNotNull())
+    union = audit.union(*flat, nested).where(F.col("message").isNotNull())
     # a message that is not hex has no bytes to recover (malformed-value reports it)
     encoded = union.select(F.expr("unhex(substr(message, 3))").alias("encoded"))
     return encoded.where(F.col("encoded").isNotNull()).distinct()
@@ -204,10 +204,11 @@ def signatures(audit: Audit) -> DataFrame:
 
     def build() -> DataFrame:
         messages = signed_messages(audit)
-        # one partition per core: Spark's adaptive execution coalesces the few MB of
-        # messages a chain of thousands of blocks has into a single partition (one core)
-        spark = messages.sparkSession
-        recovered = messages.repartition(spark.sparkContext.defaultParallelism).mapInArrow(
+        if not audit.one_partition:
+            # one partition per core: Spark's adaptive execution coalesces the few MB of
+            # messages a chain of thousands of blocks has into a single partition (one core)
+            messages = messages.repartition(messages.sparkSession.sparkContext.defaultParallelism)
+        recovered = messages.mapInArrow(
             partial(_recover_batches, chain_id=audit.validators.chain_id,
                     cpu_seconds=audit.recovery_cpu_seconds),
             RECOVERED,
