@@ -229,7 +229,8 @@ def _scale_out(ctx: stages.Context, net: BenchNet, last: int, details: dict[str,
     url, genesis = net.rpc_urls([0])[0], net.cluster.description["genesis"]
     walls = {}
     for master in ("local[1]", "local[2]"):
-        out = ctx.workdir / f"etl-run-{master}"
+        # no brackets in the path: Spark reads "[1]" in a path as a glob
+        out = ctx.workdir / f"etl-run-{master.strip(']').replace('[', '-')}"
         walls[master], _ = stages._timed_etl("run", "--rpc", url, "--out", str(out), "--to",
                                              str(last), "--genesis", genesis,
                                              "--master", master)

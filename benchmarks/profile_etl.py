@@ -55,8 +55,9 @@ CATEGORIES = [
     # pyspark's workers import pyspark from pyspark.zip: zipimport compiles every module
     # from source in every new Python process (it never writes bytecode)
     ("pyspark imported from pyspark.zip (compiled from source)", r"zipimport"),
+    ("imports (module loading)", r"<frozen importlib|_find_and_load"),
     ("signature recovery (coincurve)", r"coincurve|recover_signer|_recover"),
-    ("trie roots (py-trie, rlp)", r"trie|roots\.py|_root\b"),
+    ("trie roots (py-trie)", r"\(trie/|audit/roots\.py"),
     ("audit column checks (decode, compare)", r"spark_etl/audit/column_rules"),
     ("state replay (py-evm)", r"state_replay|state_rules|/eth/"),
     ("audit rules' other Python (driver: building the plans)", r"spark_etl/audit/"),
@@ -64,11 +65,10 @@ CATEGORIES = [
     ("JSON-RPC: JSON decoding", r"spark_etl/rpc\.py.*json"),
     ("row building (spark_etl/rows, hexcodec)", r"spark_etl/(rows|hexcodec)"),
     ("JSON-RPC: other client code", r"spark_etl/rpc\.py"),
-    ("data source: Spark's row conversion", r"pyspark/sql/(worker|datasource)|conversion"),
+    ("data source: Spark's row conversion to Arrow", r"data_source|datasource|conversion"),
     ("Arrow / pickling to the JVM", r"pyarrow|serializers|pickle|cloudpickle"),
     ("export driver (plan, manifest)", r"spark_etl/export"),
     ("py4j: driver <-> JVM calls", r"py4j"),
-    ("imports (module loading)", r"<frozen importlib|_find_and_load"),
     ("pyspark worker loop", r"pyspark/(worker|daemon)"),
 ]
 # Which process a py-spy stack is from: py-spy (--subprocesses) roots each stack in the
@@ -296,6 +296,11 @@ def _summarise(jobs: dict[int, dict[str, Any]], stages: dict[int, dict[str, Any]
         "task_jvm_cpu_seconds": round(sum(t[2] for t in tasks.values()), 1),
         "task_gc_seconds": round(sum(t[3] for t in tasks.values()), 1),
         "jobs_busy_seconds": round(_union_seconds(list(zip(starts, ends, strict=True))), 1),
+        # the driver alone (planning, Python, py4j) between the first job and the last
+        "no_job_running_seconds": round(max(ends, default=0) - min(starts, default=0)
+                                        - _union_seconds(list(zip(starts, ends, strict=True))),
+                                        1),
+        "longest_gaps": _gaps(jobs),
         "process_to_app_start_seconds": round(app.get("start", started_wall) - started_wall, 1),
         "app_start_to_first_job_seconds": round(min(starts, default=0) - app.get("start", 0), 1)
         if starts else None,
@@ -308,6 +313,20 @@ def _summarise(jobs: dict[int, dict[str, Any]], stages: dict[int, dict[str, Any]
               "task_seconds": round(v[3], 1)}
              for site, v in by_site.items()), key=lambda e: -e["wall_seconds"]),
     }
+
+
+def _gaps(jobs: dict[int, dict[str, Any]], count: int = 3) -> list[dict[str, Any]]:
+    """The longest stretches with no job running: seconds, the job before and the job after."""
+    ordered = sorted(jobs.items(), key=lambda item: item[1]["start"])
+    gaps, reach, before = [], float("inf"), None
+    for job_id, job in ordered:
+        if before is not None and job["start"] > reach:
+            gaps.append({"seconds": round(job["start"] - reach, 1), "after_job": before,
+                         "before_job": job_id, "next_site": job["site"]})
+        end = job.get("end", job["start"])
+        reach = end if before is None else max(reach, end)
+        before = job_id
+    return sorted(gaps, key=lambda g: -g["seconds"])[:count]
 
 
 def _union_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -391,7 +410,9 @@ def markdown(summary: dict[str, Any]) -> str:
                   f"({spark['stages_skipped']} skipped), {spark['tasks']} tasks; jobs busy "
                   f"{spark['jobs_busy_seconds']} s; task run time {spark['task_run_seconds']} s"
                   f" (JVM CPU {spark['task_jvm_cpu_seconds']} s, GC {spark['task_gc_seconds']}"
-                  f" s); process to Spark app {spark['process_to_app_start_seconds']} s, app to"
+                  f" s); no job running {spark['no_job_running_seconds']} s between the first"
+                  f" job and the last (longest: {_gap_list(spark['longest_gaps'])} s); process"
+                  f" to Spark app {spark['process_to_app_start_seconds']} s, app to"
                   f" first job {spark['app_start_to_first_job_seconds']} s; node 0 CPU "
                   f"{_seconds(command['node_cpu_seconds'])}", "",
                   "| driver phase | s |", "|---|---|"]
@@ -411,6 +432,10 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gap_list(gaps: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{g['seconds']} before job {g['before_job']}" for g in gaps)
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
@@ -422,7 +447,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--chain-dir", type=Path, help="the etl-large chain (its default)")
     parser.add_argument("--to", type=int, help="last block (default: the head)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--again", action="store_true",
+                        help="only sort the samples of an earlier run in --out again")
     args = parser.parse_args(argv)
+    if args.again:
+        return write_summary(args.out, summarise_again(args.out))
     py_spy = py_spy_path()
     if py_spy is None:
         print("py-spy is not installed: .venv/bin/pip install py-spy", file=sys.stderr)
@@ -434,9 +463,27 @@ def main(argv: list[str]) -> int:
         summary = profile(net, last, args.out, py_spy)
     finally:
         net.close()
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return write_summary(args.out, summary)
+
+
+def summarise_again(out: Path) -> dict[str, Any]:
+    """An earlier run's summary, its driver and Python views made again from its files (the
+    categories may have changed since)."""
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    for command in summary["commands"]:
+        name = command["command"]
+        command["driver"] = driver_phases(out / f"{name}-driver.prof")
+        command["python"] = python_samples(out / f"{name}-py-spy.txt")
+        started = command["spark"].get("process_to_app_start_seconds", 0.0)
+        spark = spark_events(next((out / f"{name}-events").iterdir()), 0.0)
+        command["spark"] = {**spark, "process_to_app_start_seconds": started}
+    return summary
+
+
+def write_summary(out: Path, summary: dict[str, Any]) -> int:
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = markdown(summary)
-    (args.out / "summary.md").write_text(text)
+    (out / "summary.md").write_text(text)
     print(text)
     return 0
 
