@@ -9,14 +9,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import rlp
-from rlp.codec import consume_length_prefix
+from eth_hash.auto import keccak
 
-from encoding import EncodingError
-from encoding.rlp import check_rlp_depth
 from pbft_engine.messages import Checkpoint, MessageError, decode_commit_certificate
 from pbft_engine.messages import decode_signed_bytes as decode_message
 from spark_etl import schemas
+from spark_etl.audit.column_rules import (
+    FIELDS,
+    INTEGERS,
+    DecodedTransaction,
+    _header_columns,
+    contract_address,
+    effective_gas_price,
+    transaction_columns,
+)
 from spark_etl.errors import ExtractError
 from spark_etl.hexcodec import (
     from_hex,
@@ -26,12 +32,14 @@ from spark_etl.hexcodec import (
     optional_wei,
     quantity,
     to_hex,
+    wei_columns,
     word,
 )
 from spark_etl.schemas import Table
 
 Row = tuple[Any, ...]
-BLOCK_DEPTH = 5  # [header, [transactions (a legacy one a list)], [], [withdrawals]]: 3, and room
+RECEIPT_DEPTH = 3  # [status, cumulative gas, bloom, [[address, [topics], data], ...]]
+TRANSACTION_DEPTH = 3  # [..., [[address, [storage keys]], ...], ...]
 NO_SEQ_NO = hex(2**64 - 1)  # pbft_getEvidence's seqNo of a message type that has none
 Json = dict[str, Any]
 
@@ -57,22 +65,68 @@ def _wei(name: str, value: Any) -> dict[str, Any]:
     return {name: exact, f"{name}_lossless": lossless}
 
 
-def raw_parts(raw_block: str) -> tuple[str, list[str]]:
+def _span(data: bytes, at: int, end: int) -> tuple[bool, int, int]:
+    """Whether the RLP item at `at` is a list, and where its payload starts and ends (inside
+    `end`, else ValueError; past the data: IndexError)."""
+    prefix = data[at]
+    if prefix < 0x80:
+        return False, at, at + 1
+    if prefix < 0xB8 or 0xC0 <= prefix < 0xF8:
+        start, length = at + 1, prefix - (0x80 if prefix < 0xC0 else 0xC0)
+    else:
+        start = at + 1 + prefix - (0xB7 if prefix < 0xC0 else 0xF7)
+        length = int.from_bytes(data[at + 1 : start], "big")
+    if start + length > end:
+        raise ValueError("an RLP item runs past its list")
+    return prefix >= 0xC0, start, start + length
+
+
+def _items(data: bytes, start: int, end: int, depth: int) -> list[Any]:
+    items: list[Any] = []
+    while start < end:
+        is_list, first, last = _span(data, start, end)
+        if is_list and depth == 0:
+            raise ValueError("RLP lists nested deeper than they may")
+        items.append(_items(data, first, last, depth - 1) if is_list else data[first:last])
+        start = last
+    return items
+
+
+def rlp_list(data: bytes, depth: int) -> list[Any]:
+    """The items of the RLP list `data`, lists in it nested at most `depth` deep (the
+    recursion is bounded before it starts). No canonical-form checks: the export takes the
+    values as they stand, the audit checks the bytes (spark_etl/audit/column_rules.py); this
+    split, unlike pyrlp's decoder, costs a few microseconds a transaction."""
+    is_list, start, end = _span(data, 0, len(data))
+    if not is_list or end != len(data):
+        raise ValueError("not one RLP list")
+    return _items(data, start, end, depth)
+
+
+def block_parts(encoded: bytes) -> tuple[bytes, list[bytes]]:
     """The header's bytes exactly as they stand in an RLP block [header, txs, ...], and each
     transaction's consensus encoding (a typed transaction is its bytes, a legacy one its RLP
-    list)."""
+    list), byte for byte: split by their length prefixes, not decoded."""
     try:
-        encoded = from_hex(raw_block)
-        _, _, _, position = consume_length_prefix(encoded, 0)  # into the block's list
-        _, _, length, start = consume_length_prefix(encoded, position)  # the header
-        check_rlp_depth(encoded, BLOCK_DEPTH)  # pyrlp recurses: bound it first
-        transactions = rlp.decode(encoded)[1]
-    except (rlp.exceptions.RLPException, EncodingError, IndexError, ValueError) as exc:
-        raise ExtractError(f"debug_getRawBlock: not an RLP block ({exc})") from None
-    raw_header = to_hex(encoded[position : start + length])
-    return raw_header, [
-        to_hex(tx if isinstance(tx, bytes) else rlp.encode(tx)) for tx in transactions
-    ]
+        kind, position, end = _span(encoded, 0, len(encoded))
+        header_kind, _, header_end = _span(encoded, position, end)
+        list_kind, at, transactions_end = _span(encoded, header_end, end)
+        if not (kind and header_kind and list_kind) or end != len(encoded):
+            raise ValueError("not [header, [transactions], ...]")
+        transactions = []
+        while at < transactions_end:
+            is_list, start, stop = _span(encoded, at, transactions_end)
+            transactions.append(encoded[at:stop] if is_list else encoded[start:stop])
+            at = stop
+    except (IndexError, ValueError) as exc:
+        raise ExtractError(f"not an RLP block ({exc})") from None
+    return encoded[position:header_end], transactions
+
+
+def raw_parts(raw_block: str) -> tuple[str, list[str]]:
+    """`block_parts` of debug_getRawBlock's answer, in hex."""
+    raw_header, transactions = block_parts(from_hex(raw_block))
+    return to_hex(raw_header), [to_hex(tx) for tx in transactions]
 
 
 def block_row(block: Json, raw_header: str) -> Row:
@@ -273,6 +327,167 @@ def bundle_row(node: str, range_start: int, payload: BlockPayload) -> Row:
         [log_row(log, timestamp) for r in payload.receipts for log in r.get("logs") or []],
         certificate_rows(payload.certificate),
         [row for c in payload.checkpoints for row in checkpoint_rows(c)],
+    )
+
+
+@dataclass(frozen=True)
+class BlockBundle:
+    """What the node serves about block `number` in one `pbft_getBlockBundles` entry: the RLP
+    block, the receipts' consensus encodings, the senders, the commit certificate and the
+    checkpoints of that seqNo (as pbft_getCommitCertificate and pbft_getCheckpoints)."""
+
+    number: int  # the block asked for
+    entry: Json
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """The block columns every row of a block repeats, and its base fee."""
+
+    keys: dict[str, Any]
+    base_fee: int | None
+
+
+def _raw_receipt(encoded: bytes) -> tuple[int, list[Any]]:
+    """A receipt's consensus encoding: its type and [status, cumulative gas, bloom, logs]."""
+    type_id = 0 if encoded[0] >= 0xC0 else encoded[0]
+    items = rlp_list(encoded if type_id == 0 else encoded[1:], RECEIPT_DEPTH)
+    if len(items) != 4 or not isinstance(items[3], list):
+        raise ExtractError("a receipt is not [status, cumulative gas, bloom, logs]")
+    return type_id, items
+
+
+def _status(item: bytes) -> int | None:
+    """EIP-658's status (1 success, 0 failure); None for a pre-Byzantium state root."""
+    return {b"\x01": 1, b"": 0}.get(item)
+
+
+def _decoded(raw: bytes) -> DecodedTransaction:
+    """A transaction's fields from its consensus encoding, in the shape the audit's decoder
+    gives them (`column_rules.decode_transaction`), without what only the audit needs: the
+    canonical-form checks and the signing hash (the audit makes both)."""
+    type_id = 0 if raw[0] >= 0xC0 else raw[0]
+    names = FIELDS[type_id]
+    items = rlp_list(raw if type_id == 0 else raw[1:], TRANSACTION_DEPTH)
+    if len(items) != len(names):
+        raise ExtractError(f"not the {len(names)} fields of a type-{type_id} transaction")
+    values = dict(zip(names, items, strict=True))
+    fields: dict[str, Any] = {n: int.from_bytes(values[n], "big") for n in names if n in INTEGERS}
+    fields["to"] = to_hex(values["to"]) if values["to"] else None
+    fields["input"] = to_hex(values["input"])
+    if type_id:  # as the JSON's rows: (address, 32-byte keys) pairs
+        fields["access_list"] = [(to_hex(address), [to_hex(k.rjust(32, b"\0")) for k in keys])
+                                 for address, keys in values["access_list"]]
+    elif fields["v"] >= 35:  # EIP-155: v = chain id * 2 + 35 + parity
+        fields["chain_id"] = (fields["v"] - 35) // 2
+    return DecodedTransaction(type_id, fields, b"", None)
+
+
+def _bundle_transaction_row(decoded: DecodedTransaction, raw: bytes, tx_hash: str, index: int,
+                            sender: str, placed: _Placed) -> Row:
+    columns = {"gas_price": None, "gas_price_lossless": None}
+    columns |= transaction_columns(decoded, placed.base_fee)
+    return ordered(
+        schemas.TRANSACTIONS,
+        columns | placed.keys | {
+            "hash": tx_hash,
+            "transaction_index": index,
+            "from_address": sender,
+            "raw": to_hex(raw),
+        },
+    )
+
+
+def _bundle_receipt_rows(decoded: DecodedTransaction, tx_hash: str, index: int, sender: str,
+                         receipt: tuple[int, list[Any]], previous_gas: int, first_log: int,
+                         placed: _Placed) -> tuple[Row, list[Row]]:
+    """The receipt's row and its logs' (the block's logs counted from `first_log`)."""
+    type_id, (status, cumulative, bloom, logs) = receipt
+    to = decoded.fields["to"]
+    price = effective_gas_price(decoded, placed.base_fee)
+    exact, lossless = wei_columns(price) if price is not None else (None, None)
+    keys = {"block_hash": placed.keys["block_hash"], "block_number": placed.keys["block_number"]}
+    cumulative_gas = int.from_bytes(cumulative, "big")
+    row = ordered(schemas.RECEIPTS, keys | {
+        "transaction_hash": tx_hash,
+        "transaction_index": index,
+        "from_address": sender,
+        "to_address": to,
+        "contract_address": None if to else contract_address(sender, decoded.fields["nonce"]),
+        "cumulative_gas_used": cumulative_gas,
+        "gas_used": cumulative_gas - previous_gas,
+        "effective_gas_price": exact,
+        "effective_gas_price_lossless": lossless,
+        "status": _status(status),
+        "type": type_id,
+        "logs_bloom": to_hex(bloom),
+    })
+    log_rows = [
+        ordered(schemas.LOGS, placed.keys | {
+            "log_index": first_log + offset,
+            "transaction_hash": tx_hash,
+            "transaction_index": index,
+            "address": to_hex(address),
+            "data": to_hex(payload),
+            "topics": [to_hex(topic) for topic in topics],
+        })
+        for offset, (address, topics, payload) in enumerate(logs)
+    ]
+    return row, log_rows
+
+
+def _bundle_block_row(encoded: bytes, raw_header: bytes, transactions: int) -> Row:
+    columns = _header_columns(raw_header)
+    return ordered(schemas.BLOCKS, columns | {
+        "hash": to_hex(keccak(raw_header)),
+        "size": len(encoded),
+        "transaction_count": transactions,
+        "raw_header": to_hex(raw_header),
+    })
+
+
+def block_bundle_row(node: str, range_start: int, bundle: BlockBundle) -> Row:
+    """One block of a `pbft_getBlockBundles` answer, in `schemas.BUNDLE` order: every column
+    of blocks, transactions, receipts and logs decoded from the bytes the certificates bind
+    (the audit derives them the same way: spark_etl/audit/column_rules.py), the senders as
+    the node names them (the audit recovers them)."""
+    entry = bundle.entry
+    if long(entry["number"], "number") != bundle.number:
+        raise ExtractError(f"asked for block {bundle.number}, answered {entry['number']}")
+    encoded = from_hex(entry["block"])
+    raw_header, raws = block_parts(encoded)
+    block = _bundle_block_row(encoded, raw_header, len(raws))
+    receipts = [_raw_receipt(from_hex(r)) for r in entry["receipts"]]
+    senders = [str(hex_data(s)) for s in entry["senders"]]
+    if not len(raws) == len(receipts) == len(senders):
+        raise ExtractError(f"block {bundle.number}: {len(raws)} transactions but "
+                           f"{len(receipts)} receipts and {len(senders)} senders")
+    values = dict(zip(schemas.BLOCKS.column_names, block, strict=True))
+    if values["number"] != bundle.number:
+        raise ExtractError(f"asked for block {bundle.number}, its header says {values['number']}")
+    base_fee = values["base_fee_per_gas_lossless"]
+    placed = _Placed({"block_number": bundle.number, "block_hash": values["hash"],
+                      "block_timestamp": values["timestamp"]},
+                     None if base_fee is None else int(base_fee))
+    transactions, receipt_rows, log_rows = [], [], []
+    previous_gas = 0
+    for index, (raw, receipt, sender) in enumerate(zip(raws, receipts, senders, strict=True)):
+        decoded, tx_hash = _decoded(raw), to_hex(keccak(raw))
+        transactions.append(_bundle_transaction_row(decoded, raw, tx_hash, index, sender, placed))
+        row, logs = _bundle_receipt_rows(decoded, tx_hash, index, sender, receipt, previous_gas,
+                                         len(log_rows), placed)
+        receipt_rows.append(row)
+        log_rows.extend(logs)
+        previous_gas = int.from_bytes(receipt[1][1], "big")
+    return (
+        node,
+        range_start,
+        block,
+        transactions,
+        receipt_rows,
+        log_rows,
+        certificate_rows(entry["certificate"]),
+        [row for c in entry["checkpoints"] for row in checkpoint_rows(c)],
     )
 
 

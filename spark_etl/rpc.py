@@ -16,6 +16,7 @@ from encoding.json_bounds import nesting_within, without_strings
 from spark_etl.errors import RpcError, UsageError
 
 MAX_BATCH = 1000
+METHOD_NOT_FOUND = -32601
 RESPONSE_TOO_LARGE = -32003
 RETRIABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 MAX_ANSWER_DEPTH = 32
@@ -25,6 +26,10 @@ MAX_ANSWER_BYTES = 256 << 20
 MAX_BACKOFF = 10.0
 
 Call = tuple[str, list[Any]]
+
+
+class MethodNotFound(RpcError):
+    """The node does not serve the method (JSON-RPC -32601)."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,9 @@ class JsonRpcClient:
         if isinstance(error, dict) and error.get("code") == RESPONSE_TOO_LARGE:
             return self.call(method, *params)  # alone, it is not bound by the batch limit
         message = error.get("message") if isinstance(error, dict) else error
-        raise RpcError(f"{method}{tuple(params)}: {message}", retriable=False)
+        kind = (MethodNotFound if isinstance(error, dict) and error.get("code") == METHOD_NOT_FOUND
+                else RpcError)
+        raise kind(f"{method}{tuple(params)}: {message}", retriable=False)
 
     def _post_with_retries(self, payload: Any) -> Any:
         body = json.dumps(payload).encode()

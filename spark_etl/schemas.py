@@ -9,6 +9,7 @@ The tables of docs/etl.md are rendered from these declarations (`markdown()`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from pyspark.sql.types import (
     ArrayType,
@@ -67,9 +68,10 @@ class Table:
         """The table as read back: its columns, then the partition columns."""
         return StructType([c.field() for c in self.columns + self.partition])
 
-    @property
-    def column_names(self) -> list[str]:
-        return [c.name for c in self.columns]
+    @cached_property
+    def column_names(self) -> tuple[str, ...]:
+        """(Cached: the export orders every row of every block by it.)"""
+        return tuple(c.name for c in self.columns)
 
 
 def _table(

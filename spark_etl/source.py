@@ -13,24 +13,44 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from spark_etl import schemas
-from spark_etl.errors import EtlError, UsageError
+from spark_etl.errors import EtlError, ExtractError, UsageError
 from spark_etl.hexcodec import long
-from spark_etl.rows import BlockPayload, Row, bundle_row, evidence_row, view_change_rows
-from spark_etl.rpc import JsonRpcClient, RetryPolicy
+from spark_etl.rows import (
+    BlockBundle,
+    BlockPayload,
+    Row,
+    block_bundle_row,
+    bundle_row,
+    evidence_row,
+    view_change_rows,
+)
+from spark_etl.rpc import JsonRpcClient, MethodNotFound, RetryPolicy
+from spark_etl.tables import to_record_batch
 
-DEFAULT_PARTITION_BLOCKS = 250
+DEFAULT_PARTITION_BLOCKS = 100
 DEFAULT_BATCH_BLOCKS = 25
 MAX_SPAN = 10_000  # pbft_getCheckpoints answers at most this many seqNos at once
 VIEWS_PER_CALL = 1_000
 MAX_VIEWS = 1_000_000  # views asked of one node at most: a thousand calls
+# The node's range method (chain/rpc/bundles.py): per block, the bytes every column derives
+# from, in one answer; a node without it is asked the Ethereum calls of `block_calls`
+BUNDLE_METHOD = "pbft_getBlockBundles"
+IN_FLIGHT = 2  # requests at once per task: the node encodes one answer while the task reads one
+ARROW_BUNDLE = to_arrow_schema(schemas.BUNDLE, timezone="UTC")
+Payload = BlockPayload | BlockBundle
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,9 @@ class ReadOptions:
         }
 
 
+ChunkFetch = Callable[[JsonRpcClient, Span], list[Payload]]
+
+
 def block_calls(number: int) -> list[tuple[str, list[Any]]]:
     quantity = hex(number)
     return [
@@ -112,25 +135,130 @@ def block_calls(number: int) -> list[tuple[str, list[Any]]]:
 CALLS_PER_BLOCK = len(block_calls(0))
 
 
-def fetch_span(client: JsonRpcClient, span: Span, batch_blocks: int) -> Iterator[BlockPayload]:
-    """The span's blocks in order, `batch_blocks` blocks per batched request, up to the
-    first one the node does not serve."""
+def _json_chunk(client: JsonRpcClient, chunk: Span) -> list[Payload]:
+    """The chunk's blocks by the Ethereum calls (CALLS_PER_BLOCK a block) and
+    pbft_getCheckpoints, in one batched request: what a node without BUNDLE_METHOD serves."""
+    numbers = range(chunk.first, chunk.last + 1)
+    calls = [("pbft_getCheckpoints", [hex(chunk.first), hex(chunk.last)])]
+    results = client.batch(calls + [c for n in numbers for c in block_calls(n)])
     checkpoints: dict[int, list[dict[str, Any]]] = {}
-    for entry in client.call("pbft_getCheckpoints", hex(span.first), hex(span.last)) or []:
+    for entry in results[0] or []:
         checkpoints.setdefault(long(entry["seqNo"], "seqNo"), []).append(entry)
-    for batch in span.split(batch_blocks):
-        calls = [c for n in range(batch.first, batch.last + 1) for c in block_calls(n)]
-        results = client.batch(calls)
-        for offset, number in enumerate(range(batch.first, batch.last + 1)):
-            block, receipts, raw, certificate = results[
-                offset * CALLS_PER_BLOCK : (offset + 1) * CALLS_PER_BLOCK
-            ]
-            if block is None or receipts is None or raw is None:
-                # The node serves no more of the span (a head it claimed but does not have):
-                # the export keeps what it served and the audit reports what is missing
-                # (block-range, block-gap); failing would let one node stop every export.
+    payloads: list[Payload] = []
+    for offset, number in enumerate(numbers):
+        at = 1 + offset * CALLS_PER_BLOCK
+        block, receipts, raw, certificate = results[at : at + CALLS_PER_BLOCK]
+        if block is None or receipts is None or raw is None:
+            break
+        payloads.append(BlockPayload(block, receipts, raw, certificate,
+                                     checkpoints.get(number, [])))
+    return payloads
+
+
+def _bundle_chunk(client: JsonRpcClient, chunk: Span) -> list[Payload]:
+    """The chunk's blocks by BUNDLE_METHOD, asked again from the block after the last one
+    answered (the node answers a prefix within its response byte limit)."""
+    bundles: list[Payload] = []
+    first = chunk.first
+    while first <= chunk.last:
+        answer = client.call(BUNDLE_METHOD, hex(first), hex(chunk.last))
+        if not isinstance(answer, list) or len(answer) > chunk.last - first + 1:
+            raise ExtractError(f"{BUNDLE_METHOD}: not a list of at most the blocks asked")
+        if not answer:
+            break
+        bundles.extend(BlockBundle(first + i, entry) for i, entry in enumerate(answer))
+        first += len(answer)
+    return bundles
+
+
+def _first_chunk(client: JsonRpcClient, chunk: Span) -> tuple[ChunkFetch, list[Payload]]:
+    """The first chunk, and how to fetch the others: by BUNDLE_METHOD, or by the Ethereum
+    calls from a node that does not serve it (a geth-like node: -32601)."""
+    try:
+        return _bundle_chunk, _bundle_chunk(client, chunk)
+    except MethodNotFound:
+        return _json_chunk, _json_chunk(client, chunk)
+
+
+def fetch_span(client: JsonRpcClient, span: Span, batch_blocks: int) -> Iterator[Payload]:
+    """The span's blocks in order, `batch_blocks` blocks per request, up to the first one
+    the node does not serve."""
+    chunks = span.split(batch_blocks)
+    fetch, payloads = _first_chunk(client, chunks[0])
+    for index, chunk in enumerate(chunks):
+        if index:
+            payloads = fetch(client, chunk)
+        yield from payloads
+        if len(payloads) < chunk.size:
+            return
+
+
+class _Clients(threading.local):
+    client: JsonRpcClient | None = None
+
+
+def fetch_chunks(span: Span, options: ReadOptions) -> Iterator[tuple[Span, list[Payload]]]:
+    """`fetch_span`'s blocks, chunk by chunk, with up to IN_FLIGHT requests at once (each
+    thread its own connection): the first chunk alone (it tells which methods the node
+    serves), then the rest in order, up to the first block the node does not serve."""
+    chunks = span.split(options.batch_blocks)
+    local = _Clients()
+    opened: list[JsonRpcClient] = []
+
+    def client() -> JsonRpcClient:
+        if local.client is None:
+            local.client = JsonRpcClient(span.node, options.policy)
+            opened.append(local.client)
+        return local.client
+
+    pending: deque[tuple[Span, Future[list[Payload]]]] = deque()
+    with ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="fetch") as pool:
+        try:
+            fetch, payloads = pool.submit(lambda: _first_chunk(client(), chunks[0])).result()
+            yield chunks[0], payloads
+            if len(payloads) < chunks[0].size:
                 return
-            yield BlockPayload(block, receipts, raw, certificate, checkpoints.get(number, []))
+            rest = iter(chunks[1:])
+            for chunk in rest:
+                pending.append((chunk, pool.submit(lambda c=chunk: fetch(client(), c))))
+                if len(pending) < IN_FLIGHT:
+                    continue
+                chunk, future = pending.popleft()
+                payloads = future.result()
+                yield chunk, payloads
+                if len(payloads) < chunk.size:
+                    return
+            while pending:
+                chunk, future = pending.popleft()
+                payloads = future.result()
+                yield chunk, payloads
+                if len(payloads) < chunk.size:
+                    return
+        finally:
+            for _, future in pending:
+                future.cancel()
+            pool.shutdown(wait=True)
+            for opened_client in opened:
+                opened_client.close()
+
+
+def payload_row(span: Span, payload: Payload) -> Row:
+    if isinstance(payload, BlockBundle):
+        return block_bundle_row(span.node, span.range_start, payload)
+    return bundle_row(span.node, span.range_start, payload)
+
+
+def record_batch(rows: list[Row], what: str) -> pa.RecordBatch:
+    """Rows as one Arrow batch of `schemas.BUNDLE` (Spark takes it as it is, without
+    converting each value in Python); a row Arrow refuses (a value out of its column's
+    range, from a lying node) is left out alone."""
+    try:
+        return to_record_batch(rows, ARROW_BUNDLE)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        kept = [row for row in rows
+                if _readable(lambda r=row: to_record_batch([r], ARROW_BUNDLE),
+                             f"{what}: block {row[2][0]}") is not None]
+        return to_record_batch(kept, ARROW_BUNDLE)
 
 
 class _Reader(DataSourceReader):
@@ -146,16 +274,17 @@ class BlockReader(_Reader):
         size = self.options.partition_blocks
         return [InputPartition(part) for span in self.options.spans for part in span.split(size)]
 
-    def read(self, partition: InputPartition) -> Iterator[Row]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         span: Span = partition.value
         try:
-            with self._client(span.node) as client:
-                payloads = fetch_span(client, span, self.options.batch_blocks)
-                for number, payload in enumerate(payloads, span.first):
-                    row = _readable(lambda p=payload: bundle_row(span.node, span.range_start, p),
-                                    f"{span.node}: block {number}")
-                    if row is not None:
-                        yield row
+            for chunk, payloads in fetch_chunks(span, self.options):
+                rows = [
+                    _readable(lambda p=payload: payload_row(span, p), f"{span.node}: block {n}")
+                    for n, payload in enumerate(payloads, chunk.first)
+                ]
+                kept = [row for row in rows if row is not None]
+                if kept:
+                    yield record_batch(kept, span.node)
         except EtlError as exc:
             _left_out(f"{span.describe()} (from the first not yet exported)", exc)
 

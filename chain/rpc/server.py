@@ -20,6 +20,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from chain.p2p.throttle import ThrottledLog
+from chain.rpc.bundles import BlockBundles
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.eth import EthApi
 from chain.rpc.subscriptions import (
@@ -95,7 +96,11 @@ class RpcServer:
         self.cors_origins = set(config.cors_origins)
         self.eth = EthApi(node)
         methods = self.eth.methods() | TxPoolApi(node).methods()
-        methods.update(node.engine.rpc_methods())
+        engine_methods = node.engine.rpc_methods()
+        methods.update(engine_methods)
+        methods.update(BlockBundles.methods_for(
+            node.blockchain, self.eth.reads, self.limits.batch.max_response_bytes,
+            engine_methods))
         self.dispatcher = Dispatcher(methods, self.limits.batch)
         self.subscriptions = Subscriptions(node, websocket)
         self._cuts = ThrottledLog(log, "WebSocket clients disconnected")

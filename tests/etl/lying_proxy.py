@@ -38,6 +38,9 @@ BLOCK_METHODS = frozenset({
 RANGE_METHODS = frozenset({"pbft_getCheckpoints"})
 
 Rewrite = Callable[[Any], Any]
+# Answered -32601 as by a node without it, so that the export asks the calls above, whose
+# answers the lies rewrite (the bundles' own lies: tests/etl/test_export_bundles.py)
+NOT_SERVED = "pbft_getBlockBundles"
 
 
 def blocks_asked(call: Any) -> range:
@@ -101,6 +104,9 @@ class LyingProxy:
 
     def answer(self, body: bytes) -> tuple[int, bytes]:
         """(HTTP status, body) for one POSTed request: the node's answer, lied about."""
+        refused = _not_served(body)
+        if refused is not None:
+            return 200, refused
         request = urllib.request.Request(
             self.upstream, body, {"Content-Type": "application/json"})
         try:
@@ -129,6 +135,18 @@ class LyingProxy:
                     reply["result"] = lie.rewrite(reply["result"])
                     with self._lock:
                         self.told[lie] += 1
+
+
+def _not_served(body: bytes) -> bytes | None:
+    """The -32601 answer to a lone call of NOT_SERVED (None for any other request)."""
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(call, dict) or call.get("method") != NOT_SERVED:
+        return None
+    error = {"code": -32601, "message": f"the method {NOT_SERVED} does not exist"}
+    return json.dumps({"jsonrpc": "2.0", "id": call.get("id"), "error": error}).encode()
 
 
 class _Server(ThreadingHTTPServer):

@@ -1,0 +1,152 @@
+"""`pbft_getBlockBundles(first, last)`: what the audit ETL exports of a range of blocks, in
+one answer, as the bytes the certificates bind rather than as JSON objects.
+
+Per block: the RLP block (as `debug_getRawBlock`), each receipt's consensus encoding (what
+the receipts root hashes), each transaction's sender (the read store's, recovered at
+commit: the ETL would otherwise recover every signature itself; the audit checks them), the
+commit certificate (as `pbft_getCommitCertificate`) and the checkpoints of that sequence
+number (the entries of `pbft_getCheckpoints`). The ETL derives every column from these bytes,
+so neither side formats or parses a JSON object per transaction.
+
+Bounded before the work: at most MAX_BUNDLE_BLOCKS blocks asked (else -32602); the blocks
+are read on the read workers' threads, and the answer stops before the block that would
+take it past the node's response byte limit (`BatchLimits.max_response_bytes`), the first
+block always answered: the client asks again from the block after the last it got. The
+answer also stops at the first block the node does not have (an empty list: none).
+
+The certificates and checkpoints come from the engine's own `pbft_getCommitCertificate` and
+`pbft_getCheckpoints` (the chain knows no engine), so the method is served by nodes whose
+engine serves those, and by no other."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import rlp
+from eth.abc import BlockHeaderAPI
+from eth_bloom import BloomFilter
+
+from chain.blockchain import Blockchain
+from chain.read_store import TxRecord, encode_block
+from chain.rpc.errors import InvalidParams
+from chain.rpc.hexcodec import data, parse_quantity, quantity
+from chain.rpc.served import WorkerPool
+
+METHOD = "pbft_getBlockBundles"
+CERTIFICATE_METHOD = "pbft_getCommitCertificate"
+CHECKPOINTS_METHOD = "pbft_getCheckpoints"
+MAX_BUNDLE_BLOCKS = 1_000  # blocks asked at once, as a batch's calls (BatchLimits.max_items)
+# Answer bytes counted per block beside its hex: the JSON around it, its certificate (Q
+# signed COMMITs of ~150 bytes, hex) and its checkpoints' proofs, when it has any
+BLOCK_ALLOWANCE = 8 * 1024
+EngineMethod = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class RawBlock:
+    """One block's bytes, as the bundle serves them (hex)."""
+
+    number: int
+    block: str
+    receipts: list[str]
+    senders: list[str]
+
+    def answer_bytes(self) -> int:
+        """Bytes this block adds to the answer (an upper bound of the JSON)."""
+        strings = (self.block, *self.receipts, *self.senders)
+        return sum(len(s) + 3 for s in strings) + BLOCK_ALLOWANCE
+
+
+def receipt_encoding(record: TxRecord) -> bytes:
+    """The receipt's consensus encoding, byte for byte as py-evm's (eth/rlp/receipts.py):
+    rlp([status, cumulative gas, bloom (256 bytes), [[address, [topics], data], ...]]),
+    behind the transaction's type byte when it is typed (EIP-2718)."""
+    bloom = BloomFilter()
+    for log in record.logs:
+        bloom.add(log.address)
+        for topic in log.topics:
+            bloom.add(topic)
+    payload = rlp.encode([
+        b"\x01" if record.status else b"",
+        record.cumulative_gas_used,
+        int(bloom).to_bytes(256, "big"),
+        [[log.address, list(log.topics), log.data] for log in record.logs],
+    ])
+    return payload if record.raw[0] >= 0xC0 else record.raw[:1] + payload
+
+
+def raw_block(header: BlockHeaderAPI, records: tuple[TxRecord, ...]) -> RawBlock:
+    return RawBlock(
+        number=header.block_number,
+        block=data(encode_block(header, records)),
+        receipts=[data(receipt_encoding(r)) for r in records],
+        senders=[data(r.sender) for r in records],
+    )
+
+
+def parse_range(first: Any, last: Any) -> tuple[int, int]:
+    start = parse_quantity(first, "first block", bits=64)
+    stop = parse_quantity(last, "last block", bits=64)
+    if stop < start or stop - start >= MAX_BUNDLE_BLOCKS:
+        raise InvalidParams(
+            f"a block range must be ascending and at most {MAX_BUNDLE_BLOCKS} blocks wide")
+    return start, stop
+
+
+class BlockBundles:
+    def __init__(self, blockchain: Blockchain, reads: WorkerPool, max_answer_bytes: int,
+                 engine: dict[str, EngineMethod]) -> None:
+        self.blockchain = blockchain
+        self.reads = reads
+        self.max_answer_bytes = max_answer_bytes
+        self.certificate = engine[CERTIFICATE_METHOD]
+        self.checkpoints = engine[CHECKPOINTS_METHOD]
+
+    @classmethod
+    def methods_for(cls, blockchain: Blockchain, reads: WorkerPool, max_answer_bytes: int,
+                    engine: dict[str, EngineMethod]) -> dict[str, EngineMethod]:
+        """{METHOD: handler} when the engine serves certificates and checkpoints, else {}."""
+        if CERTIFICATE_METHOD not in engine or CHECKPOINTS_METHOD not in engine:
+            return {}
+        return {METHOD: cls(blockchain, reads, max_answer_bytes, engine).get_block_bundles}
+
+    def _raw_blocks(self, first: int, last: int) -> list[RawBlock]:
+        """Blocks first.. up to last, the first missing one, or the byte limit (on a read
+        worker: LevelDB reads and encoding)."""
+        blocks: list[RawBlock] = []
+        size = 0
+        for number in range(first, last + 1):
+            header = self.blockchain.header_by_number(number)
+            if header is None:
+                break
+            block = raw_block(header, self.blockchain.read_store.records(number))
+            size += block.answer_bytes()
+            if blocks and size > self.max_answer_bytes:
+                break
+            blocks.append(block)
+        return blocks
+
+    async def get_block_bundles(self, first: Any, last: Any) -> list[dict[str, Any]]:
+        start, stop = parse_range(first, last)
+        blocks = await self.reads.run(self._raw_blocks, start, stop)
+        if not blocks:
+            return []
+        checkpoints: dict[str, list[Any]] = {}
+        for entry in await self.checkpoints(quantity(start), quantity(blocks[-1].number)):
+            checkpoints.setdefault(entry["seqNo"], []).append(entry)
+        bundles = []
+        for block in blocks:
+            number = quantity(block.number)
+            bundles.append({
+                "number": number,
+                "block": block.block,
+                "receipts": block.receipts,
+                "senders": block.senders,
+                "certificate": await self.certificate(number),
+                "checkpoints": checkpoints.get(number, []),
+            })
+            await asyncio.sleep(0)  # a long answer never holds the loop from consensus
+        return bundles
