@@ -6,41 +6,25 @@ the answer is a prefix within the byte limit, never empty while the first block 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import rlp
 
 from chain.blockchain import Blockchain
-from chain.genesis import Genesis, GenesisAccount
 from chain.rpc.bundles import MAX_BUNDLE_BLOCKS, METHOD, BlockBundles
 from chain.rpc.errors import INVALID_PARAMS, RpcError
 from chain.rpc.served import WorkerPool
-from storage import Database
-from tests.etl.chain_factory import CHAIN_ID, SENDER, block_batches
+from tests.unit.test_read_store import chain as read_store_chain  # noqa: F401 (a fixture)
 
 CHECKPOINTED = 2  # the block the fake engine holds a checkpoint for
 LIMIT = 25 * 1000 * 1000
 
 
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Blockchain]:
-    """The ETL tests' chain: a contract deployed, events, a revert, legacy, EIP-2930 and
-    EIP-1559 transactions, empty blocks."""
-    genesis = Genesis(
-        chain_id=CHAIN_ID, engine="dev", engine_params={},
-        alloc={SENDER.public_key.to_canonical_address(): GenesisAccount(balance=10**24)},
-        timestamp=1_700_000_000,
-    )
-    with Database(tmp_path_factory.mktemp("bundles") / "chaindata") as db:
-        blockchain = Blockchain(db, genesis)
-        for number, batch in enumerate(block_batches(), start=1):
-            executed, left_out = blockchain.build_block(
-                batch, timestamp=1_700_000_000 + number, coinbase=b"\x33" * 20)
-            assert not left_out
-            blockchain.commit(executed)
-        yield blockchain
+@pytest.fixture
+def read_chain(read_store_chain: Blockchain) -> Blockchain:  # noqa: F811
+    """The read store's tests' chain: the ETL tests' (every transaction type, logs)."""
+    return read_store_chain
 
 
 async def _certificate(number: str) -> dict[str, Any]:
@@ -65,16 +49,16 @@ def _ask(chain: Blockchain, first: Any, last: Any, limit: int = LIMIT) -> list[d
         reads.close()
 
 
-def test_each_block_is_served_as_its_bytes(chain: Blockchain) -> None:
-    head = chain.head().block_number
-    answer = _ask(chain, "0x0", hex(head))
+def test_each_block_is_served_as_its_bytes(read_chain: Blockchain) -> None:
+    head = read_chain.head().block_number
+    answer = _ask(read_chain, "0x0", hex(head))
     assert [b["number"] for b in answer] == [hex(n) for n in range(head + 1)]
     for bundle in answer:
-        header = chain.header_by_number(int(bundle["number"], 16))
+        header = read_chain.header_by_number(int(bundle["number"], 16))
         assert header is not None
-        block = chain.block_by_header(header)
+        block = read_chain.block_by_header(header)
         assert bundle["block"] == "0x" + rlp.encode(block).hex()
-        receipts = chain.receipts(header)
+        receipts = read_chain.receipts(header)
         assert bundle["receipts"] == ["0x" + r.encode().hex() for r in receipts]
         assert bundle["senders"] == ["0x" + tx.sender.hex() for tx in block.transactions]
         assert bundle["certificate"] == {"blockNumber": bundle["number"]}
@@ -83,10 +67,10 @@ def test_each_block_is_served_as_its_bytes(chain: Blockchain) -> None:
     assert any(len(b["receipts"]) > 1 for b in answer)
 
 
-def test_the_answer_stops_at_the_head(chain: Blockchain) -> None:
-    head = chain.head().block_number
-    assert len(_ask(chain, hex(head - 1), hex(head + 10))) == 2
-    assert _ask(chain, hex(head + 1), hex(head + 10)) == []
+def test_the_answer_stops_at_the_head(read_chain: Blockchain) -> None:
+    head = read_chain.head().block_number
+    assert len(_ask(read_chain, hex(head - 1), hex(head + 10))) == 2
+    assert _ask(read_chain, hex(head + 1), hex(head + 10)) == []
 
 
 @pytest.mark.parametrize(("first", "last"), [
@@ -95,27 +79,28 @@ def test_the_answer_stops_at_the_head(chain: Blockchain) -> None:
     ("0x01", "0x2"),  # not a quantity
     ("0x0", "0x" + "f" * 17),  # beyond 64 bits
 ])
-def test_a_range_is_bounded_before_any_work(chain: Blockchain, first: str, last: str) -> None:
+def test_a_range_is_bounded_before_any_work(read_chain: Blockchain, first: str,
+                                            last: str) -> None:
     with pytest.raises(RpcError) as refused:
-        _ask(chain, first, last)
+        _ask(read_chain, first, last)
     assert refused.value.code == INVALID_PARAMS
 
 
-def test_an_answer_within_the_byte_limit_is_a_prefix(chain: Blockchain) -> None:
+def test_an_answer_within_the_byte_limit_is_a_prefix(read_chain: Blockchain) -> None:
     """A limit below one block's bytes still answers that block (the client continues from
     the next one); asked again from there, the rest comes block by block."""
-    head = chain.head().block_number
+    head = read_chain.head().block_number
     got: list[str] = []
     while len(got) <= head:
-        answer = _ask(chain, hex(len(got)), hex(head), limit=1)
+        answer = _ask(read_chain, hex(len(got)), hex(head), limit=1)
         assert len(answer) == 1
         got.extend(b["number"] for b in answer)
     assert got == [hex(n) for n in range(head + 1)]
 
 
-def test_served_only_beside_the_engines_certificates(chain: Blockchain) -> None:
+def test_served_only_beside_the_engines_certificates(read_chain: Blockchain) -> None:
     reads = WorkerPool(1, 4, "read")
     try:
-        assert BlockBundles.methods_for(chain, reads, LIMIT, {}) == {}
+        assert BlockBundles.methods_for(read_chain, reads, LIMIT, {}) == {}
     finally:
         reads.close()
