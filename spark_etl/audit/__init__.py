@@ -108,10 +108,11 @@ def _results(audit: Audit, rules: tuple[Rule, ...]) -> DataFrame:
     return tagged_union("result", parts)
 
 
-def run_audit(data: Dataset, validators: ValidatorSet,
-              rules: tuple[Rule, ...] = RULES) -> AuditResult:
+def run_audit(data: Dataset, validators: ValidatorSet, rules: tuple[Rule, ...] = RULES,
+              one_partition: bool | None = None) -> AuditResult:
+    """Every rule over `data`; `one_partition` as `Audit` takes it (None: by the size)."""
     started = time.monotonic()
-    audit = Audit(data, validators)
+    audit = Audit(data, validators, one_partition)
     try:
         if not audit.one_partition:
             signatures(audit)  # recovered first, in parallel: the step's wall time is its own

@@ -1,0 +1,42 @@
+"""The audit's two ways of running (`Audit.one_partition`): a small export in one partition
+(no shuffle), a large one in parallel partitions. Both must report the same violations,
+counts and figures: the same rules, planned two ways."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import SparkSession
+
+from spark_etl.audit import ValidatorSet, run_audit
+from tests.etl.chain_factory import ServedChain
+from tests.etl.conftest import NODE_A, Tables, dataset
+from tests.etl.test_audit import FAULTS
+
+
+def test_both_ways_of_running_find_every_planted_fault_alike(
+    spark: SparkSession, tables: Tables, validator_set: ValidatorSet, test_chain: ServedChain,
+) -> None:
+    # every planted fault at once, but the transaction dropped from the block whose raw
+    # transaction is changed (the one hides the other)
+    faults = [fault for name, fault in FAULTS.items() if name != "transaction missing"]
+    for plant, _, _, _ in faults:
+        plant(tables, test_chain)
+    data = dataset(spark, tables)
+    one, parallel = (run_audit(data, validator_set, one_partition=mode) for mode in (True, False))
+    found = {(v.rule, v.node, v.block_number) for v in one.violations}
+    planted = {(name, NODE_A, block) for _, _, name, block in faults}
+    assert planted <= found, planted - found
+    assert one.violations == parallel.violations
+    assert (one.blocks, one.transactions, one.signatures, one.figures) == (
+        parallel.blocks, parallel.transactions, parallel.signatures, parallel.figures)
+
+
+@pytest.mark.parametrize("size, expected", [(0, True), (1 << 40, False)])
+def test_the_way_is_chosen_by_the_size_of_the_export(
+    spark: SparkSession, clean_tables: Tables, validator_set: ValidatorSet,
+    monkeypatch: pytest.MonkeyPatch, size: int, expected: bool,
+) -> None:
+    from spark_etl.audit import context
+
+    monkeypatch.setattr(context.Dataset, "estimated_bytes", lambda _: size)
+    assert context.Audit(dataset(spark, clean_tables), validator_set).one_partition is expected
