@@ -1,0 +1,423 @@
+"""Attack review of the export's lazy plan, its second asking of a node that served less
+(`Plan.next_wave`, `fetch_again`, `short_spans`, `ask_again`, `Stops`) and what it rests on
+(`probe`, `catch_up`, `read_done`, `JsonRpcClient`). Threat: a node operator controls every
+JSON-RPC answer of some of the nodes exported from (no validator key); honest nodes may have
+passing outages. Each xfail is a finding: the export (a) runs without bound on a lying
+node's claims, (b) lets a lying node stop an honest node's export, (c) loses rows, or (d)
+turns an honest node's passing outage into a hole the audit reads as "unsound".
+
+No Spark: the plan is driven by hand, nodes are tiny HTTP servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spark_etl import schemas
+from spark_etl.errors import EtlError
+from spark_etl.export import (
+    COUNTED,
+    ExportOptions,
+    NodeInfo,
+    Plan,
+    Stops,
+    block_bounds,
+    export,
+    manifest_rows,
+    read_done,
+    short_spans,
+)
+from spark_etl.rpc import JsonRpcClient, RetryPolicy
+from spark_etl.source import Span
+
+FAST = RetryPolicy(attempts=1, backoff=0.01, timeout=2.0)
+GENESIS = "0x" + "11" * 32
+Answer = Callable[[str, list[Any]], Any]  # (method, params) -> a reply's "result" or "error"
+
+
+class Error(dict[str, Any]):
+    """An answer that is a JSON-RPC error object instead of a result."""
+
+
+def honest_answers(head: int = 9, view: int = 1) -> Answer:
+    """What a node of a chain of `head` + 1 blocks answers (the blocks are not real: what
+    the export counts, never parses, in the functions tested here)."""
+
+    def answer(method: str, params: list[Any]) -> Any:
+        if method == "eth_chainId":
+            return "0x539"
+        if method == "eth_blockNumber":
+            return hex(head)
+        if method == "pbft_getValidators":
+            return ["0x" + "aa" * 20]
+        if method == "pbft_status":
+            return {"engine": "pbft", "view": view, "mode": "normal"}
+        if method in ("pbft_getCheckpoints", "pbft_getViewChanges", "pbft_getEvidence"):
+            return []
+        if method == "pbft_getBlockBundles":  # the range method being added: not served here
+            return Error(code=-32601, message="the method does not exist")
+        number = int(params[0], 16)
+        if number > head:
+            return None
+        if method == "eth_getBlockByNumber":
+            return {"number": hex(number), "hash": GENESIS if number == 0 else "0x" + "22" * 32}
+        return "0x01"
+
+    return answer
+
+
+@contextmanager
+def rpc_server(answer: Answer) -> Iterator[str]:
+    """A JSON-RPC node on 127.0.0.1 answering each call with `answer`; its URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls = payload if isinstance(payload, list) else [payload]
+            replies = []
+            for call in calls:
+                result = answer(call["method"], call.get("params", []))
+                key = "error" if isinstance(result, Error) else "result"
+                replies.append({"jsonrpc": "2.0", "id": call["id"], key: result})
+            data = json.dumps(replies if isinstance(payload, list) else replies[0]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    with _served(Handler) as url:
+        yield url
+
+
+@contextmanager
+def _served(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def drain(plan: Plan, waves: int = 1_000) -> list[Span]:
+    """Every span the plan still gives, as `export` takes them (every node serving all)."""
+    spans: list[Span] = []
+    for _ in range(waves):
+        wave = plan.next_wave(4)
+        if not wave:
+            return spans
+        spans.extend(wave)
+    raise AssertionError(f"the plan still gives spans after {waves} waves ({len(spans)} spans)")
+
+
+def count_row(node: str, start: int, first: int | None, last: int | None,
+              blocks: int) -> dict[str, Any]:
+    """A row of `range_counts`: what the wave's Spark job served of (node, range)."""
+    return {"node": node, "range_start": start, "first_block": first, "last_block": last,
+            "blocks": blocks, **dict.fromkeys(COUNTED, 0)}
+
+
+# --- finding 1 (c, d): a range with a hole inside is recorded whole in the manifest -------
+
+
+class ManifestOnly:
+    """What `read_done` asks of a SparkSession: the manifest rows `manifest_rows` wrote."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        names = schemas.EXPORT_MANIFEST.schema.names
+        self.rows = [dict(zip(names, row, strict=True)) for row in rows]
+        self.read = self
+
+    def schema(self, _: Any) -> ManifestOnly:
+        return self
+
+    def parquet(self, _: str) -> ManifestOnly:
+        return self
+
+    def collect(self) -> list[dict[str, Any]]:
+        return self.rows
+
+
+@pytest.mark.xfail(strict=True, reason="finding 1: the manifest records a range whose middle "
+                   "partition failed as held (min..max), so a re-run never fetches the hole")
+def test_a_range_with_a_hole_inside_is_fetched_again_by_a_resumed_export(
+    tmp_path: Path,
+) -> None:
+    """Range 0..999 is four partition tasks of 250 blocks. An honest node's passing outage
+    fails the task of 250..499 only: the range's row counts 750 blocks, min 0, max 999.
+    `short_spans` sees it short, but `manifest_rows` records first_block 0, last_block 999,
+    and `read_done` hands the plan (0, 999): the range is "held", so a resumed export (after
+    an interruption, or once the node's retries ran out) never asks for 250..499, although
+    `_left_out` promises "exporting again into the same --out fetches the hole"."""
+    node = "http://honest:8545"
+    span = Span(node, 0, 999, 0)
+    counts = [count_row(node, 0, 0, 999, 750)]
+    assert short_spans([span], counts) != []  # the export knows the range is not whole
+    info = NodeInfo(node, 1337, GENESIS, ("0x" + "aa" * 20,), 999, 1)
+    rows = manifest_rows(counts, {node: info}, 1_000, (0, 999))
+    (tmp_path / schemas.EXPORT_MANIFEST.name).mkdir()
+    options = ExportOptions(nodes=(node,), out=str(tmp_path))
+    done = read_done(ManifestOnly(rows), options, [info])  # type: ignore[arg-type]
+    resumed = drain(Plan((node,), 0, 999, 1_000, done, {node: 999}))
+    assert any(s.first <= 250 and s.last >= 499 for s in resumed), resumed
+
+
+# --- finding 2 (d): only a node's first short span of a wave is settled -------------------
+
+
+@pytest.mark.xfail(strict=True, reason="finding 2: short_spans keeps one short span per node "
+                   "and wave; the node's other short spans are neither fetched again nor "
+                   "stop it, so one outage over two of its ranges leaves a hole in the middle")
+def test_every_short_span_of_a_node_in_a_wave_is_fetched_again() -> None:
+    """A wave holds 2 x parallelism spans, often several ranges of one node. A passing
+    outage fails a task in ranges 0..3 and 4..7 of the same node; the node serves again when
+    asked. Range 0..3 is queued again; range 4..7 is forgotten: the plan has moved past it,
+    the node is not stopped, so it goes on serving 8.. and the audit finds a gap 6..7 in
+    an honest node's chain (block-gap): "unsound" from a passing outage."""
+    with rpc_server(honest_answers(head=11)) as node:
+        plan = Plan((node,), 0, 11, 4)
+        wave = plan.next_wave(3)
+        assert [s.range_start for s in wave] == [0, 4, 8]
+        counts = [count_row(node, 0, 0, 1, 2), count_row(node, 4, 4, 5, 2),
+                  count_row(node, 8, 8, 11, 4)]
+        stops = Stops()
+        options = ExportOptions(nodes=(node,), out="unused", policy=FAST)
+        for span, first_missing in short_spans(wave, counts):
+            stops.settle(plan, span, first_missing, options, lambda _: None)
+        assert node not in plan.stopped
+        assert Span(node, 4, 7, 4) in drain(plan)
+
+
+# --- finding 3 (d): three re-fetches per node for the whole export ------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="finding 3: RETRIES_PER_NODE counts every passing "
+                   "failure of the whole export: the 4th stops an honest node for good, and "
+                   "as a null answer, so even a sole node's export 'succeeds' with the hole")
+def test_an_honest_node_s_fourth_passing_outage_is_fetched_again() -> None:
+    """A long export (a million blocks, a thousand ranges) of an honest node that had a
+    blip at four separate times, each over when asked again: the first three ranges are
+    fetched again, the fourth is not (`fetch_again` is False) and `settle` stops the node
+    there, asked for nothing above: block-range / node-behind, an unsound verdict. It is
+    recorded with error "" (a null), so `fail_if_no_node_served` does not fail the export
+    even when it is the only node (a re-run could not resume what was not failed)."""
+    with rpc_server(honest_answers(head=15)) as node:
+        plan = Plan((node,), 0, 15, 4)
+        stops = Stops()
+        options = ExportOptions(nodes=(node,), out="unused", policy=FAST)
+        for start in range(0, 16, 4):
+            wave = plan.next_wave(1)
+            assert [s.range_start for s in wave] == [start]
+            # the blip: the range's last task failed; asked again, the node serves
+            counts = [count_row(node, start, start, start + 1, 2)]
+            for span, first_missing in short_spans(wave, counts):
+                stops.settle(plan, span, first_missing, options, lambda _: None)
+            assert plan.next_wave(1) == wave  # fetched again: served whole this time
+        assert node not in plan.stopped and stops.refused == {}
+
+
+# --- finding 4 (d): the first block not served is mis-computed ----------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="finding 4: short_spans takes max(block)+1 as the first "
+                   "block not served; when an earlier task of the span failed that is the "
+                   "span's last block, which the node served: ask_again asks the wrong block")
+def test_the_first_block_not_served_is_the_hole_not_the_span_s_end() -> None:
+    """Tasks 0..249 and 250..499 of span 0..999 failed, 500..999 were served: the row is
+    min 500, max 999, 500 blocks. `first_missing` = min(999 + 1, 999) = 999: `ask_again`
+    asks block 999 (served, so "it serves now" whatever the node does at 0..499), and when
+    the node is stopped the progress line and `Stops.refused` name block 999."""
+    node = "http://node:8545"
+    span = Span(node, 0, 999, 0)
+    assert short_spans([span], [count_row(node, 0, 500, 999, 500)]) == [(span, 0)]
+    [(_, middle)] = short_spans([span], [count_row(node, 0, 0, 999, 750)])
+    assert middle <= 250  # the hole is in 250..499 (or anywhere below 999)
+
+
+# --- finding 5 (b): an answer of -32003 to a call made alone recurses without end ---------
+
+
+class TooLarge:
+    """A node that answers -32003 (response too large) to its first `budget` requests, then
+    errors plainly (a test must end: the client's recursion ends only at the recursion
+    limit, which py-evm, imported by the audit, raises; ~20 requests a second here)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.requests = 0
+
+    def __call__(self, method: str, params: list[Any]) -> Any:
+        self.requests += 1
+        if self.requests <= self.budget:
+            return Error(code=-32003, message="response too large")
+        return Error(code=-32000, message="enough")
+
+
+@pytest.mark.xfail(strict=True, reason="finding 5: JsonRpcClient._result asks a call answered "
+                   "-32003 again alone, for ever: one request per stack level until "
+                   "RecursionError (no EtlError), which escapes the task, probe and ask_again")
+def test_a_call_alone_answered_response_too_large_is_an_rpc_error() -> None:
+    """`_result` answers RESPONSE_TOO_LARGE by `self.call(method, *params)`; a call already
+    alone that gets -32003 again recurses, one request per level, without bound but the
+    recursion limit: thousands of requests, then RecursionError (or a C stack overflow).
+    That is no EtlError: `BlockReader.read`, `NodeReader.read`, `probe` and `ask_again`
+    let it through, the Spark job (or the driver) fails and the honest node beside the liar
+    gets no verdict."""
+    liar = TooLarge(budget=60)
+    with rpc_server(liar) as url, JsonRpcClient(url, FAST) as client, pytest.raises(EtlError):
+        client.call("eth_blockNumber")
+    assert liar.requests <= 2
+
+
+# --- finding 6 (a, b): no bound on the time of one answer ---------------------------------
+
+
+@contextmanager
+def dripping_server(stop: threading.Event) -> Iterator[str]:
+    """A node that announces a 1 MB answer and sends it a byte every 50 ms (each recv well
+    within the client's timeout) until `stop`."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(1 << 20))
+            self.end_headers()
+            self.wfile.write(b"[")
+            self.wfile.flush()
+            while not stop.wait(0.05):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+            self.close_connection = True
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    with _served(Handler) as url:
+        yield url
+
+
+@pytest.mark.xfail(strict=True, reason="finding 6: RetryPolicy.timeout bounds each recv, not "
+                   "the answer: a node dripping a byte per (timeout - e) holds a request, its "
+                   "task, its wave and so the honest nodes' export for up to 256 MiB x timeout")
+def test_an_answer_dripped_byte_by_byte_is_bounded_by_the_timeout() -> None:
+    """`response.read(MAX_ANSWER_BYTES + 1)` reads until the answer ends, 256 MiB or the
+    connection closes; the socket timeout is per recv. At a byte per 59 s (default timeout
+    60 s) one request lasts ~500 years; every probe, task and `ask_again` is exposed, and a
+    wave waits for its slowest task."""
+    stop = threading.Event()
+    outcome: list[BaseException | Any] = []
+    with dripping_server(stop) as liar:
+        policy = RetryPolicy(attempts=1, backoff=0.01, timeout=0.5)
+
+        def ask() -> None:
+            try:
+                with JsonRpcClient(liar, policy) as client:
+                    outcome.append(client.call("eth_blockNumber"))
+            except BaseException as exc:  # noqa: BLE001 - what the call ended with
+                outcome.append(exc)
+
+        caller = threading.Thread(target=ask, daemon=True)
+        started = time.monotonic()
+        caller.start()
+        caller.join(timeout=3.0)
+        finished = not caller.is_alive()
+        stop.set()
+        caller.join(timeout=5.0)
+    assert finished, f"the call still runs after {time.monotonic() - started:.1f} s"
+    assert isinstance(outcome[0], EtlError)
+
+
+# --- finding 7 (b): a lying node's probe answer stops every node's export -----------------
+
+
+class Reached(Exception):
+    """The export went past probing its nodes (to the plan's first Spark job)."""
+
+
+class NoSpark:
+    def __getattr__(self, name: str) -> Any:
+        raise Reached(name)
+
+
+def liar_claiming_view_2_64() -> Answer:
+    return honest_answers(head=9, view=2**64 - 1)
+
+
+def liar_claiming_head_2_63() -> Answer:
+    answers = honest_answers(head=9)
+    return lambda m, p: hex(2**63) if m == "eth_blockNumber" else answers(m, p)
+
+
+def liar_behind_then_failing() -> Answer:
+    """Claims head 0 at the probe (behind --to: `catch_up` polls it), then an error."""
+    answers = honest_answers(head=9)
+    asked = []
+
+    def answer(method: str, params: list[Any]) -> Any:
+        if method == "eth_blockNumber":
+            asked.append(method)
+            return "0x0" if len(asked) == 1 else Error(code=-32000, message="no")
+        return answers(method, params)
+
+    return answer
+
+
+@pytest.mark.xfail(strict=True, reason="finding 7: probe/catch_up raise ExtractError on one "
+                   "node's out-of-range or erroring answer (view 2**64-1, head 2**63, an "
+                   "error at the catch-up poll): the whole export fails, no verdict at all")
+@pytest.mark.parametrize("liar", [liar_claiming_view_2_64, liar_claiming_head_2_63,
+                                  liar_behind_then_failing])
+def test_a_lying_node_s_status_cannot_stop_the_honest_node_s_export(
+    tmp_path: Path, liar: Callable[[], Answer],
+) -> None:
+    """`probe` turns a view or head above 2**63 - 1 (`long`), a malformed answer or any
+    error into ExtractError, and `catch_up`'s `_head` an error at its poll: `export` stops
+    there, before a block of the honest node is asked for. The honest node's export must go
+    on (the liar recorded without blocks, as `record_nodes_without_blocks` does, and
+    judged by the audit); here it must reach its first Spark job (`Reached`)."""
+    with rpc_server(honest_answers(head=9)) as honest, rpc_server(liar()) as lying:
+        options = ExportOptions(nodes=(honest, lying), out=str(tmp_path / "out"),
+                                policy=FAST, lag_wait=0.6)
+        with pytest.raises(Reached):
+            export(NoSpark(), options, lambda _: None)  # type: ignore[arg-type]
+
+
+# --- finding 8 (a, b): a node that serves every block it claims is followed for ever ------
+
+
+@pytest.mark.xfail(strict=True, reason="finding 8: a node is stopped only at a block it does "
+                   "not serve; one that makes up blocks up to its claimed head 2**63 - 1 is "
+                   "followed for 2**53 ranges and the honest node's verdict never comes")
+def test_a_node_making_up_blocks_up_to_an_enormous_head_is_bounded() -> None:
+    """--to defaults to the highest head claimed; the export checks nothing of a block
+    (the audit checks its certificate), so a node operator answering well-formed blocks
+    without a certificate (or with its own) for every number keeps the plan going: every
+    wave gives it another range, none is short, nothing ever stops it."""
+    honest = NodeInfo("http://honest:8545", 1337, GENESIS, (), 9, 1)
+    liar = NodeInfo("http://liar:8545", 1337, GENESIS, (), 2**63 - 1, 1)
+    options = ExportOptions(nodes=(honest.url, liar.url), out="unused", range_size=4)
+    first, last = block_bounds(options, [honest, liar])
+    plan = Plan(options.nodes, first, last, 4, {}, {honest.url: 9, liar.url: 2**63 - 1})
+    drain(plan)
