@@ -450,3 +450,19 @@ def test_a_node_down_when_asked_again_is_asked_once_more_after_the_waves() -> No
         stops.fail_if_no_node_served(plan)  # a served all: no failure, b left to the audit
         rest = drain(plan)
     assert Span(b, 0, 3, 0) in rest or Span(b, 4, 7, 4) in rest  # b asked again, later
+
+
+# --- finding 10 (c, low): a node listed twice is fetched twice into one partition ---------
+
+
+@pytest.mark.xfail(strict=True, reason="finding 10: ExportOptions/Plan take a node listed "
+                   "twice (only the CLI's _nodes refuses it): both spans land in one (node, "
+                   "range) partition, every row twice, and fail_if_no_node_served never fires")
+def test_a_node_listed_twice_is_planned_once() -> None:
+    """`export` is also a library call (benchmarks, `run`): `Plan` yields Span(a, 0, 3, 0)
+    twice in one wave, the Spark job fetches both into partition node=a/range_start=0
+    (8 rows for 4 blocks), `short_spans` then reads 8 != 4 as a short span and asks again,
+    and `Stops.refused` (a dict by node) can never reach len(plan.nodes)."""
+    plan = Plan(("http://a:8545", "http://a:8545"), 0, 3, 4)
+    wave = plan.next_wave(4)
+    assert len(wave) == len(set(wave)), wave
