@@ -151,9 +151,10 @@ def probe_all(options: ExportOptions, progress: Progress) -> list[NodeInfo]:
             infos.append(probe(url, options.policy))
         except ExtractError as exc:
             failures.append(exc)
-            progress(f"warning: {exc}: the node is left out of the export and the audit")
     if not infos:
         raise failures[0]
+    for failure in failures:
+        progress(f"warning: {failure}: the node is left out of the export and the audit")
     return infos
 
 
@@ -472,16 +473,15 @@ class Stops:
             progress(f"{node} serves block {first_missing} now: fetching "
                      f"{', '.join(s.describe() for s, _ in short)} again")
             return
-        if answer is None:
-            answer = "it kept failing when its blocks were fetched again"
+        if answer is None:  # served when asked alone, not within its span's tasks: what
+            answer = ""  # cannot be read (a lie) or a flapping node, left to the audit
         if answer:
             plan.pause(node, span.range_start)
         else:
             plan.stopped.add(node)
         self.refused[node] = (replace(rest, last=plan.node_last(node)), answer)
-        progress(f"{node} did not serve block {first_missing} (see the warnings above): "
-                 "the blocks above it are not asked for now (the audit reports what is "
-                 "missing at the end)")
+        progress(f"{node} did not serve all of {rest.describe()} (see the warnings above): "
+                 "the blocks above are not asked for now (the audit reports what is missing)")
 
     def settle_wave(self, plan: Plan, short: list[tuple[Span, int]], options: ExportOptions,
                     progress: Progress) -> None:

@@ -23,6 +23,7 @@ MAX_ANSWER_DEPTH = 32
 # The node answers a batch within 25 MB (geth's BatchResponseMaxSize) and one call alone
 # within a block's size; what is far above is no answer to what the ETL asks
 MAX_ANSWER_BYTES = 256 << 20
+READ_CHUNK = 1 << 20
 MAX_BACKOFF = 10.0
 
 Call = tuple[str, list[Any]]
@@ -98,16 +99,17 @@ class JsonRpcClient:
             raise RpcError(f"answered a batch with {type(replies).__name__}",
                            retriable=False)
         by_id = {reply.get("id"): reply for reply in replies if isinstance(reply, dict)}
-        return [self._result(by_id.get(i), calls[i]) for i in range(len(calls))]
+        alone = len(calls) == 1
+        return [self._result(by_id.get(i), calls[i], alone) for i in range(len(calls))]
 
-    def _result(self, reply: dict[str, Any] | None, call: Call) -> Any:
+    def _result(self, reply: dict[str, Any] | None, call: Call, alone: bool) -> Any:
         method, params = call
         if reply is None:
             raise RpcError(f"no answer to {method}", retriable=True)
         error = reply.get("error")
         if error is None:
             return reply.get("result")
-        if isinstance(error, dict) and error.get("code") == RESPONSE_TOO_LARGE:
+        if isinstance(error, dict) and error.get("code") == RESPONSE_TOO_LARGE and not alone:
             return self.call(method, *params)  # alone, it is not bound by the batch limit
         message = error.get("message") if isinstance(error, dict) else error
         kind = (MethodNotFound if isinstance(error, dict) and error.get("code") == METHOD_NOT_FOUND
@@ -136,13 +138,31 @@ class JsonRpcClient:
             self._connection = factory(self._host, self._port, timeout=self.policy.timeout)
         return self._connection
 
+    def _read(self, response: http.client.HTTPResponse) -> bytes:
+        """The answer, up to MAX_ANSWER_BYTES + 1 bytes, within the policy's timeout for the
+        whole of it: the socket's timeout bounds each recv only, and a node sending a byte
+        a minute would hold the task (and its wave) for years."""
+        deadline = time.monotonic() + self.policy.timeout
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_ANSWER_BYTES:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the answer took more than {self.policy.timeout:g} s")
+            chunk = response.read1(min(READ_CHUNK, MAX_ANSWER_BYTES + 1 - size))
+            if not chunk:
+                response.read()  # at the end: closes it, so the connection is used again
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+
     def _post(self, body: bytes) -> Any:
         headers = {"Content-Type": "application/json", "Connection": "keep-alive"}
         try:
             connection = self._connect()
             connection.request("POST", self._path, body, headers)
             response = connection.getresponse()
-            data = response.read(MAX_ANSWER_BYTES + 1)
+            data = self._read(response)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise RpcError(f"{type(exc).__name__}: {exc}", retriable=True) from None

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from spark_etl import schemas
-from spark_etl.errors import EtlError
+from spark_etl.errors import EtlError, UsageError
 from spark_etl.export import (
     COUNTED,
     ExportOptions,
@@ -156,8 +156,6 @@ class ManifestOnly:
         return self.rows
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: the manifest records a range whose middle "
-                   "partition failed as held (min..max), so a re-run never fetches the hole")
 def test_a_range_with_a_hole_inside_is_fetched_again_by_a_resumed_export(
     tmp_path: Path,
 ) -> None:
@@ -183,9 +181,6 @@ def test_a_range_with_a_hole_inside_is_fetched_again_by_a_resumed_export(
 # --- finding 2 (d): only a node's first short span of a wave is settled -------------------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: short_spans keeps one short span per node "
-                   "and wave; the node's other short spans are neither fetched again nor "
-                   "stop it, so one outage over two of its ranges leaves a hole in the middle")
 def test_every_short_span_of_a_node_in_a_wave_is_fetched_again() -> None:
     """A wave holds 2 x parallelism spans, often several ranges of one node. A passing
     outage fails a task in ranges 0..3 and 4..7 of the same node; the node serves again when
@@ -200,8 +195,7 @@ def test_every_short_span_of_a_node_in_a_wave_is_fetched_again() -> None:
                   count_row(node, 8, 8, 11, 4)]
         stops = Stops()
         options = ExportOptions(nodes=(node,), out="unused", policy=FAST)
-        for span, first_missing in short_spans(wave, counts):
-            stops.settle(plan, span, first_missing, options, lambda _: None)
+        stops.settle_wave(plan, short_spans(wave, counts), options, lambda _: None)
         assert node not in plan.stopped
         assert Span(node, 4, 7, 4) in drain(plan)
 
@@ -209,9 +203,6 @@ def test_every_short_span_of_a_node_in_a_wave_is_fetched_again() -> None:
 # --- finding 3 (d): three re-fetches per node for the whole export ------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: RETRIES_PER_NODE counts every passing "
-                   "failure of the whole export: the 4th stops an honest node for good, and "
-                   "as a null answer, so even a sole node's export 'succeeds' with the hole")
 def test_an_honest_node_s_fourth_passing_outage_is_fetched_again() -> None:
     """A long export (a million blocks, a thousand ranges) of an honest node that had a
     blip at four separate times, each over when asked again: the first three ranges are
@@ -228,8 +219,7 @@ def test_an_honest_node_s_fourth_passing_outage_is_fetched_again() -> None:
             assert [s.range_start for s in wave] == [start]
             # the blip: the range's last task failed; asked again, the node serves
             counts = [count_row(node, start, start, start + 1, 2)]
-            for span, first_missing in short_spans(wave, counts):
-                stops.settle(plan, span, first_missing, options, lambda _: None)
+            stops.settle_wave(plan, short_spans(wave, counts), options, lambda _: None)
             assert plan.next_wave(1) == wave  # fetched again: served whole this time
         assert node not in plan.stopped and stops.refused == {}
 
@@ -237,9 +227,6 @@ def test_an_honest_node_s_fourth_passing_outage_is_fetched_again() -> None:
 # --- finding 4 (d): the first block not served is mis-computed ----------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: short_spans takes max(block)+1 as the first "
-                   "block not served; when an earlier task of the span failed that is the "
-                   "span's last block, which the node served: ask_again asks the wrong block")
 def test_the_first_block_not_served_is_the_hole_not_the_span_s_end() -> None:
     """Tasks 0..249 and 250..499 of span 0..999 failed, 500..999 were served: the row is
     min 500, max 999, 500 blocks. `first_missing` = min(999 + 1, 999) = 999: `ask_again`
@@ -271,9 +258,6 @@ class TooLarge:
         return Error(code=-32000, message="enough")
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: JsonRpcClient._result asks a call answered "
-                   "-32003 again alone, for ever: one request per stack level until "
-                   "RecursionError (no EtlError), which escapes the task, probe and ask_again")
 def test_a_call_alone_answered_response_too_large_is_an_rpc_error() -> None:
     """`_result` answers RESPONSE_TOO_LARGE by `self.call(method, *params)`; a call already
     alone that gets -32003 again recurses, one request per level, without bound but the
@@ -318,9 +302,6 @@ def dripping_server(stop: threading.Event) -> Iterator[str]:
         yield url
 
 
-@pytest.mark.xfail(strict=True, reason="finding 6: RetryPolicy.timeout bounds each recv, not "
-                   "the answer: a node dripping a byte per (timeout - e) holds a request, its "
-                   "task, its wave and so the honest nodes' export for up to 256 MiB x timeout")
 def test_an_answer_dripped_byte_by_byte_is_bounded_by_the_timeout() -> None:
     """`response.read(MAX_ANSWER_BYTES + 1)` reads until the answer ends, 256 MiB or the
     connection closes; the socket timeout is per recv. At a byte per 59 s (default timeout
@@ -384,9 +365,6 @@ def liar_behind_then_failing() -> Answer:
     return answer
 
 
-@pytest.mark.xfail(strict=True, reason="finding 7: probe/catch_up raise ExtractError on one "
-                   "node's out-of-range or erroring answer (view 2**64-1, head 2**63, an "
-                   "error at the catch-up poll): the whole export fails, no verdict at all")
 @pytest.mark.parametrize("liar", [liar_claiming_view_2_64, liar_claiming_head_2_63,
                                   liar_behind_then_failing])
 def test_a_lying_node_s_status_cannot_stop_the_honest_node_s_export(
@@ -426,9 +404,6 @@ def test_a_node_making_up_blocks_up_to_an_enormous_head_is_bounded() -> None:
 # --- finding 9 (d): a node down when asked again is never asked again ---------------------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 9: a node whose outage outlasts ask_again is "
-                   "stopped for the rest of the export although another node kept it from "
-                   "failing; back a second later, it is never asked again: a false unsound")
 def test_a_node_down_when_asked_again_is_asked_once_more_after_the_waves() -> None:
     """Two honest nodes; `b` is down for a few seconds (a restart) while the wave of range
     0..3 runs and while `settle` asks it again (error: connection refused). `a` served
@@ -444,8 +419,7 @@ def test_a_node_down_when_asked_again_is_asked_once_more_after_the_waves() -> No
         counts = [count_row(a, 0, 0, 3, 4)]  # b's task failed
         stops = Stops()
         options = ExportOptions(nodes=(a, b), out="unused", policy=FAST)
-        for span, first_missing in short_spans(wave, counts):
-            stops.settle(plan, span, first_missing, options, lambda _: None)
+        stops.settle_wave(plan, short_spans(wave, counts), options, lambda _: None)
         assert b in stops.refused and stops.refused[b][1]  # stopped, with the error
         stops.fail_if_no_node_served(plan)  # a served all: no failure, b left to the audit
         rest = drain(plan)
@@ -455,14 +429,10 @@ def test_a_node_down_when_asked_again_is_asked_once_more_after_the_waves() -> No
 # --- finding 10 (c, low): a node listed twice is fetched twice into one partition ---------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 10: ExportOptions/Plan take a node listed "
-                   "twice (only the CLI's _nodes refuses it): both spans land in one (node, "
-                   "range) partition, every row twice, and fail_if_no_node_served never fires")
 def test_a_node_listed_twice_is_planned_once() -> None:
     """`export` is also a library call (benchmarks, `run`): `Plan` yields Span(a, 0, 3, 0)
     twice in one wave, the Spark job fetches both into partition node=a/range_start=0
     (8 rows for 4 blocks), `short_spans` then reads 8 != 4 as a short span and asks again,
     and `Stops.refused` (a dict by node) can never reach len(plan.nodes)."""
-    plan = Plan(("http://a:8545", "http://a:8545"), 0, 3, 4)
-    wave = plan.next_wave(4)
-    assert len(wave) == len(set(wave)), wave
+    with pytest.raises(UsageError, match="listed twice"):
+        Plan(("http://a:8545", "http://a:8545"), 0, 3, 4)
