@@ -1,8 +1,10 @@
 """The chain audit: every rule over an exported data set, in Spark.
 
 `run_audit(data, validators)` evaluates all RULES (each returns a DataFrame of violations)
-as one union and returns an `AuditResult`. Signatures are recovered first, once each, and
-shared by the consensus rules."""
+and the report's counts and figures as one query, collected in one Spark job, and returns an
+`AuditResult`. Signatures are recovered once each and shared by the consensus rules. A small
+export runs in one partition (`context.ONE_PARTITION_BYTES`), a large one in parallel, its
+signatures recovered first in a job of their own."""
 
 from __future__ import annotations
 

@@ -56,11 +56,12 @@ class ValidatorSet:
 
 
 # Up to this many bytes of exported tables (Parquet, as Spark's planner estimates them: the
-# files' sizes), the audit runs each table in one partition: its plans then need no shuffle
-# (a single partition is clustered every way), so every rule, count and figure is one Spark
-# job of one stage instead of some 170 jobs, each of which costs its scheduling however few
-# rows it holds. About 20,000 transactions with their receipts and consensus records; their
-# Python pass takes a few seconds on one core, what the shuffles' stages cost anyway.
+# files' sizes), the audit runs each table in one partition: its plans then need few
+# shuffles (a single partition is clustered every way), so every rule, count and figure is
+# one Spark job of a few dozen one-task stages instead of some 170 jobs, each of which costs
+# its scheduling however few rows it holds. An estimate: 10,000-20,000 transactions (a hex
+# hash does not compress: about 1 KB each with its receipt and certificate share), whose
+# Python pass (~145 us a transaction) takes a few seconds on one core.
 ONE_PARTITION_BYTES = 16 * 1024 * 1024
 # How Spark plans and runs the audit's queries in one partition: no shuffle, and nothing
 # that only pays off on many rows.
@@ -125,17 +126,17 @@ class Audit:
             yield
             return
         conf = self.data.blocks.sparkSession.conf
-        before = {key: conf.get(key, None) for key in ONE_PARTITION}
+        before: dict[str, str | None] = {key: conf.get(key, None) for key in ONE_PARTITION}
         for key, value in ONE_PARTITION.items():
             conf.set(key, value)
         try:
             yield
         finally:
-            for key, value in before.items():
-                if value is None:
+            for key, previous in before.items():
+                if previous is None:
                     conf.unset(key)
                 else:
-                    conf.set(key, value)
+                    conf.set(key, previous)
 
     def union(self, first: DataFrame, *others: DataFrame) -> DataFrame:
         """`union_all`, kept in one partition when the audit runs in one (a union has a
