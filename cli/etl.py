@@ -76,7 +76,7 @@ def _seconds(text: str) -> float:
 def _export_arguments(out: argparse.ArgumentParser) -> None:
     out.add_argument("--rpc", required=True, metavar="URL[,URL...]",
                      help="the nodes' JSON-RPC URLs; each node's rows are kept apart")
-    out.add_argument("--out", required=True, metavar="DIR",
+    out.add_argument("--out", required=True, metavar="DIR", type=_directory("--out"),
                      help="output directory (or a Hadoop URI)")
     out.add_argument("--from", dest="first", type=_count, metavar="N",
                      help="first block (default 0)")
@@ -118,7 +118,7 @@ def build_parser() -> Parser:
     _export_arguments(out)
     out.set_defaults(handler=_export)
     audit = commands.add_parser("audit", help="audit an exported data set")
-    audit.add_argument("--data", required=True, metavar="DIR",
+    audit.add_argument("--data", required=True, metavar="DIR", type=_directory("--data"),
                        help="the --out directory of an export")
     audit.add_argument("--master", help="Spark master URL (default local[*])")
     _audit_arguments(audit)
@@ -129,6 +129,22 @@ def build_parser() -> Parser:
     _audit_arguments(run)
     run.set_defaults(handler=_export_and_audit)
     return parser
+
+
+GLOB = frozenset("[]{}*?\\")
+
+
+def _directory(option: str) -> Callable[[str], str]:
+    """A directory Spark can read back: Hadoop expands glob characters in paths, so a
+    directory named `run[1]` is written but never found again."""
+
+    def parse(text: str) -> str:
+        if GLOB & set(text):
+            raise UsageError(f"{option} {text}: Spark reads [ ] {{ }} * ? \\ in a path as a "
+                             "pattern: choose a directory name without them")
+        return text
+
+    return parse
 
 
 def _nodes(text: str) -> tuple[str, ...]:

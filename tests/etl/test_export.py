@@ -261,6 +261,8 @@ def test_client_retries_with_backoff_then_gives_up(node: FakeNode) -> None:
         (["export", "--rpc", "http://a", "--out", "x", "--from", "-1"], "is negative"),
         (["audit", "--data", "/no/such/dir", "--trust-node"], "no such directory"),
         (["audit", "--data", ".", "--trust-node", "--genesis", "b"], "not allowed with"),
+        (["export", "--rpc", "http://a", "--out", "run[1]"], "in a path as a pattern"),
+        (["audit", "--data", "out*", "--trust-node"], "in a path as a pattern"),
     ],
 )
 def test_usage_errors_are_one_line_with_exit_status_2(
