@@ -188,7 +188,9 @@ class Plan:
     holds partly is fetched whole again (what it held and what is asked), so that replacing
     its partitions loses nothing. A node in `stopped` gets no more spans: a node that did
     not serve a block it was asked for is not asked for the blocks above it, so a head
-    claimed at 2**63 costs one range, not 2**53 (the audit reports what it did not serve)."""
+    claimed at 2**63 costs one range, not 2**53 (the audit reports what it did not serve).
+    A node `paused` (it answered errors) is planned again once the others are done, and a
+    span is fetched again at most RETRIES_PER_RANGE times in all."""
 
     nodes: tuple[str, ...]
     first: int
