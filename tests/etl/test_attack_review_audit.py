@@ -14,10 +14,9 @@ import dataclasses
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -42,6 +41,7 @@ from spark_etl.tables import Dataset
 from tests.etl.chain_factory import ServedChain
 from tests.etl.conftest import NODE_A, NODE_B, Tables, dataset, etl, make_audit
 from tests.etl.fake_node import FakeNode, serving
+from tests.etl.test_attack_review_export import served_on_loopback
 from tests.etl.test_audit import rows
 from tests.etl.test_audit_anchor import FAST, write_genesis
 
@@ -320,16 +320,8 @@ def raw_server(body: bytes) -> Iterator[str]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with served_on_loopback(Handler) as url:
+        yield url
 
 
 # What `pbft-etl run --genesis` has imported by the time it probes the nodes: py-evm, whose

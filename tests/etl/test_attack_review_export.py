@@ -99,12 +99,13 @@ def rpc_server(answer: Answer) -> Iterator[str]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    with _served(Handler) as url:
+    with served_on_loopback(Handler) as url:
         yield url
 
 
 @contextmanager
-def _served(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+def served_on_loopback(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served by threads on a free port of 127.0.0.1; its URL; stopped after."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -298,7 +299,7 @@ def dripping_server(stop: threading.Event) -> Iterator[str]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    with _served(Handler) as url:
+    with served_on_loopback(Handler) as url:
         yield url
 
 
