@@ -19,14 +19,16 @@ from prometheus_client.core import Metric
 
 from chain import ordered_trie
 from chain.blockchain import Blockchain, ExecutedBlock
-from chain.engine import ConsensusEngine, EngineContext, TimerHandle
+from chain.engine import ConsensusEngine, EngineContext, RpcHandler, TimerHandle
 from chain.errors import NodeError, TxPoolError
 from chain.genesis import Genesis, load_genesis_bytes
 from chain.metrics import CallbackCollector, MetricsServer, NodeMetrics, labelled_counter
 from chain.p2p import Channel, Transport
-from chain.read_store import TxRecord, encode_block
+from chain.read_store import encode_block
 from chain.registry import available_engines, load_engine_class
+from chain.rpc.backend import CommittedBlock, RpcBackend, RpcSettings
 from chain.rpc.limits import RpcLimits
+from chain.rpc.server import RpcServer
 from chain.txpool import (
     DROP_REASONS,
     AccountReader,
@@ -93,14 +95,6 @@ def load_datadir_genesis(db: Database) -> Genesis:
             f"run: pbft-node init --genesis FILE --datadir {db.path.parent}"
         )
     return load_genesis_bytes(source, available_engines(), origin="stored genesis")
-
-
-@dataclass(frozen=True)
-class CommittedBlock:
-    """What listeners (filters, subscriptions) hear about each new head."""
-
-    header: BlockHeaderAPI
-    records: tuple[TxRecord, ...]
 
 
 class HeadAccounts(AccountReader):
@@ -172,13 +166,13 @@ def _quiet_storage_failures(loop: asyncio.AbstractEventLoop, context: dict[str, 
         loop.default_exception_handler(context)
 
 
-class Node:
+class Node(RpcBackend):
     """One node process's state. `start()` and `stop()` run on its event loop."""
 
     def __init__(self, config: NodeConfig) -> None:
         ordered_trie.install()
         self.config = config
-        self.rpc_server: Any = None
+        self.rpc_server: RpcServer | None = None
         self.transport: Transport | None = None
         self.metrics_server: MetricsServer | None = None
         self.db = open_database(config.datadir)
@@ -237,8 +231,6 @@ class Node:
             )
             await self.transport.start()
         if self.config.http_enabled:
-            from chain.rpc.server import RpcServer
-
             self.rpc_server = RpcServer(self)
             await self.rpc_server.start()
         if config.metrics_port is not None:
@@ -434,6 +426,19 @@ class Node:
 
     def sync_status(self) -> dict[str, str] | None:
         return None  # a node follows its engine; catching up is reported by pbft_status
+
+    # What its JSON-RPC uses besides (RpcBackend).
+
+    def rpc_settings(self) -> RpcSettings:
+        config = self.config
+        return RpcSettings(config.http_addr, config.http_port, config.host_allowlist,
+                           config.cors_origins, config.rpc_limits, config.rpc_gas_cap)
+
+    def add_head_listener(self, listener: Callable[[CommittedBlock], None]) -> None:
+        self.head_listeners.append(listener)
+
+    def engine_rpc_methods(self) -> dict[str, RpcHandler]:
+        return self.engine.rpc_methods()
 
     # Blocks.
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from eth.abc import BlockHeaderAPI, ComputationAPI
 from eth.exceptions import Revert
@@ -13,6 +13,7 @@ from eth_hash.auto import keccak
 from eth_utils import ValidationError
 
 from chain.errors import TxPoolError
+from chain.rpc.backend import RpcBackend
 from chain.rpc.errors import EXECUTION_REVERTED, InvalidParams, RpcError, ServerError
 from chain.rpc.filters import FilterManager, LogCriteria
 from chain.rpc.formatters import transaction_json
@@ -34,9 +35,6 @@ from chain.rpc.served import (
     evm_deadline,
     with_deadline,
 )
-
-if TYPE_CHECKING:
-    from chain.node import Node
 
 CLIENT_VERSION = "pbft-chain/v0.1.0/python3.11"
 HASH_PARAM_LENGTH = 2 + 64  # "0x" and 32 bytes of hex
@@ -88,16 +86,17 @@ def _check_percentiles(percentiles: Any) -> None:
 class EthApi:
     """Methods by name; each takes the JSON params positionally and returns a JSON value."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: RpcBackend) -> None:
         self.node = node
         self.blockchain = node.blockchain
         self.filters = FilterManager()
         self.served = ServedBlocks(node.blockchain)
         self.reads = WorkerPool(READ_WORKERS, MAX_PENDING_READS, "read")
-        self.evm_limits = node.config.rpc_limits.evm
+        self.gas_cap = node.rpc_settings().gas_cap
+        self.evm_limits = node.rpc_settings().limits.evm
         self.executions = WorkerPool(
             self.evm_limits.workers, self.evm_limits.max_pending, "eth_call/eth_estimateGas")
-        node.head_listeners.append(lambda c: self.filters.on_block(c.header, c.records))
+        node.add_head_listener(lambda c: self.filters.on_block(c.header, c.records))
 
     def close(self) -> None:
         """On stop: every thread of client work ends (an EVM call within its deadline)."""
@@ -259,7 +258,7 @@ class EthApi:
         if "input" in call and "data" in call and call["input"] != call["data"]:
             raise InvalidParams('both "data" and "input" are set and not equal. Please use "input"')
         payload = parse_data(call.get("input", call.get("data", "0x")), "input")
-        gas_cap = min(header.gas_limit, self.node.config.rpc_gas_cap)
+        gas_cap = min(header.gas_limit, self.gas_cap)
         gas = parse_quantity(call["gas"], "gas", bits=64) if call.get("gas") else gas_cap
         gas_price = parse_quantity(call.get("gasPrice") or "0x0", "gasPrice")
         value = parse_quantity(call.get("value") or "0x0", "value")

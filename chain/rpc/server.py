@@ -13,13 +13,14 @@ import asyncio
 import functools
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from chain.p2p.throttle import ThrottledLog
+from chain.rpc.backend import RpcBackend
 from chain.rpc.bundles import BlockBundles
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.eth import EthApi
@@ -34,9 +35,6 @@ from chain.rpc.subscriptions import (
     WebSocketLimits,
 )
 from chain.rpc.txpool import TxPoolApi
-
-if TYPE_CHECKING:
-    from chain.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +86,15 @@ def _closing(status: int, text: str) -> web.Response:
 
 
 class RpcServer:
-    def __init__(self, node: Node, websocket: WebSocketLimits | None = None) -> None:
+    def __init__(self, node: RpcBackend, websocket: WebSocketLimits | None = None) -> None:
         self.node = node
-        config = node.config
-        self.limits = config.rpc_limits
-        self.host_allowlist = {h.lower() for h in config.host_allowlist}
-        self.cors_origins = set(config.cors_origins)
+        self.settings = settings = node.rpc_settings()
+        self.limits = settings.limits
+        self.host_allowlist = {h.lower() for h in settings.host_allowlist}
+        self.cors_origins = set(settings.cors_origins)
         self.eth = EthApi(node)
         methods = self.eth.methods() | TxPoolApi(node).methods()
-        engine_methods = node.engine.rpc_methods()
+        engine_methods = node.engine_rpc_methods()
         methods.update(engine_methods)
         methods.update(BlockBundles.methods_for(
             node.blockchain, self.eth.reads, self.limits.batch.max_response_bytes,
@@ -260,7 +258,7 @@ class RpcServer:
         return server()
 
     async def start(self) -> None:
-        config = self.node.config
+        settings = self.settings
         self._runner = web.AppRunner(
             self._app(),
             access_log=None,
@@ -270,9 +268,10 @@ class RpcServer:
         )
         await self._runner.setup()
         loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(self._accept, config.http_addr, config.http_port)
+        self._listener = await loop.create_server(self._accept, settings.http_addr,
+                                                  settings.http_port)
         self.port = self._listener.sockets[0].getsockname()[1]
-        log.info("JSON-RPC on http://%s:%d (HTTP and WebSocket)", config.http_addr, self.port)
+        log.info("JSON-RPC on http://%s:%d (HTTP and WebSocket)", settings.http_addr, self.port)
 
     async def stop(self) -> None:
         self.subscriptions.close_all()

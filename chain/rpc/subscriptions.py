@@ -32,16 +32,14 @@ import secrets
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
+from chain.rpc.backend import CommittedBlock, RpcBackend
 from chain.rpc.errors import LIMIT_EXCEEDED, InvalidParams, RpcError
 from chain.rpc.filters import BlockLogs, LogCriteria
 from chain.rpc.formatters import header_json
-
-if TYPE_CHECKING:
-    from chain.node import CommittedBlock, Node
 
 MiB = 1024 * 1024
 ENVELOPE = ('{"jsonrpc":"2.0","method":"eth_subscription",'
@@ -268,7 +266,7 @@ def client_of(remote: str) -> str:
 class Subscriptions:
     METHODS = frozenset({"eth_subscribe", "eth_unsubscribe"})
 
-    def __init__(self, node: Node, limits: WebSocketLimits | None = None) -> None:
+    def __init__(self, node: RpcBackend, limits: WebSocketLimits | None = None) -> None:
         self.limits = limits or WebSocketLimits()
         self.sessions: set[Session] = set()
         self.count = 0  # subscriptions on all connections
@@ -277,7 +275,7 @@ class Subscriptions:
         self._blocks: deque[CommittedBlock] = deque()  # waiting for their fan-out
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        node.head_listeners.append(self._on_block)
+        node.add_head_listener(self._on_block)
 
     def session(self, remote: str = "") -> Session:
         session = Session(self, client_of(remote))

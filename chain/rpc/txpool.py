@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eth_utils import to_checksum_address
 
+from chain.rpc.backend import RpcBackend
 from chain.rpc.eth import Method
 from chain.rpc.formatters import transaction_json
 from chain.rpc.hexcodec import parse_address, quantity
 from chain.txpool import PoolEntry
-
-if TYPE_CHECKING:
-    from chain.node import Node
 
 FORMAT_SLICE = 500  # transactions formatted between two turns of the event loop (~10 ms)
 
@@ -55,7 +53,7 @@ async def _by_sender(split: dict[bytes, list[PoolEntry]], show: Callable[[PoolEn
 
 
 class TxPoolApi:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: RpcBackend) -> None:
         self.pool = node.pool
 
     def methods(self) -> dict[str, Method]:

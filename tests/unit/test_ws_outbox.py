@@ -126,7 +126,8 @@ def test_a_client_gone_is_not_a_cut() -> None:
 
 
 def _subscriptions(limits: WebSocketLimits = LIMITS) -> Subscriptions:
-    return Subscriptions(SimpleNamespace(head_listeners=[]), limits)  # type: ignore[arg-type]
+    return Subscriptions(SimpleNamespace(add_head_listener=lambda listener: None),  # type: ignore[arg-type]
+                         limits)
 
 
 def _refusal(coroutine: Any) -> str:
