@@ -21,7 +21,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_etl import schemas
+from spark_etl.audit.context import ValidatorSet
 from spark_etl.errors import EtlError, ExtractError, UsageError
+from spark_etl.head_anchor import check_head
 from spark_etl.hexcodec import long
 from spark_etl.rpc import JsonRpcClient, RetryPolicy
 from spark_etl.source import (
@@ -57,6 +59,9 @@ class ExportOptions:
     batch_blocks: int = DEFAULT_BATCH_BLOCKS
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     lag_wait: float = DEFAULT_LAG_WAIT
+    # --genesis: each node's claimed head must be certified by this set (`head_anchor`);
+    # None (--trust-node): the heads the nodes claim bound the export unchecked
+    genesis: ValidatorSet | None = None
 
     def read_options(self, kind: str, spans: tuple[Span, ...] = (),
                      nodes: tuple[tuple[str, int], ...] = ()) -> dict[str, str]:
@@ -82,19 +87,33 @@ def _number(value: Any, what: str) -> int:
     return long(hex(value) if type(value) is int else value, what)
 
 
-def probe(url: str, policy: RetryPolicy) -> NodeInfo:
-    calls = [
-        ("eth_chainId", []),
-        ("eth_getBlockByNumber", ["0x0", False]),
-        ("pbft_getValidators", []),
-        ("pbft_status", []),
-        ("eth_blockNumber", []),
-    ]
+PROBE_CALLS = [
+    ("eth_chainId", []),
+    ("eth_getBlockByNumber", ["0x0", False]),
+    ("pbft_getValidators", []),
+    ("pbft_status", []),
+    ("eth_blockNumber", []),
+]
+
+
+def probe(url: str, policy: RetryPolicy, genesis: ValidatorSet | None = None) -> NodeInfo:
+    """What the node says about itself; with `genesis`, only if its claimed head is
+    certified by that validator set (else ExtractError, as for an answer of the wrong
+    shape)."""
     try:
         with JsonRpcClient(url, policy) as client:
-            chain_id, genesis, validators, status, head = client.batch(calls)
+            info = _node_info(url, client.batch(PROBE_CALLS))
+            if genesis is not None:
+                check_head(client, info.head, genesis)
+    except ExtractError as exc:  # an answer of the wrong shape, or a head not certified
+        raise ExtractError(f"{url}: {exc}") from None
     except EtlError as exc:
         raise ExtractError(f"{url}: {exc} (is it a running PBFT node?)") from None
+    return info
+
+
+def _node_info(url: str, answers: list[Any]) -> NodeInfo:
+    chain_id, genesis, validators, status, head = answers
     try:
         return NodeInfo(
             url=url,
@@ -105,7 +124,7 @@ def probe(url: str, policy: RetryPolicy) -> NodeInfo:
             view=_number(status["view"], "pbft_status view"),
         )
     except (TypeError, KeyError) as exc:  # an answer of the wrong shape (null, no field)
-        raise ExtractError(f"{url}: a malformed answer about the node ({exc!r})") from None
+        raise ExtractError(f"a malformed answer about the node ({exc!r})") from None
 
 
 def check_same_chain(infos: list[NodeInfo], progress: Progress) -> None:
@@ -121,7 +140,10 @@ def check_same_chain(infos: list[NodeInfo], progress: Progress) -> None:
 
 def block_bounds(options: ExportOptions, infos: list[NodeInfo]) -> tuple[int, int]:
     """--from (default 0) .. --to (default: the highest head: a node that claims a lower
-    head must not cut the others' export short; it is exported up to its own head)."""
+    head must not cut the others' export short; it is exported up to its own head). With
+    --genesis every head in `infos` is certified (`probe`), so nothing above the highest
+    certified head is planned, whatever a node claims later (`catch_up` raises a node's
+    head only up to the bound found here)."""
     highest = max(infos, key=lambda i: i.head)
     first = 0 if options.first is None else options.first
     last = highest.head if options.last is None else options.last
@@ -143,12 +165,13 @@ def _head(info: NodeInfo, policy: RetryPolicy) -> int:
 
 
 def probe_all(options: ExportOptions, progress: Progress) -> list[NodeInfo]:
-    """The nodes that answer what they are (`probe`); one that does not is left out with a
+    """The nodes that answer what they are (`probe`), with --genesis only those whose
+    claimed head the genesis validators certified; one that does not is left out with a
     warning (a lying node must not stop the others' export), unless none answers."""
     infos, failures = [], []
     for url in options.nodes:
         try:
-            infos.append(probe(url, options.policy))
+            infos.append(probe(url, options.policy, options.genesis))
         except ExtractError as exc:
             failures.append(exc)
     if not infos:

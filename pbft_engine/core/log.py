@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import rlp
 
 from encoding.rlp import encode_uint
-from pbft_engine.core.params import EngineParams
+from pbft_engine.core.epochs import Membership
 from pbft_engine.core.records import (
     VIEW_MESSAGE_SEQ_NO,
     Delete,
@@ -280,10 +280,12 @@ class MessageLog:
 
 class CheckpointTracker:
     """CHECKPOINT messages (4.3): those inside the window by seqNo and replica, the latest one
-    above it from each replica, and the proof of each checkpoint that became stable."""
+    above it from each replica, and the proof of each checkpoint that became stable. Each
+    checkpoint is counted with the f and Q of its own height's epoch: the checkpoint at a
+    handover is the old set's."""
 
-    def __init__(self, params: EngineParams, me: int, writer: StoreWriter) -> None:
-        self.params = params
+    def __init__(self, membership: Membership, me: int, writer: StoreWriter) -> None:
+        self.membership = membership
         self.me = me
         self.writer = writer
         self.votes: dict[int, dict[int, Signed[Checkpoint]]] = {}  # seqNo -> replica -> it
@@ -310,7 +312,7 @@ class CheckpointTracker:
         votes = self.votes[seq_no]
         own = votes.get(self.me)
         heavy = {value for value, count in Counter(c.body.value for c in votes.values()).items()
-                 if count >= self.params.weak_quorum}
+                 if count >= self.membership.schedule.epoch_at(seq_no).weak_quorum}
         return bool(own is not None and heavy - {own.body.value}) or len(heavy) > 1
 
     def stable(self, seq_no: int) -> bool:
@@ -318,7 +320,7 @@ class CheckpointTracker:
         votes = self.votes[seq_no]
         own = votes.get(self.me)
         matching = sum(c.body.value == own.body.value for c in votes.values()) if own else 0
-        return matching >= self.params.quorum
+        return matching >= self.membership.schedule.quorum_at(seq_no)
 
     def proof(self, seq_no: int) -> tuple[Signed[Checkpoint], ...]:
         """C: the matching CHECKPOINTs of the most vouched-for value at seq_no."""
@@ -373,7 +375,9 @@ class CheckpointTracker:
 
     def _weak_top(self, checkpoints: list[Signed[Checkpoint]]) -> tuple[int, bytes, bytes] | None:
         tally = Counter((c.body.seq_no, c.body.value) for c in checkpoints)
-        weak = [key for key, count in tally.items() if count >= self.params.weak_quorum]
+        schedule = self.membership.schedule
+        weak = [key for key, count in tally.items()
+                if count >= schedule.epoch_at(key[0]).weak_quorum]
         if not weak:
             return None
         seq_no, (block_hash, state_root) = max(weak)

@@ -33,6 +33,7 @@ from pbft_engine.core.actions import (
     SetTimer,
     ValidateBlock,
 )
+from pbft_engine.core.epochs import EpochSchedule, Membership
 from pbft_engine.core.events import (
     BlockBuilt,
     BlockCommitted,
@@ -80,12 +81,10 @@ from pbft_engine.errors import (
     StoreError,
 )
 from pbft_engine.messages import (
-    Authenticator,
     B,
     Body,
     Checkpoint,
     Commit,
-    MessageLimits,
     MessageType,
     NewView,
     PhaseMessage,
@@ -100,7 +99,6 @@ from pbft_engine.messages import (
     decode_signed_bytes,
     encode_commit_certificate,
     signed_as,
-    verify_commit_certificate,
     wire_as,
 )
 
@@ -176,13 +174,12 @@ class Replica:
         head: ChainHead,
         *,
         block_digest: BlockDigest,
+        schedule: EpochSchedule | None = None,  # (default: the genesis set, nothing scheduled)
     ) -> None:
-        if signer.address != params.validators[replica]:
+        self.epochs = Membership.of(params, verifier, schedule)  # every set, quorum, primary
+        if signer.address != self.epochs.current.validators[replica]:
             raise ConfigError(f"the signing key is not validator {replica}")
-        self.params = params
-        self.me = replica
-        self.signer = signer
-        self.auth = Authenticator(params.chain_id, params.validators, verifier)
+        self.params, self.me, self.signer = params, replica, signer
         self.block_digest = block_digest
         self.view = 0
         self.active = True  # False while changing to `self.view`
@@ -222,7 +219,7 @@ class Replica:
         self.resend_open: frozenset[int] = frozenset()
         self.writer = StoreWriter()  # this step's store operations, in order
         self.log = MessageLog(replica, self.writer)
-        self.checkpoints = CheckpointTracker(params, replica, self.writer)
+        self.checkpoints = CheckpointTracker(self.epochs, replica, self.writer)
         self.wanted: set[tuple[int, bytes]] = set()  # bodies asked of the peers (FetchBlock)
         self.view_changes: dict[int, WireMessage[ViewChange]] = {}  # latest per replica
         self.last_new_view: Signed[NewView] | None = None
@@ -260,13 +257,15 @@ class Replica:
         block_digest: BlockDigest,
         signing_bound: SigningBound | None = None,
         fresh_validator: bool = False,
+        schedule: EpochSchedule | None = None,
     ) -> Replica:
         """A replica restarted from its data directory (first start: nothing persisted).
 
         `signing_bound` is what the validator state file outside the store says (None: no
         file); `fresh_validator` is the operator's word that this validator never voted.
         """
-        self = cls(params, replica, signer, verifier, head, block_digest=block_digest)
+        self = cls(params, replica, signer, verifier, head, block_digest=block_digest,
+                   schedule=schedule)
         try:
             stored = self._load(records)
         except (MessageError, ValueError, IndexError, rlp.exceptions.RLPException) as exc:
@@ -334,7 +333,7 @@ class Replica:
 
     @property
     def primary(self) -> int:
-        return self.params.primary(self.view)
+        return self.epochs.current.primary(self.view)
 
     def status(self) -> ReplicaStatus:
         return ReplicaStatus(
@@ -455,7 +454,7 @@ class Replica:
                 raise SafetyError(f"refusing to sign a second {body.TYPE.name} for {key.hex()}")
             return cast("Signed[B]", existing)  # an equal body: the same kind
         self._cover(view, 0 if seq_no == VIEW_MESSAGE_SEQ_NO else seq_no)
-        signed = self.auth.sign(body, self.signer)
+        signed = self.epochs.sign(body, self.signer)
         self.log.record_own(key, signed)
         return signed
 
@@ -809,8 +808,8 @@ class Replica:
 
     def _on_message(self, event: MessageReceived) -> None:
         try:
-            wire = WireMessage.decode(event.data, MessageLimits.for_params(self.params))
-            self.auth.verify(wire.signed)
+            wire = WireMessage.decode(event.data, self.epochs.limits(self.params.log_size))
+            self.epochs.verify(wire.signed)
         except MessageError as exc:
             self._drop(type(exc).__name__)
             return
@@ -841,7 +840,7 @@ class Replica:
         elif (pre_prepare := wire_as(wire, PrePrepare)) is not None:
             self._on_pre_prepare(pre_prepare)
         elif (prepare := signed_as(wire.signed, Prepare)) is not None:
-            if body.replica == self.primary:
+            if body.replica == self.epochs.primary(body.view, body.seq_no):
                 self._record_evidence(prepare, None)  # a primary never prepares
                 self._start_view_change(self.view + 1, "evidence")
             else:
@@ -876,7 +875,7 @@ class Replica:
     def _on_pre_prepare(self, wire: WireMessage[PrePrepare]) -> None:
         pre_prepare = wire.signed
         body = pre_prepare.body
-        if body.replica != self.primary or len(wire.blocks) != 1:
+        if body.replica != self.epochs.primary(body.view, body.seq_no) or len(wire.blocks) != 1:
             self._drop("pre-prepare not from the primary or without its block")
             return
         if body.seq_no <= self.last_exec:
@@ -1024,7 +1023,8 @@ class Replica:
     def _vote_prepare(self, view: int, seq_no: int, slot: Slot) -> None:
         """PREPARE a validated block once its parent is locked here (`_locked_digest`)."""
         digest = slot.digest  # validated: the slot has its pre-prepare
-        if digest is None or self.me == self.params.primary(view) or self.me in slot.prepares:
+        primary = self.epochs.primary(view, seq_no)
+        if digest is None or self.me == primary or self.me in slot.prepares:
             return
         if not self._may_vote(view, seq_no):
             return
@@ -1058,9 +1058,8 @@ class Replica:
         if slot.pre_prepare is None or not slot.validated:
             return
         if self.me not in slot.commits and self._may_vote(view, seq_no):
-            primary = self.params.primary(view)
-            prepares = slot.matching(slot.prepares, exclude=primary)
-            if len(prepares) < self.params.quorum - 1:
+            prepares = slot.matching(slot.prepares, exclude=self.epochs.primary(view, seq_no))
+            if len(prepares) < self.epochs.quorum_at(seq_no) - 1:
                 return
             self.log.add_prepared(PreparedProof(slot.pre_prepare, tuple(prepares)))
             self._cast_vote(slot.commits, Commit(view, seq_no, slot.pre_prepare.body.digest,
@@ -1070,8 +1069,8 @@ class Replica:
 
     def _check_committed(self, slot: Slot, seq_no: int) -> None:
         commits = slot.matching(slot.commits)  # none match a slot without its pre-prepare
-        digest = slot.digest
-        if digest is None or len(commits) < self.params.quorum or seq_no in self.log.certified:
+        digest, quorum = slot.digest, self.epochs.quorum_at(seq_no)
+        if digest is None or len(commits) < quorum or seq_no in self.log.certified:
             return
         self.log.certify(seq_no, digest, encode_commit_certificate(commits))
         self._advance()
@@ -1320,10 +1319,7 @@ class Replica:
         if event.seq_no in self.log.certified:
             return True
         try:
-            verify_commit_certificate(
-                event.certificate, validators=self.params.validators,
-                chain_id=self.params.chain_id, block_number=event.seq_no,
-                block_hash=event.block_hash, verifier=self.auth.verifier)
+            self.epochs.verify_certificate(event.certificate, event.seq_no, event.block_hash)
         except MessageError:
             return False
         self.log.certify(event.seq_no, event.block_hash, event.certificate)
@@ -1388,7 +1384,7 @@ class Replica:
         if oldest and sends <= MAX_RELAY_SEND and sends & (sends - 1) == 0:
             # the 1st, 2nd, 4th ... 128th send: eight relays at most, over minutes
             self._out.extend(RelayRequests(peer, oldest)
-                             for peer in range(self.params.n) if peer != self.me)
+                             for peer in range(self.epochs.current.n) if peer != self.me)
         self._set_timer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view),
                         self.params.new_view_timeout_ms)
 
@@ -1408,14 +1404,14 @@ class Replica:
             self._check_view_change_quorum()  # a duplicate re-arms; it never re-sends
             return
         try:
-            verify_view_change(self.auth, signed, self.params.log_size)
+            verify_view_change(self.epochs, signed, self.params.log_size)
         except MessageError as exc:
             self._drop(f"view-change: {type(exc).__name__}")
             return
         self.view_changes[body.replica] = wire
         higher = [w.signed.body.view for r, w in self.view_changes.items()
                   if r != self.me and w.signed.body.view > self.view]
-        if len(higher) >= self.params.weak_quorum:
+        if len(higher) >= self.epochs.current.weak_quorum:
             self._start_view_change(min(higher), "join")
         else:
             self._check_view_change_quorum()
@@ -1423,7 +1419,7 @@ class Replica:
     def _check_view_change_quorum(self) -> None:
         if self.active:
             return
-        quorum = self.params.view_change_quorum
+        quorum = self.epochs.current.view_change_quorum
         votes = [w.signed for w in self.view_changes.values() if w.signed.body.view == self.view]
         if self.me == self.primary and len(votes) >= quorum:
             self._send_new_view(votes)
@@ -1437,7 +1433,7 @@ class Replica:
                 self.params.new_view_timeout_ms, self.views_without_commit - 1))
 
     def _send_new_view(self, votes: list[Signed[ViewChange]]) -> None:
-        chosen = select_view_changes(self.params, votes)
+        chosen = select_view_changes(self.epochs.current, votes)
         plan = plan_new_view([vc.body for vc in chosen])
         pre_prepares = tuple(self._sign(PrePrepare(self.view, n, d, self.me))
                              for n, d in plan.entries)
@@ -1459,7 +1455,7 @@ class Replica:
             self._drop("stale new-view")
             return
         try:
-            plan = verify_new_view(self.auth, self.params, signed)
+            plan = verify_new_view(self.epochs, self.params.log_size, signed)
         except MessageError as exc:
             self._drop(f"new-view: {type(exc).__name__}")
             return

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pbft_engine.core.params import EngineParams
+from pbft_engine.core.epochs import Epoch, Membership, message_height
 from pbft_engine.errors import CertificateError, MessageError
 from pbft_engine.messages import (
-    Authenticator,
     Checkpoint,
     NewView,
     Signed,
@@ -31,19 +30,21 @@ class NewViewPlan:
     entries: tuple[tuple[int, bytes], ...]
 
 
-def verify_view_change(auth: Authenticator, signed: Signed[ViewChange],
+def verify_view_change(membership: Membership, signed: Signed[ViewChange],
                        log_size: int | None = None) -> None:
     """The P and Q sets' shape (in the window of `log_size` L above the checkpoint, when
     given: see `ViewChange.check_sets`) before any signature, then the signature, checkpoint
-    proof C and every prepared certificate in P; raises MessageError."""
+    proof C and every prepared certificate in P, each with the set of its own height's epoch
+    (C of the checkpoint's: a handover checkpoint is the old set's); raises MessageError."""
     vc = signed.body
     if vc.view == 0:
         raise MessageError("view-change to view 0")
     vc.check_sets(log_size)
-    auth.verify(signed)
-    auth.verify_checkpoint_proof(vc.stable_seq_no, vc.checkpoint_proof)
+    membership.verify(signed)
+    membership.auth_at(vc.stable_seq_no).verify_checkpoint_proof(vc.stable_seq_no,
+                                                                 vc.checkpoint_proof)
     for proof in vc.pset:
-        auth.verify_prepared_proof(proof)
+        membership.auth_at(proof.seq_no).verify_prepared_proof(proof)
 
 
 def plan_new_view(view_changes: Sequence[ViewChange]) -> NewViewPlan:
@@ -73,35 +74,45 @@ def plan_new_view(view_changes: Sequence[ViewChange]) -> NewViewPlan:
 
 
 def select_view_changes(
-    params: EngineParams, view_changes: Sequence[Signed[ViewChange]]
+    epoch: Epoch, view_changes: Sequence[Signed[ViewChange]]
 ) -> tuple[Signed[ViewChange], ...]:
     """The V a new primary sends: the N-f messages of the lowest replica indices."""
     ordered = sorted(view_changes, key=lambda s: s.body.replica)
-    return tuple(ordered[: params.view_change_quorum])
+    return tuple(ordered[: epoch.view_change_quorum])
 
 
 def verify_new_view(
-    auth: Authenticator, params: EngineParams, signed: Signed[NewView]
+    membership: Membership, log_size: int, signed: Signed[NewView]
 ) -> NewViewPlan:
-    """Check a NEW-VIEW completely and return the plan it must follow; raises MessageError."""
+    """Check a NEW-VIEW completely and return the plan it must follow; raises MessageError.
+
+    Its epoch is that of the heights it decides (above min-s): the primary is that epoch's,
+    and its N-f VIEW-CHANGEs must all be of that epoch (replica i of another epoch's set is
+    another validator, and would count toward the wrong quorum)."""
     nv = signed.body
-    if nv.replica != params.primary(nv.view):
+    epoch = membership.schedule.epoch_at(message_height(nv))
+    if nv.replica != epoch.primary(nv.view):
         raise MessageError("new-view not from the primary of its view")
-    auth.verify(signed)
+    membership.verify(signed)
     senders = {vc.body.replica for vc in nv.view_changes}
-    if len(senders) != len(nv.view_changes) or len(senders) < params.view_change_quorum:
+    if len(senders) != len(nv.view_changes) or len(senders) < epoch.view_change_quorum:
         raise CertificateError("new-view: too few distinct view-change messages")
     for vc in nv.view_changes:
         if vc.body.view != nv.view:
             raise MessageError("new-view: a view-change for another view")
-        verify_view_change(auth, vc, params.log_size)
+        if membership.schedule.epoch_at(message_height(vc.body)) != epoch:
+            raise MessageError("new-view: a view-change of another epoch")
+        verify_view_change(membership, vc, log_size)
+    for pp in nv.pre_prepares:
+        if (pp.body.view, pp.body.replica) != (nv.view, nv.replica):
+            raise MessageError("new-view: a pre-prepare for another view or primary")
+        if membership.schedule.epoch_at(pp.body.seq_no) != epoch:
+            raise MessageError("new-view: a pre-prepare for a height of another epoch")
     plan = plan_new_view([vc.body for vc in nv.view_changes])
     issued = tuple((pp.body.seq_no, pp.body.digest) for pp in nv.pre_prepares)
     if issued != plan.entries:
         raise MessageError("new-view: O differs from the recomputation from V")
     for pp in nv.pre_prepares:
-        if (pp.body.view, pp.body.replica) != (nv.view, nv.replica):
-            raise MessageError("new-view: a pre-prepare for another view or primary")
-        auth.verify(pp)
+        membership.verify(pp)
     return plan
 

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pbft_engine import messages
+from pbft_engine.core.epochs import Epoch, EpochSchedule, Membership
 from pbft_engine.core.view_change import verify_view_change
 from pbft_engine.errors import CertificateError, MessageError, SignatureError
 from pbft_engine.messages import (
@@ -244,7 +245,7 @@ def test_a_view_change_holds_its_window_above_the_checkpoint() -> None:
                 view_change(pset=(prepared(1), prepared(L)))]
     for signed in accepted:
         assert WireMessage.decode(WireMessage(signed).encode(), LIMITS).signed == signed
-        verify_view_change(AUTH, signed, L)
+        verify_view_change(members(KeyVerifier()), signed, L)
     beyond = PrePreparedEntry(L + 1, DIGEST, 0)
     refused = [
         view_change(qset=(*in_window, beyond)),  # L + 1 entries: one outside the window
@@ -256,7 +257,7 @@ def test_a_view_change_holds_its_window_above_the_checkpoint() -> None:
         with pytest.raises(MessageError):
             WireMessage.decode(WireMessage(signed).encode(), LIMITS)
         with pytest.raises(MessageError):
-            verify_view_change(Authenticator(7, VALIDATORS, UnusedVerifier()), signed, L)
+            verify_view_change(members(UnusedVerifier()), signed, L)
     third = (*twice, PrePreparedEntry(L, b"\xff" * 32, 0))  # 2L + 1 entries
     with pytest.raises(MessageTooLarge):
         WireMessage.decode(WireMessage(view_change(qset=third)).encode(), LIMITS)
@@ -264,6 +265,11 @@ def test_a_view_change_holds_its_window_above_the_checkpoint() -> None:
     too_many = AUTH.sign(ViewChange(1, 10, (checkpoint,) * 5, (), (), 1), SIGNERS[1])
     with pytest.raises(MessageTooLarge):
         WireMessage.decode(WireMessage(too_many).encode(), LIMITS)
+
+
+def members(verifier: messages.Verifier) -> Membership:
+    """The four validators as the replica consults them: a fixed set, epoch 0."""
+    return Membership(7, EpochSchedule(10, 2, (Epoch(0, 1, VALIDATORS),)), verifier)
 
 
 class UnusedVerifier(messages.Verifier):
@@ -293,12 +299,12 @@ def test_a_proof_sent_again_is_not_recovered_again(monkeypatch: pytest.MonkeyPat
         return recover(self, message_hash)
 
     monkeypatch.setattr(Signature, "recover_public_key_from_msg_hash", counting)
-    auth = Authenticator(7, VALIDATORS, KeyVerifier())
+    fixed_set = members(KeyVerifier())
     proofs = tuple(prepared(n) for n in range(1, 11))
-    verify_view_change(auth, view_change(1, proofs), L)
+    verify_view_change(fixed_set, view_change(1, proofs), L)
     assert len(recovered) == 1 + 3 * 10
-    verify_view_change(auth, view_change(1, proofs), L)
-    verify_view_change(auth, view_change(2, proofs), L)
+    verify_view_change(fixed_set, view_change(1, proofs), L)
+    verify_view_change(fixed_set, view_change(2, proofs), L)
     assert len(recovered) == 1 + 3 * 10 + 1  # only the new VIEW-CHANGE's own signature
 
 

@@ -1,0 +1,274 @@
+"""The epoch schedule: which validator set decides which height (DESIGN.md section 10).
+
+An epoch is a first height and an ordered validator set; the genesis set is epoch 0 and
+decides from block 1. A change that passes in committed block b takes effect after the
+handover checkpoint c, the first multiple of K with c >= b + max_in_flight: blocks up to c
+are decided by the old set, blocks after c by the new one. While a change waits, the high
+watermark stops at c; the checkpoint at c, stable with a quorum of the OLD set, installs the
+new epoch. Views stay monotonic across epochs: the primary of view v in epoch e is
+V_e[v mod n_e].
+
+`EpochSchedule` holds these rules as immutable values (a change returns a new schedule), so
+the replica, catch-up and the adapter consult one answer for "the set of height n" and a
+message is only ever counted with the set, f and quorum of its own height's epoch: the
+anchors' recurring bug is counting a certificate with the current set's quorum for a height
+of another epoch (`research/membership.md`, section 1 item 3: Sawtooth PBFT's e7da88d,
+polygon-edge#1127). `Membership` is the replica's handle on it: the schedule in force here
+and the authenticator of each epoch's set. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from pbft_engine.core.params import ADDRESS_SIZE, EngineParams
+from pbft_engine.errors import ConfigError
+from pbft_engine.messages import (
+    Authenticator,
+    B,
+    Body,
+    Checkpoint,
+    MessageLimits,
+    NewView,
+    PhaseMessage,
+    Signed,
+    Signer,
+    Verifier,
+    ViewChange,
+    verify_commit_certificate,
+)
+from pbft_engine.quorum import max_faulty, quorum, view_change_quorum, weak_quorum
+
+GENESIS_FIRST_HEIGHT = 1  # block 0 is genesis: nobody decides it
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """Epoch `number`: `validators` (in order: replica i is validators[i]) decide the heights
+    from `first` up to the next epoch's first height minus one (its handover checkpoint)."""
+
+    number: int
+    first: int
+    validators: tuple[bytes, ...]
+    passed_at: int | None = None  # the committed block in which the change passed (genesis: None)
+
+    def __post_init__(self) -> None:
+        if not self.validators:
+            raise ConfigError(f"epoch {self.number}: a validator set needs at least one address")
+        if any(len(v) != ADDRESS_SIZE for v in self.validators):
+            raise ConfigError(f"epoch {self.number}: validators must be 20-byte addresses")
+        if len(set(self.validators)) != len(self.validators):
+            raise ConfigError(f"epoch {self.number}: the validator set lists an address twice")
+
+    @property
+    def n(self) -> int:
+        return len(self.validators)
+
+    @property
+    def f(self) -> int:
+        return max_faulty(self.n)
+
+    @property
+    def quorum(self) -> int:
+        return quorum(self.n)
+
+    @property
+    def view_change_quorum(self) -> int:
+        return view_change_quorum(self.n)
+
+    @property
+    def weak_quorum(self) -> int:
+        return weak_quorum(self.n)
+
+    def primary(self, view: int) -> int:
+        """The replica index of view v's primary in this epoch: V_e[v mod n_e]."""
+        return view % self.n
+
+    def index(self, address: bytes) -> int | None:
+        """The replica index of `address` in this epoch's set; None if it is no member."""
+        return self.validators.index(address) if address in self.validators else None
+
+
+def handover_checkpoint(passed_at: int, checkpoint_interval: int, max_in_flight: int) -> int:
+    """c = the first multiple of K with c >= b + max_in_flight: every block that may have been
+    in flight when b committed (up to b + max_in_flight - 1) is decided by the old set."""
+    k = checkpoint_interval
+    return -(-(passed_at + max_in_flight) // k) * k
+
+
+@dataclass(frozen=True)
+class EpochSchedule:
+    """Every epoch known here, in order of first height, and how many of them are installed
+    (their handover checkpoint stable here): the later ones are scheduled."""
+
+    checkpoint_interval: int  # K
+    max_in_flight: int
+    epochs: tuple[Epoch, ...]
+    installed: int = 0  # the number of the newest installed epoch
+
+    def __post_init__(self) -> None:
+        firsts = [e.first for e in self.epochs]
+        if not self.epochs or firsts[0] != GENESIS_FIRST_HEIGHT:
+            raise ConfigError("an epoch schedule starts with the genesis set at block 1")
+        if firsts != sorted(set(firsts)) or any(
+                e.number != i for i, e in enumerate(self.epochs)):
+            raise ConfigError("epochs must be numbered 0, 1, ... by increasing first height")
+        if not 0 <= self.installed < len(self.epochs):
+            raise ConfigError(f"installed epoch {self.installed} is not in the schedule")
+
+    @classmethod
+    def genesis(cls, params: EngineParams) -> EpochSchedule:
+        """The genesis set as epoch 0, nothing scheduled."""
+        return cls(params.checkpoint_interval, params.max_in_flight,
+                   (Epoch(0, GENESIS_FIRST_HEIGHT, params.validators),))
+
+    @cached_property
+    def _firsts(self) -> tuple[int, ...]:
+        return tuple(e.first for e in self.epochs)
+
+    # --- which set decides which height ---------------------------------------------------
+
+    def epoch_at(self, height: int) -> Epoch:
+        """The epoch whose set decides `height` (genesis and below: epoch 0)."""
+        return self.epochs[max(0, bisect.bisect_right(self._firsts, height) - 1)]
+
+    def set_at(self, height: int) -> tuple[bytes, ...]:
+        return self.epoch_at(height).validators
+
+    def quorum_at(self, height: int) -> int:
+        return self.epoch_at(height).quorum
+
+    def f_at(self, height: int) -> int:
+        return self.epoch_at(height).f
+
+    def primary(self, view: int, height: int) -> int:
+        """The replica index, in the set of `height`'s epoch, of view v's primary."""
+        return self.epoch_at(height).primary(view)
+
+    @property
+    def current(self) -> Epoch:
+        """The newest installed epoch: the set deciding the heights of the watermark window."""
+        return self.epochs[self.installed]
+
+    @property
+    def largest_n(self) -> int:
+        """The largest set known: what a peer's message may hold (a NEW-VIEW of N-f votes)."""
+        return max(e.n for e in self.epochs)
+
+    # --- what is scheduled, and the handover ----------------------------------------------
+
+    @property
+    def handover(self) -> int | None:
+        """The checkpoint the first scheduled change waits for (None: nothing scheduled)."""
+        if self.installed + 1 < len(self.epochs):
+            return self.epochs[self.installed + 1].first - 1
+        return None
+
+    def high_watermark_cap(self) -> int | None:
+        """H stops at the handover checkpoint while a change is scheduled: nothing above c is
+        pre-prepared, prepared or committed until the checkpoint at c is stable."""
+        return self.handover
+
+    def schedule(self, validators: Sequence[bytes], *, passed_at: int) -> EpochSchedule:
+        """The schedule with a change to `validators` that passed in committed block
+        `passed_at`; its handover checkpoint is the new schedule's last epoch's first height
+        minus one. One change per epoch: a change that passes while another is scheduled
+        takes effect at the first checkpoint after that one's (a FIFO queue, so every epoch
+        spans at least K heights). The same change fed again (a restart replaying the state)
+        changes nothing."""
+        last = self.epochs[-1]
+        change = tuple(validators)
+        if (last.passed_at, last.validators) == (passed_at, change):
+            return self
+        if last.passed_at is not None and passed_at < last.passed_at:
+            raise ConfigError(f"a change passed at {passed_at} comes after one that passed at "
+                              f"{last.passed_at}")
+        if passed_at < GENESIS_FIRST_HEIGHT:
+            raise ConfigError(f"a change passes in a committed block, not at {passed_at}")
+        if change == last.validators:
+            raise ConfigError("the change leaves the validator set as it is")
+        c = max(handover_checkpoint(passed_at, self.checkpoint_interval, self.max_in_flight),
+                last.first - 1 + self.checkpoint_interval)
+        epoch = Epoch(last.number + 1, c + 1, change, passed_at)
+        return EpochSchedule(self.checkpoint_interval, self.max_in_flight,
+                             (*self.epochs, epoch), self.installed)
+
+    def install(self, stable_checkpoint: int) -> EpochSchedule:
+        """What a stable checkpoint installs: every scheduled epoch whose handover checkpoint
+        it is or passed (a checkpoint proved stable above c proves c's handover too)."""
+        installed = self.epoch_at(stable_checkpoint + 1).number
+        if installed <= self.installed:
+            return self
+        return EpochSchedule(self.checkpoint_interval, self.max_in_flight, self.epochs,
+                             installed)
+
+
+def message_height(body: Body) -> int:
+    """The height whose epoch a message belongs to: a vote's or checkpoint's seqNo; for a
+    VIEW-CHANGE the first height above its stable checkpoint (the heights the next view
+    decides: its checkpoint proof is of the epoch of that checkpoint, each prepared
+    certificate of its own seqNo's); for a NEW-VIEW that of its highest VIEW-CHANGE (min-s)."""
+    match body:
+        case PhaseMessage() | Checkpoint():
+            return body.seq_no
+        case ViewChange():
+            return body.stable_seq_no + 1
+        case NewView():
+            return max((vc.body.stable_seq_no for vc in body.view_changes), default=0) + 1
+    raise TypeError(f"no height for a {type(body).__name__}")
+
+
+class Membership:
+    """The schedule in force at one replica (replaced as changes are scheduled and installed)
+    and each epoch's authenticator: a signature counts only if its signer is in the set of
+    the epoch of the height it is for, at the index it claims there."""
+
+    def __init__(self, chain_id: int, schedule: EpochSchedule, verifier: Verifier) -> None:
+        self.chain_id = chain_id
+        self.schedule = schedule
+        self.verifier = verifier
+        self._authenticators: dict[Epoch, Authenticator] = {}
+
+    @classmethod
+    def of(cls, params: EngineParams, verifier: Verifier,
+           schedule: EpochSchedule | None = None) -> Membership:
+        """For a chain's parameters; without a schedule, the genesis set's."""
+        return cls(params.chain_id, schedule or EpochSchedule.genesis(params), verifier)
+
+    @property
+    def current(self) -> Epoch:
+        return self.schedule.current
+
+    def primary(self, view: int, height: int) -> int:
+        return self.schedule.primary(view, height)
+
+    def quorum_at(self, height: int) -> int:
+        return self.schedule.quorum_at(height)
+
+    def auth_at(self, height: int) -> Authenticator:
+        epoch = self.schedule.epoch_at(height)
+        auth = self._authenticators.get(epoch)
+        if auth is None:
+            auth = Authenticator(self.chain_id, epoch.validators, self.verifier)
+            self._authenticators[epoch] = auth
+        return auth
+
+    def verify(self, signed: Signed[Body]) -> None:
+        """The signer is the member of its height's epoch that the message claims to be;
+        raises MessageError."""
+        self.auth_at(message_height(signed.body)).verify(signed)
+
+    def sign(self, body: B, signer: Signer) -> Signed[B]:
+        return self.auth_at(message_height(body)).sign(body, signer)
+
+    def verify_certificate(self, certificate: bytes, height: int, block_hash: bytes) -> None:
+        """Q of the set of `height`'s epoch committed this block; raises MessageError."""
+        verify_commit_certificate(certificate, validators=self.schedule.set_at(height),
+                                  chain_id=self.chain_id, block_number=height,
+                                  block_hash=block_hash, verifier=self.verifier)
+
+    def limits(self, log_size: int) -> MessageLimits:
+        return MessageLimits(self.schedule.largest_n, log_size)
