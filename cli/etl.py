@@ -92,11 +92,25 @@ def _export_arguments(out: argparse.ArgumentParser) -> None:
                      help="retries of a failing request, with backoff (default %(default)s)")
 
 
+def _anchor_arguments(out: argparse.ArgumentParser) -> None:
+    """`export`'s trust anchor: the genesis set checks each node's claimed head."""
+    trusted = out.add_mutually_exclusive_group()
+    trusted.add_argument("--genesis", type=Path, metavar="FILE",
+                         help="the chain's genesis file (config.pbft.validators): a node's "
+                              "claimed head must carry a commit certificate of a quorum of "
+                              "its validators, else the node is left out")
+    trusted.add_argument("--trust-node", action="store_true",
+                         help="no genesis (as without --genesis, with a warning): follow "
+                              "the heads the nodes claim unchecked (a node can claim any "
+                              "head)")
+
+
 def _audit_arguments(audit: argparse.ArgumentParser) -> None:
     trusted = audit.add_mutually_exclusive_group()
     trusted.add_argument("--genesis", type=Path, metavar="FILE",
                          help="the chain's genesis file (config.pbft.validators): the trust "
-                              "anchor; block 0 must be the block it makes")
+                              "anchor; block 0 must be the block it makes, and (run) each "
+                              "node's claimed head must be certified by its validators")
     trusted.add_argument("--trust-node", action="store_true",
                          help="no genesis: trust the validator set and chain id the exported "
                               "nodes report (the verdict is then only as good as the node)")
@@ -116,6 +130,7 @@ def build_parser() -> Parser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     out = commands.add_parser("export", help="export blocks and consensus records to Parquet")
     _export_arguments(out)
+    _anchor_arguments(out)
     out.set_defaults(handler=_export)
     audit = commands.add_parser("audit", help="audit an exported data set")
     audit.add_argument("--data", required=True, metavar="DIR", type=_directory("--data"),
@@ -163,29 +178,38 @@ def _stderr(text: str) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    _export_to(args)
+    # the genesis's validator set and chain id: all the export needs of it
+    options = _export_options(args, read_genesis(args.genesis) if args.genesis else None)
+    if args.trust_node:
+        _stderr("warning: --trust-node: the heads the nodes claim bound the export "
+                "unchecked (a node can claim any head)")
+    _export_to(options, args.master)
     return 0
 
 
-def _export_to(args: argparse.Namespace) -> str:
-    """Run the export of `args`; the output location."""
-    out = str(Path(args.out).resolve()) if is_local_path(args.out) else args.out
-    options = ExportOptions(
+def _export_options(args: argparse.Namespace, genesis: ValidatorSet | None) -> ExportOptions:
+    """The export of `args`, each node's claimed head certified by `genesis` if given."""
+    return ExportOptions(
         nodes=_nodes(args.rpc),
-        out=out,
+        out=str(Path(args.out).resolve()) if is_local_path(args.out) else args.out,
         first=args.first,
         last=args.last,
         range_size=args.range_size,
         policy=RetryPolicy(attempts=args.retries + 1),
         lag_wait=args.lag_wait,
+        genesis=genesis,
     )
-    summary = export(spark_session(args.master, record_classes=True), options, _stderr)
+
+
+def _export_to(options: ExportOptions, master: str | None) -> str:
+    """Run the export; the output location."""
+    summary = export(spark_session(master, record_classes=True), options, _stderr)
     tables = ", ".join(f"{name} {count}" for name, count in summary.rows.items())
     rate = blocks_per_second(summary.blocks, summary.seconds)
-    print(f"exported {summary.blocks} blocks to {out} in {summary.seconds:.1f} s "
+    print(f"exported {summary.blocks} blocks to {options.out} in {summary.seconds:.1f} s "
           f"({rate} blocks/s); rows: {tables or '-'}; "
           f"{summary.skipped} range(s) were already exported")
-    return out
+    return options.out
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -196,7 +220,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 def _export_and_audit(args: argparse.Namespace) -> int:
     trust, state = _trust(args), _state_rules(args)  # first: a usage error costs no export
-    return _audit_data(args, _export_to(args), trust, state)
+    out = _export_to(_export_options(args, trust.genesis), args.master)
+    return _audit_data(args, out, trust, state)
 
 
 @dataclass(frozen=True)

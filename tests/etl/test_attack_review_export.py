@@ -20,8 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rlp
+from eth_hash.auto import keccak
 
+from pbft_engine.messages import KeySigner
 from spark_etl import schemas
+from spark_etl.audit.context import ValidatorSet
 from spark_etl.errors import EtlError, UsageError
 from spark_etl.export import (
     COUNTED,
@@ -32,11 +36,18 @@ from spark_etl.export import (
     block_bounds,
     export,
     manifest_rows,
+    probe_all,
     read_done,
     short_spans,
 )
 from spark_etl.rpc import JsonRpcClient, RetryPolicy
 from spark_etl.source import Span
+from tests.etl.chain_factory import (
+    CHAIN_ID,
+    Validators,
+    certificate_json,
+    commits_for,
+)
 
 FAST = RetryPolicy(attempts=1, backoff=0.01, timeout=2.0)
 GENESIS = "0x" + "11" * 32
@@ -72,6 +83,40 @@ def honest_answers(head: int = 9, view: int = 1) -> Answer:
         return "0x01"
 
     return answer
+
+
+def made_up_block(number: int) -> bytes:
+    """An RLP block [header, transactions, ommers] of height `number` (a header the export
+    only hashes: any RLP list)."""
+    return rlp.encode([[number, b"made up"], [], []])
+
+
+def block_hash(number: int) -> bytes:
+    return keccak(rlp.encode([number, b"made up"]))
+
+
+def certified_answers(head: int, signers: Validators, answers: Answer | None = None) -> Answer:
+    """`answers` (default: `honest_answers(head)`) with each block up to `head` served as an
+    RLP block and a commit certificate over its header hash, signed by `signers`."""
+    served = answers or honest_answers(head)
+
+    def answer(method: str, params: list[Any]) -> Any:
+        if method not in ("debug_getRawBlock", "pbft_getCommitCertificate"):
+            return served(method, params)
+        number = int(params[0], 16)
+        if number > head:
+            return None
+        if method == "debug_getRawBlock":
+            return "0x" + made_up_block(number).hex()
+        return certificate_json(signers, commits_for(signers, number, block_hash(number)))
+
+    return answer
+
+
+GENESIS_SIGNERS = Validators()
+# what a node operator can sign with: keys of its own, none of the genesis validators'
+OPERATOR_SIGNERS = Validators([KeySigner(bytes([0x66 + i]) * 32) for i in range(4)])
+GENESIS_SET = ValidatorSet(tuple(GENESIS_SIGNERS.addresses), CHAIN_ID)
 
 
 @contextmanager
@@ -386,20 +431,30 @@ def test_a_lying_node_s_status_cannot_stop_the_honest_node_s_export(
 # --- finding 8 (a, b): a node that serves every block it claims is followed for ever ------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 8: a node is stopped only at a block it does "
-                   "not serve; one that makes up blocks up to its claimed head 2**63 - 1 is "
-                   "followed for 2**53 ranges and the honest node's verdict never comes")
+def liar_making_up_blocks() -> Answer:
+    """Claims head 2**63 - 1 and serves a well-formed block and a commit certificate for every
+    number up to it: certificates signed by the operator's own keys (it holds no validator
+    key), over the hashes of the headers it serves."""
+    return certified_answers(2**63 - 1, OPERATOR_SIGNERS)
+
+
 def test_a_node_making_up_blocks_up_to_an_enormous_head_is_bounded() -> None:
     """--to defaults to the highest head claimed; the export checks nothing of a block
     (the audit checks its certificate), so a node operator answering well-formed blocks
-    without a certificate (or with its own) for every number keeps the plan going: every
-    wave gives it another range, none is short, nothing ever stops it."""
-    honest = NodeInfo("http://honest:8545", 1337, GENESIS, (), 9, 1)
-    liar = NodeInfo("http://liar:8545", 1337, GENESIS, (), 2**63 - 1, 1)
-    options = ExportOptions(nodes=(honest.url, liar.url), out="unused", range_size=4)
-    first, last = block_bounds(options, [honest, liar])
-    plan = Plan(options.nodes, first, last, 4, {}, {honest.url: 9, liar.url: 2**63 - 1})
-    drain(plan)
+    without a certificate (or with its own) for every number kept the plan going: every
+    wave gave it another range, none was short, nothing ever stopped it. With --genesis
+    (`ExportOptions.genesis`) a claimed head must carry a quorum certificate of the genesis
+    validators: the liar is left out with a warning, the plan ends at the honest head."""
+    with rpc_server(certified_answers(9, GENESIS_SIGNERS)) as honest, \
+            rpc_server(liar_making_up_blocks()) as liar:
+        options = ExportOptions(nodes=(honest, liar), out="unused", range_size=4,
+                                policy=FAST, genesis=GENESIS_SET)
+        warnings: list[str] = []
+        infos = probe_all(options, warnings.append)
+    first, last = block_bounds(options, infos)
+    plan = Plan(tuple(i.url for i in infos), first, last, 4, {}, {i.url: i.head for i in infos})
+    assert drain(plan) == [Span(honest, 0, 3, 0), Span(honest, 4, 7, 4), Span(honest, 8, 9, 8)]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {liar}: its head "), warnings
 
 
 # --- finding 9 (d): a node down when asked again is never asked again ---------------------
