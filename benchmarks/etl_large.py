@@ -18,14 +18,28 @@ Side by side, from node 0, over the same blocks, each a new process: ethereum-et
 goes again into the same --out (the incremental run); `run` on `local[1]` and `local[2]`;
 the state audit's replay rate on the chain's first STATE_TRANSACTIONS transfers; and the
 first 5 blocks' commands (what a command costs whatever the chain). The chain keeps what
-the growth added: the next run measures a chain GROWTH larger.
+the growth added: the next run measures a chain GROWTH larger. With $PBFT_BENCH_MEASURE_ONLY
+set, the chain is measured as it is: neither topped up (a builder may be running already)
+nor grown (no incremental run).
+
+    python -m benchmarks.etl_large [DIR]                    build or top up the chain only
+    python -m benchmarks.etl_large --side-by-side [--before CHECKOUT] [DIR]
+
+`--side-by-side` measures the export alone, as the chain is: ethereum-etl's export, then
+`pbft-etl export` of the --before checkout (another commit's tree, e.g. `git archive`) and
+of --after (default: this checkout), each a new process over blocks 0..head, in turns,
+--rounds times; then `run --genesis` on each `--masters` (local[1] and local[2] by default);
+the load average beside each.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +63,8 @@ RPC_BATCH = 500  # calls per JSON-RPC batch (the node answers at most 1,000)
 GROWTH = 0.01  # the incremental run's growth, of the chain's transactions
 STATE_TRANSACTIONS = 20_000  # the state audit's prefix (the first loads: transfers only)
 CHAIN_DIR_VARIABLE = "PBFT_BENCH_CHAIN_DIR"
+MEASURE_ONLY_VARIABLE = "PBFT_BENCH_MEASURE_ONLY"
+CHECKOUT = Path(__file__).resolve().parent.parent
 DEFAULT_CHAIN_DIR = Path.home() / ".cache" / "pbft-chain" / "bench-chain300k"
 ISSUE = "30"
 
@@ -159,8 +175,10 @@ def prefix_end(net: BenchNet, transactions: int) -> tuple[int, int]:
 def etl_large(ctx: stages.Context) -> None:
     """The stage: see the module docstring."""
     net = open_chain(chain_dir(ctx.chain_dir))
+    measure_only = bool(os.environ.get(MEASURE_ONLY_VARIABLE))
     try:
-        fill(net, CHAIN_TRANSACTIONS)
+        if not measure_only:
+            fill(net, CHAIN_TRANSACTIONS)
         last = chain_head(net)
         details = ctx.results.details.setdefault("etl-large", {})
         details.update(chain=str(net.cluster.directory), transactions=sum(net.next_nonce),
@@ -168,7 +186,8 @@ def etl_large(ctx: stages.Context) -> None:
         stages._etl_beside_ethereum_etl(ctx, net, last)
         full = ctx.results.details[f"etl-vs-ethereum-etl-{last}"]
         _against_ethereum_etl(ctx, full, f"blocks 0-{last:,}")
-        _incremental(ctx, net, last, full["run_wall_seconds"], details)
+        if not measure_only:
+            _incremental(ctx, net, last, full["run_wall_seconds"], details)
         _scale_out(ctx, net, last, details)
         _state_replay(ctx, net, details)
         small = stages.SMALL_CHAIN_BLOCKS - 1
@@ -269,16 +288,96 @@ def _state_replay(ctx: stages.Context, net: BenchNet, details: dict[str, Any]) -
         lambda: ctx.reference.tps("transfer")))
 
 
-def main() -> None:
-    """`python -m benchmarks.etl_large [DIR]`: build (or top up) the chain only."""
-    import sys
+def transactions_upto(net: BenchNet, last: int) -> int:
+    """The transactions in blocks 0..last of node 0."""
+    url = net.rpc_urls([0])[0]
+    counts = _batched(url, [("eth_getBlockTransactionCountByNumber", [hex(n)])
+                            for n in range(last + 1)])
+    return sum(int(count, 16) for count in counts)
 
-    net = open_chain(chain_dir(Path(sys.argv[1]) if len(sys.argv) > 1 else None))
+
+def _timed_in(checkout: Path, *args: str) -> dict[str, Any]:
+    """`pbft-etl ARGS` run from `checkout`'s tree (its modules first on the path): wall
+    seconds and the load average (1 min) before and after."""
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "cli.etl", *args], capture_output=True,
+                          text=True, timeout=stages.ETL_DEADLINE, check=False, cwd=checkout,
+                          env={**os.environ, "PYTHONPATH": str(checkout)})
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["?"])[-1]
+        raise BenchError(f"pbft-etl {args[0]} ({checkout}) exited {done.returncode}: {said}")
+    return {"seconds": round(wall, 1), "load": [round(load_before, 1),
+                                                 round(os.getloadavg()[0], 1)]}
+
+
+def _timed_ethereum_etl(url: str, last: int, out: Path) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
+    rows, seconds = stages.reads.ethereum_etl_export(url, 0, last, out)
+    return {"seconds": round(seconds, 1), "rows": rows,
+            "load": [round(load_before, 1), round(os.getloadavg()[0], 1)]}
+
+
+def side_by_side(net: BenchNet, checkouts: dict[str, Path], rounds: int, masters: list[str],
+                 workdir: Path) -> dict[str, Any]:
+    """See the module docstring: the export's times beside ethereum-etl's, the run's per
+    master; every export into a fresh --out."""
+    url, genesis = net.rpc_urls([0])[0], net.cluster.description["genesis"]
+    last = chain_head(net)
+    result: dict[str, Any] = {"blocks": last + 1, "transactions": transactions_upto(net, last),
+                              "checkouts": {k: str(v) for k, v in checkouts.items()},
+                              "rounds": []}
+    for index in range(rounds):
+        times = {"ethereum-etl": _timed_ethereum_etl(url, last, workdir / f"ee-{index}")}
+        for name, checkout in checkouts.items():
+            out = workdir / f"export-{name}-{index}"
+            times[f"pbft-etl export {name}"] = _timed_in(
+                checkout, "export", "--rpc", url, "--out", str(out), "--to", str(last))
+        result["rounds"].append(times)
+        print(json.dumps(times), flush=True)
+    for master in masters:
+        out = workdir / f"run-{master.strip(']').replace('[', '-').replace(':', '-')}"
+        result[f"run {master}"] = _timed_in(
+            checkouts["after"], "run", "--rpc", url, "--out", str(out), "--to", str(last),
+            "--genesis", genesis, "--master", master)
+        print(json.dumps({master: result[f"run {master}"]}), flush=True)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.etl_large",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("chain_dir", nargs="?", type=Path, help="the chain (its default)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="measure the export as the chain is (never top it up)")
+    parser.add_argument("--before", type=Path, help="another checkout's export beside")
+    parser.add_argument("--after", type=Path, default=CHECKOUT,
+                        help="the checkout measured (default: this one)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--masters", nargs="*", default=["local[1]", "local[2]"])
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/pbft-etl-side-by-side"))
+    parser.add_argument("--out", type=Path, help="the results as JSON")
+    args = parser.parse_args(argv)
+    net = open_chain(chain_dir(args.chain_dir))
     try:
-        fill(net, CHAIN_TRANSACTIONS)
+        if not args.side_by_side:
+            fill(net, CHAIN_TRANSACTIONS)
+            return 0
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        checkouts = {"before": args.before} if args.before else {}
+        result = side_by_side(net, checkouts | {"after": args.after}, args.rounds,
+                              args.masters, args.workdir)
     finally:
         net.close()
+    result["load_average"] = os.getloadavg()
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

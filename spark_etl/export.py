@@ -8,6 +8,7 @@ only after all its tables are written."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
@@ -36,6 +37,8 @@ from spark_etl.source import (
 from spark_etl.tables import (
     is_local_path,
     local_frame,
+    local_root,
+    publish,
     split_bundle,
     table_path,
     write_table,
@@ -45,6 +48,7 @@ DEFAULT_RANGE_SIZE = 1_000
 DEFAULT_LAG_WAIT = 5.0  # seconds a node behind --to is given to catch up
 RETRIES_PER_RANGE = 3  # times a node's range is fetched again after a failure
 LAG_POLL = 0.25  # seconds between eth_blockNumber polls of a node behind
+STAGING = "_staging"  # under --out: a wave's files before they are put in place
 Progress = Callable[[str], None]
 
 
@@ -436,11 +440,51 @@ def manifest_rows(counts: list[dict[str, Any]], infos: dict[str, NodeInfo], rang
     return rows
 
 
-def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
-                infos: dict[str, NodeInfo], asked: tuple[int, int],
-                summary: ExportSummary) -> list[tuple[Span, int]]:
-    """Fetch the wave's spans once, write every block-range table, then the manifest; the
-    first block each node that served less than asked did not serve (`short_spans`).
+def written_counts(written: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`range_counts` of what the export tasks wrote (`tables.WRITTEN`, a row per task)."""
+    ranges: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in written:
+        key = (row["node"], row["range_start"])
+        if key not in ranges:
+            ranges[key] = dict(row)
+            continue
+        merged = ranges[key]
+        merged["first_block"] = min(merged["first_block"], row["first_block"])
+        merged["last_block"] = max(merged["last_block"], row["last_block"])
+        for table in ("blocks", *COUNTED):
+            merged[table] += row[table]
+    return list(ranges.values())
+
+
+def write_by_tasks(spark: SparkSession, options: ExportOptions,
+                   wave: list[Span]) -> list[dict[str, Any]]:
+    """Fetch the wave's spans, each task writing its rows of every block-range table itself
+    (one pass over the blocks, no Spark job per table), into a staging directory that the
+    driver then moves into --out by range (`publish`): a re-run replaces a range whole, and
+    what a killed export staged is removed by the next wave. Only for an --out that the
+    tasks reach as local files (`is_local_path`): on a cluster, a directory shared by the
+    machines."""
+    root = local_root(options.out)
+    staging = str(Path(root, STAGING))
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        written = (
+            spark.read.format("pbft_chain")
+            .options(**{**options.read_options("export", tuple(wave)), "staging": staging})
+            .load()
+            .collect()
+        )
+        counts = written_counts([row.asDict() for row in written])
+        publish(staging, root, [(row["node"], row["range_start"]) for row in counts])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return counts
+
+
+def write_by_spark(spark: SparkSession, options: ExportOptions,
+                   wave: list[Span]) -> list[dict[str, Any]]:
+    """Fetch the wave's spans once and write every block-range table with Spark's writer (an
+    --out the tasks cannot write as files, such as hdfs:// or s3a://).
 
     The fetched bundles are kept in memory, spilled to disk where they do not fit (Spark's
     columnar cache): each table's write and the counts read them again; read back from disk
@@ -457,6 +501,19 @@ def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
             write_table(frame, options.out, schemas.BY_NAME[name])
     finally:
         bundle.unpersist()
+    return counts
+
+
+def export_wave(spark: SparkSession, options: ExportOptions, wave: list[Span],
+                infos: dict[str, NodeInfo], asked: tuple[int, int],
+                summary: ExportSummary) -> list[tuple[Span, int]]:
+    """Fetch the wave's spans once, write every block-range table, then the manifest; the
+    first block each node that served less than asked did not serve (`short_spans`).
+    Each task writes its own files when it can reach --out (`write_by_tasks`: the bundles
+    are not read again by a Spark job per table, the main cost left after they became Arrow
+    batches, docs/performance.md), else Spark's writer does (`write_by_spark`)."""
+    write = write_by_tasks if is_local_path(options.out) else write_by_spark
+    counts = write(spark, options, wave)
     manifest = manifest_rows(counts, infos, options.range_size, asked)
     write_table(local_frame(spark, manifest, schemas.EXPORT_MANIFEST.schema), options.out,
                 schemas.EXPORT_MANIFEST)

@@ -4,7 +4,10 @@
 
 `kind` = `blocks` (default): one bundle row per block (`schemas.BUNDLE`); every span is split
 into partitions of at most `partition_blocks` blocks, each fetched by one task with batched
-calls (`batch_blocks` blocks, 4 calls each, per request). `kind` = `view_changes` or
+calls (`batch_blocks` blocks, 4 calls each, per request). `kind` = `export`: the same tasks,
+each writing its blocks' rows of every block-range table to Parquet files itself (under the
+option `staging`, a directory every task reaches: `tables.RangeWriter`), one row each of what
+it wrote (`tables.WRITTEN`). `kind` = `view_changes` or
 `evidence` (option `nodes`: [[url, last_view], ...]): one task per node. A node error is
 retried with backoff; what still fails is left out with a warning (the audit judges the hole).
 """
@@ -22,7 +25,6 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from spark_etl import schemas
@@ -38,7 +40,7 @@ from spark_etl.rows import (
     view_change_rows,
 )
 from spark_etl.rpc import JsonRpcClient, MethodNotFound, RetryPolicy
-from spark_etl.tables import to_record_batch
+from spark_etl.tables import ARROW_BUNDLE, WRITTEN, RangeWriter, to_record_batch
 
 DEFAULT_PARTITION_BLOCKS = 100
 DEFAULT_BATCH_BLOCKS = 25
@@ -49,7 +51,6 @@ MAX_VIEWS = 1_000_000  # views asked of one node at most: a thousand calls
 # from, in one answer; a node without it is asked the Ethereum calls of `block_calls`
 BUNDLE_METHOD = "pbft_getBlockBundles"
 IN_FLIGHT = 2  # requests at once per task: the node encodes one answer while the task reads one
-ARROW_BUNDLE = to_arrow_schema(schemas.BUNDLE, timezone="UTC")
 Payload = BlockPayload | BlockBundle
 
 
@@ -86,6 +87,7 @@ class ReadOptions:
     partition_blocks: int
     batch_blocks: int
     policy: RetryPolicy
+    staging: str = ""  # kind `export`: where the tasks write their files
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> ReadOptions:
@@ -103,6 +105,7 @@ class ReadOptions:
                 backoff=float(options.get("backoff", RetryPolicy.backoff)),
                 timeout=float(options.get("timeout", RetryPolicy.timeout)),
             ),
+            staging=options.get("staging", ""),
         )
 
     def as_strings(self) -> dict[str, str]:
@@ -116,6 +119,7 @@ class ReadOptions:
             "attempts": str(self.policy.attempts),
             "backoff": str(self.policy.backoff),
             "timeout": str(self.policy.timeout),
+            "staging": self.staging,
         }
 
 
@@ -275,7 +279,10 @@ class BlockReader(_Reader):
         return [InputPartition(part) for span in self.options.spans for part in span.split(size)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        span: Span = partition.value
+        yield from self._batches(partition.value)
+
+    def _batches(self, span: Span) -> Iterator[pa.RecordBatch]:
+        """The span's bundles, a batch per answer, up to the first block not served."""
         try:
             for chunk, payloads in fetch_chunks(span, self.options):
                 rows = [
@@ -287,6 +294,19 @@ class BlockReader(_Reader):
                     yield record_batch(kept, span.node)
         except EtlError as exc:
             _left_out(f"{span.describe()} (from the first not yet exported)", exc)
+
+
+class ExportReader(BlockReader):
+    """Each task writes its own rows (no Spark job reads the bundles again per table) and
+    yields what it wrote, if any block; a node's error keeps what came before it."""
+
+    def read(self, partition: InputPartition) -> Iterator[Row]:
+        span: Span = partition.value
+        with RangeWriter(self.options.staging, span.node, span.range_start, span.first) as out:
+            for batch in self._batches(span):
+                out.write(batch)
+        if out.counts["blocks"]:
+            yield tuple(out.counts[name] for name in WRITTEN.names)
 
 
 class NodeReader(_Reader):
@@ -356,6 +376,7 @@ def _left_out(what: str, reason: Exception) -> None:
 
 SCHEMAS: dict[str, StructType] = {
     "blocks": schemas.BUNDLE,
+    "export": WRITTEN,
     "view_changes": schemas.VIEW_CHANGES.schema,
     "evidence": schemas.EVIDENCE.schema,
 }
@@ -373,10 +394,13 @@ class ChainDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = self._options()
-        return BlockReader(options) if options.kind == "blocks" else NodeReader(options)
+        readers = {"blocks": BlockReader, "export": ExportReader}
+        return readers.get(options.kind, NodeReader)(options)
 
     def _options(self) -> ReadOptions:
         options = ReadOptions.parse(dict(self.options))
         if options.kind not in SCHEMAS:
             raise UsageError(f"pbft_chain: unknown kind {options.kind!r}")
+        if options.kind == "export" and not options.staging:
+            raise UsageError("pbft_chain: kind 'export' needs the option staging")
         return options

@@ -15,12 +15,20 @@ from pyspark.sql import SparkSession
 from chain.blockchain import Blockchain
 from chain.genesis import Genesis, GenesisAccount
 from chain.rpc.bundles import raw_block
-from spark_etl import schemas
+from spark_etl import schemas, tables
 from spark_etl.errors import ExtractError
+from spark_etl.export import STAGING, ExportOptions, plan_spans, write_by_spark, write_by_tasks
 from spark_etl.rows import BlockBundle, block_bundle_row, bundle_row
 from spark_etl.rpc import JsonRpcClient
 from spark_etl.source import BUNDLE_METHOD, UNREADABLE, Span, fetch_span
-from spark_etl.tables import Dataset
+from spark_etl.tables import (
+    ARROW_BUNDLE,
+    Dataset,
+    RangeWriter,
+    partition_dir,
+    read_table,
+    to_record_batch,
+)
 from storage import Database
 from tests.etl.chain_factory import CHAIN_ID, SENDER, ServedChain, block_batches
 from tests.etl.conftest import etl
@@ -157,3 +165,69 @@ def test_an_answer_longer_than_asked_is_refused(bundle_node: BundleNode) -> None
     with JsonRpcClient(bundle_node.url) as client, pytest.raises(ExtractError) as refused:
         list(fetch_span(client, Span(bundle_node.url, 1, 8, 0), 4))
     assert "not a list of at most the blocks asked" in str(refused.value)
+
+
+def test_tasks_write_the_files_spark_writes(spark: SparkSession, tmp_path: Path,
+                                            test_chain: ServedChain,
+                                            bundle_node: BundleNode) -> None:
+    """The export tasks' own Parquet files (an --out they reach as files) hold the rows
+    Spark's writer writes from the bundles, in the same partition directories, and tell the
+    same counts: the audit reads either alike."""
+    nodes = (bundle_node.url,)
+    wave = plan_spans(nodes, 0, test_chain.head, 4, {})
+    by_tasks, by_spark = tmp_path / "tasks", tmp_path / "spark"
+    written = write_by_tasks(spark, ExportOptions(nodes, str(by_tasks), range_size=4,
+                                                  partition_blocks=3), wave)
+    counted = write_by_spark(spark, ExportOptions(nodes, str(by_spark), range_size=4), wave)
+    assert sorted(map(sorted_items, written)) == sorted(map(sorted_items, counted))
+    assert partitions(by_tasks) == partitions(by_spark)
+    assert not (by_tasks / STAGING).exists()
+    for table in schemas.BLOCK_TABLES:
+        mine = read_table(spark, str(by_tasks), table)
+        theirs = read_table(spark, str(by_spark), table)
+        assert mine.count() == theirs.count() > 0, table.name
+        assert mine.exceptAll(theirs).isEmpty() and theirs.exceptAll(mine).isEmpty(), table.name
+
+
+def sorted_items(row: dict[str, Any]) -> list[tuple[str, Any]]:
+    return sorted(row.items())
+
+
+def partitions(root: Path) -> dict[str, set[str]]:
+    """Each block-range table's partition directories that hold a Parquet file."""
+    return {t.name: {str(p.parent.relative_to(root / t.name))
+                     for p in (root / t.name).rglob("*.parquet")}
+            for t in schemas.BLOCK_TABLES}
+
+
+def test_partition_directories_are_named_as_spark_names_them(spark: SparkSession,
+                                                             tmp_path: Path) -> None:
+    nodes = ["http://h:1/a=b%20c?d#e", "http://[::1]:8545/'*{^}\\\"", "http://é x:2/\x01\x7f"]
+    frame = spark.createDataFrame([(n, 7, 1) for n in nodes],
+                                  "node string, range_start long, v int")
+    frame.write.partitionBy("node", "range_start").parquet(str(tmp_path / "t"))
+    named = {str(p.parent.relative_to(tmp_path / "t"))
+             for p in (tmp_path / "t").rglob("*.parquet")}
+    assert named == {partition_dir(n, 7) for n in nodes}
+
+
+def test_a_failed_task_leaves_no_file(tmp_path: Path, bundles: list[Entry],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task whose writer stops with an error removes what it wrote; until a writer is
+    closed, its files are hidden from Spark's reader (a killed task leaves nothing that looks
+    written)."""
+    monkeypatch.setattr(tables, "FLUSH_BYTES", 1)  # every batch written as it comes
+    rows = [block_bundle_row(NODE, 0, BlockBundle(n, bundles[n])) for n in range(1, 4)]
+    batch = to_record_batch(rows, ARROW_BUNDLE)
+    with pytest.raises(ExtractError), RangeWriter(str(tmp_path), NODE, 0, 1) as writer:
+        writer.write(batch)
+        names = [p.name for p in tmp_path.rglob("*") if p.is_file()]
+        assert names and all(name.startswith(".") for name in names)
+        raise ExtractError("the node stopped answering")
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    with RangeWriter(str(tmp_path), NODE, 0, 1) as writer:
+        writer.write(batch)
+    assert writer.counts["blocks"] == 3 and (writer.counts["first_block"],
+                                             writer.counts["last_block"]) == (1, 3)
+    assert {p.name for p in tmp_path.rglob("*") if p.is_file()} == \
+        {"part-00000000000000000001.parquet"}
