@@ -161,7 +161,9 @@ class BftClient:
         timeout = self.timeouts.request
         if deadline is not None:
             timeout = max(MIN_CALL_TIMEOUT, min(timeout, deadline - time.monotonic()))
-        return await self._transport.call(self.validators[validator], method, params, timeout)
+        # a node that is no validator (an observer `via`) is named by its URL
+        url = self.validators.get(validator, validator)
+        return await self._transport.call(url, method, params, timeout)
 
     async def check_validators(self) -> str:
         """The first reachable validator, once its `pbft_getValidators` equals the configured
@@ -195,13 +197,17 @@ class BftClient:
             )
 
     def resolve_via(self, via: str | None) -> str | None:
-        """The validator named by address or URL (None: the first reachable one)."""
+        """The validator named by address or URL (None: the first reachable one), or the URL
+        of another node (an observer: it forwards the transaction to the validators, whose
+        receipts confirm it all the same)."""
         if via is None:
             return None
         for validator, url in self.validators.items():
             if via.rstrip("/") == url or via.lower() == validator.lower():
                 return validator
-        raise BftClientError(f"{via} is not one of the configured validators")
+        if via.startswith(("http://", "https://")):
+            return via.rstrip("/")
+        raise BftClientError(f"{via} is not one of the configured validators, nor a URL")
 
     async def _query(self, node: str, method: str, params: list[Any]) -> Any:
         """A call whose failure ends the send, with the method and node in the message."""

@@ -34,7 +34,7 @@ class EngineContext(ABC):
 
     chain_id: int
     database: Database
-    validator_key: PrivateKey | None  # this node's validator key, if it has one
+    validator_key: PrivateKey | None  # this node's key, if it has one (not always a validator's)
     datadir: Path  # the data directory: files beside the database that must outlive it
     fresh_validator: bool  # the operator says this validator never signed on this chain
     metrics: CollectorRegistry  # the node's Prometheus registry, for the engine's own metrics

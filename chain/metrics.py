@@ -54,7 +54,9 @@ class NodeMetrics:
                                 registry=self.registry)
         self.pool_size = Gauge("txpool_transactions", "Transactions in the pool",
                                registry=self.registry)
-        self.peers = Gauge("p2p_peers", "Validators connected now", registry=self.registry)
+        self.peers = Gauge("p2p_peers",
+                           "Validators connected now (an observer's: every peer it dials)",
+                           registry=self.registry)
         self.executable = Gauge("txpool_executable",
                                 "Pool transactions the next block could include (up to 1,000)",
                                 registry=self.registry)

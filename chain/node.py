@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -15,6 +17,7 @@ from typing import Any, TypeVar
 import rlp
 from eth.abc import BlockHeaderAPI, StateAPI
 from eth_keys.datatypes import PrivateKey
+from eth_utils import ValidationError
 from prometheus_client.core import Metric
 
 from chain import ordered_trie
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHAINDATA = "chaindata"
+NODEKEY = "nodekey"  # an observer's transport key when it has no keystore (geth's nodekey)
 # Candidate transactions are admitted this many at a time, the event loop serving consensus
 # messages and block results in between: a burst gossiped by the other validators would
 # otherwise hold the loop for seconds and delay this node's votes past the request timer.
@@ -64,6 +68,8 @@ class NodeConfig:
     p2p_addr: str = "127.0.0.1"
     p2p_port: int = 30303
     peers: dict[bytes, tuple[str, int]] = field(default_factory=dict)  # address -> host, port
+    # node keys of observers allowed to connect in (a validator's list; they dial it)
+    observers: frozenset[bytes] = frozenset()
     http_addr: str = "127.0.0.1"
     http_port: int = 8545
     http_enabled: bool = True
@@ -85,6 +91,25 @@ def initialize_datadir(datadir: Path, genesis: Genesis) -> BlockHeaderAPI:
     """Write the genesis block into a new (or same-genesis) data directory."""
     with open_database(datadir) as db:
         return Blockchain(db, genesis).head()
+
+
+def load_node_key(datadir: Path) -> PrivateKey:
+    """The key in DATADIR/nodekey (hex), made on first use: the identity of a node that runs
+    without a keystore, which the validators list in their `observers`."""
+    path = Path(datadir) / NODEKEY
+    try:
+        if not path.exists():
+            key = PrivateKey(secrets.token_bytes(32))
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(key.to_hex() + "\n")
+            log.info("made node key %s in %s", key.public_key.to_checksum_address(), path)
+            return key
+        return PrivateKey(bytes.fromhex(path.read_text().strip().removeprefix("0x")))
+    except OSError as exc:
+        raise NodeError(f"cannot use node key {path}: {exc.strerror or exc}") from None
+    except (ValueError, ValidationError):  # not hex; not 32 bytes or not a secp256k1 key
+        raise NodeError(f"{path} does not hold a 32-byte hex private key") from None
 
 
 def load_datadir_genesis(db: Database) -> Genesis:
@@ -184,6 +209,10 @@ class Node(RpcBackend):
 
     def _assemble(self) -> None:
         config = self.config
+        # the transport's identity: the validator key, else (peers set) the datadir's nodekey
+        self.node_key = config.validator_key
+        if self.node_key is None and (config.peers or config.observers):
+            self.node_key = load_node_key(config.datadir)
         self.genesis = load_datadir_genesis(self.db)
         self.blockchain = Blockchain(self.db, self.genesis)
         self.chain_id = self.genesis.chain_id
@@ -204,7 +233,7 @@ class Node(RpcBackend):
         self.metrics.gossip_backlog.set_function(lambda: len(self._gossip))
         self.metrics.gossip_backlog_bytes.set_function(lambda: self._gossip.size_bytes)
         self.metrics.pool_queued.set_function(self.pool.queued_count)
-        self.metrics.peers.set_function(self.peer_count)
+        self.metrics.peers.set_function(self.dialed_peer_count)
         self.metrics.executable.set_function(lambda: self.executable_count(EXECUTABLE_COUNTED))
         self.metrics.registry.register(CallbackCollector(self._transport_metrics))
         self.metrics.registry.register(CallbackCollector(self._pool_metrics))
@@ -218,16 +247,15 @@ class Node(RpcBackend):
         self.failed: asyncio.Future[StorageFailure] = loop.create_future()
         self.db.on_failure = lambda error: loop.call_soon_threadsafe(self._fail, error)
         loop.set_exception_handler(_quiet_storage_failures)
-        if config.peers:
-            if config.validator_key is None:
-                raise NodeError("peers are configured but no validator key (--keystore)")
+        if self.node_key is not None and (config.peers or config.observers):
             self.transport = Transport(
-                config.validator_key,
+                self.node_key,
                 self.chain_id,
                 config.peers,
                 config.p2p_addr,
                 config.p2p_port,
                 self._on_peer_message,
+                observers=config.observers,
             )
             await self.transport.start()
         if self.config.http_enabled:
@@ -403,6 +431,13 @@ class Node(RpcBackend):
     def peer_count(self) -> int:
         return len(self.transport.connected_peers()) if self.transport else 0
 
+    def dialed_peer_count(self) -> int:
+        """Connected peers but the observers that dialed in (a validator's: validators)."""
+        transport = self.transport
+        if transport is None:
+            return 0
+        return len(transport.connected_peers()) - len(transport.connected_observers())
+
     def _pool_metrics(self) -> list[Metric]:
         return [labelled_counter(
             "txpool_dropped", "Queued transactions the pool dropped, by reason",
@@ -472,7 +507,7 @@ class NodeContext(EngineContext):
         self._node = node
         self.chain_id = node.chain_id
         self.database = node.db
-        self.validator_key = node.config.validator_key
+        self.validator_key = node.node_key
         self.datadir = node.config.datadir
         self.fresh_validator = node.config.fresh_validator
         self.metrics = node.metrics.registry

@@ -1,12 +1,13 @@
 """`pbft-node run` settings: a TOML config file, overridden by command-line flags.
 
 datadir = "node0"
-keystore = "keystore"                # the validator key (one V3 keyfile)
+keystore = "keystore"                # this node's key (one V3 keyfile); none: DATADIR/nodekey
 password_file = "password.txt"
 [p2p]
 addr = "127.0.0.1"
 port = 30303
-peers = ["0xADDRESS@127.0.0.1:30304"]  # the other validators
+peers = ["0xADDRESS@127.0.0.1:30304"]  # the validators (and observers) this node dials
+observers = ["0xADDRESS"]            # a validator's: observer node keys allowed to connect in
 [http]
 addr = "127.0.0.1"
 port = 8545
@@ -63,6 +64,7 @@ FLAG_KEYS = {
     "p2p_addr": ("p2p", "addr"),
     "p2p_port": ("p2p", "port"),
     "peers": ("p2p", "peers"),
+    "observers": ("p2p", "observers"),
     "keystore": ("", "keystore"),
     "password_file": ("", "password_file"),
     "log_level": ("log", "level"),
@@ -159,14 +161,31 @@ def parse_peers(value: Any) -> dict[bytes, tuple[str, int]]:
     for entry in _split(value):
         address, _, endpoint = entry.partition("@")
         host, _, port = endpoint.rpartition(":")
-        try:
-            raw = bytes.fromhex(address.removeprefix("0x"))
-        except ValueError:
-            raw = b""
-        if len(raw) != 20 or not host:
+        raw = _address(address)
+        if raw is None or not host:
             raise CliError(f"peer {entry!r} is not ADDRESS@host:port")
         peers[raw] = (host, _port(port, f"peer {entry!r}: port"))
     return peers
+
+
+def parse_observers(value: Any) -> frozenset[bytes]:
+    """Observer node addresses (`0xADDRESS`, comma-separated or a list)."""
+    observers = set()
+    for entry in _split(value):
+        raw = _address(entry)
+        if raw is None:
+            raise CliError(f"observer {entry!r} is not an address (0x and 40 hex digits)")
+        observers.add(raw)
+    return frozenset(observers)
+
+
+def _address(text: str) -> bytes | None:
+    """A 20-byte address from hex (0x optional), or None."""
+    try:
+        raw = bytes.fromhex(text.removeprefix("0x"))
+    except ValueError:
+        return None
+    return raw if len(raw) == 20 else None
 
 
 def _positive(value: Any, what: str, kind: type[int] | type[float] = int) -> Any:
@@ -238,6 +257,8 @@ def node_config(settings: dict[str, Any]) -> NodeConfig:
         config.p2p_port = _port(settings["p2p_port"], "p2p port")
     if settings["peers"] is not None:
         config.peers = parse_peers(settings["peers"])
+    if settings["observers"] is not None:
+        config.observers = parse_observers(settings["observers"])
     if settings["metrics_addr"] is not None:
         config.metrics_addr = str(settings["metrics_addr"])
     if settings["metrics_port"] is not None:

@@ -103,11 +103,11 @@ def _testnet_init(args: argparse.Namespace) -> int:
     }
     description = init_testnet(
         Path(args.dir), args.validators, args.chain_id, args.base_p2p_port, args.base_http_port,
-        args.base_metrics_port, pbft,
+        args.base_metrics_port, pbft, args.observers,
     )
     print(f"testnet of {len(description['nodes'])} node(s), engine {description['engine']}")
     for node in description["nodes"]:
-        print(f"  node {node['index']} {node['address']} {node['rpc_url']}")
+        print(f"  node {node['index']} {node['role']:<9} {node['address']} {node['rpc_url']}")
     print(f"description: {Path(args.dir) / 'testnet.json'}")
     print(f"monitoring: {Path(args.dir) / 'monitoring'} (Prometheus scrape configuration, "
           "alert rules, Grafana dashboard)")
@@ -149,8 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--http.corsdomain", dest="http_corsdomain", help="allowed browser origins")
     run.add_argument("--p2p.addr", dest="p2p_addr", help="validator transport address")
     run.add_argument("--p2p.port", dest="p2p_port", type=int, help="validator transport port")
-    run.add_argument("--peers", help="the other validators: ADDRESS@host:port,...")
-    run.add_argument("--keystore", help="keystore holding this validator's key")
+    run.add_argument("--peers", help="the validators (and observers) to dial: "
+                     "ADDRESS@host:port,...")
+    run.add_argument("--observers", help="observer node addresses allowed to connect to "
+                     "this validator: ADDRESS,...")
+    run.add_argument("--keystore", help="keystore holding this node's key (a validator's, "
+                     "or an observer's; without one an observer uses DATADIR/nodekey)")
     run.add_argument("--password-file", dest="password_file", help="the keystore password")
     run.add_argument(
         "--fresh-validator", dest="fresh_validator", action="store_true",
@@ -184,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     testnet_commands = testnet.add_subparsers(dest="testnet_command", required=True)
     tinit = testnet_commands.add_parser("init", help="write genesis, keys and configs")
     tinit.add_argument("--validators", type=int, default=4, help="number of validators (4)")
+    tinit.add_argument("--observers", type=int, default=0,
+                       help="number of observers: nodes that follow and serve RPC (0)")
     tinit.add_argument("--dir", required=True, help="directory for the testnet")
     tinit.add_argument("--chain-id", type=int, default=1337, help="chain id (1337)")
     tinit.add_argument("--base-p2p-port", type=int, default=30303, help="first p2p port")

@@ -53,8 +53,9 @@ def add_send_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         "--priority-fee", type=int, metavar="WEI", help="max priority fee per gas in wei"
     )
     send.add_argument(
-        "--via", metavar="NODE", help="submit through this validator (URL or address)"
-    )
+        "--via", metavar="NODE",
+        help="submit through this node: a validator (URL or address) or an observer (URL, or "
+             "address of a --testnet observer); f+1 validators confirm either way")
     send.add_argument(
         "--timeout", type=float, default=60.0, metavar="S", help="give up after S seconds (60)"
     )
@@ -182,8 +183,13 @@ async def _send(
 
 def send_command(args: argparse.Namespace) -> int:
     description = load_testnet(Path(args.testnet)) if args.testnet else None
+    via = args.via
     if description is not None:
-        validators = {node["address"]: node["rpc_url"] for node in description["nodes"]}
+        validators = {node["address"]: node["rpc_url"] for node in description["nodes"]
+                      if node.get("role", "validator") == "validator"}
+        observers = {node["address"].lower(): node["rpc_url"] for node in description["nodes"]
+                     if node.get("role") == "observer"}
+        via = observers.get((via or "").lower(), via)  # an observer by address: its URL
     else:
         validators = _parse_nodes(args.nodes)
     if args.timeout <= 0 or args.resend_after <= 0:
@@ -191,7 +197,7 @@ def send_command(args: argparse.Namespace) -> int:
     timeouts = Timeouts(resend_after=args.resend_after, deadline=args.timeout)
     request = _tx_request(args, description["chain_id"] if description else None)
     key = _private_key(args, description)
-    result = asyncio.run(_send(validators, timeouts, key, request, args.via))
+    result = asyncio.run(_send(validators, timeouts, key, request, via))
     if args.json:
         print(json.dumps(_summary(result), indent=2))
     else:

@@ -1,14 +1,17 @@
 """`pbft-node status`: one node's head and peers, or a whole cluster as a table.
 
 Given several nodes (`--rpc URL,URL,...`) or a testnet (`--testnet DIR`), one row per node
-with what a person on call reads first: its head, view and primary, the watermarks h/H, the
-stable checkpoint, the last executed block, its mode and peers. A node that does not answer
-is a row saying why, and the command exits 1. `--watch` redraws the table every few seconds.
+with what a person on call reads first: its role (validator or observer), its address, head,
+view and primary, the watermarks h/H, the stable checkpoint, the last executed block, its mode
+and peers (an observer has no view, primary, watermarks or checkpoint: "-"). A node that does
+not answer is a row saying why, and the command exits 1. `--watch` redraws the table every
+few seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -22,8 +25,8 @@ from cli.testnet import load_testnet
 
 WATCH_SECONDS = 2.0
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
-COLUMNS = ("node", "validator", "head", "view", "primary", "h/H", "stable", "executed", "mode",
-           "peers")
+COLUMNS = ("node", "role", "address", "head", "view", "primary", "h/H", "stable", "executed",
+           "mode", "peers")
 
 
 def rpc(url: str, method: str, params: list[Any] | None = None) -> Any:
@@ -57,10 +60,14 @@ def node_row(name: str, url: str) -> tuple[list[str], bool]:
             status = {"mode": "dev engine"}
     except CliError as exc:
         return [name, str(exc)], False
+    if status.get("role") == "observer":
+        return [name, "observer", _short(status["node"]) if status["node"] else "-", str(head),
+                "-", "-", "-", "-", str(status["lastExecuted"]), status["mode"],
+                str(status["peers"])], True
     if "view" not in status:
-        return [name, "-", str(head), "-", "-", "-", "-", "-", status["mode"], "-"], True
+        return [name, "-", "-", str(head), "-", "-", "-", "-", "-", status["mode"], "-"], True
     return [
-        name, _short(status["validator"]), str(head), str(status["view"]),
+        name, "validator", _short(status["validator"]), str(head), str(status["view"]),
         _short(status["primary"]), f"{status['h']}/{status['H']}",
         str(status["stableCheckpoint"]), str(status["lastExecuted"]), status["mode"],
         str(status["peers"]),
@@ -99,6 +106,8 @@ def _one_node(url: str) -> int:
     print(f"chain id {int(rpc(url, 'eth_chainId'), 16)}")
     print(f"head     #{int(head['number'], 16)} {head['hash']}")
     print(f"peers    {int(rpc(url, 'net_peerCount'), 16)}")
+    with contextlib.suppress(CliError):  # a dev-engine node has no pbft namespace
+        print(f"role     {rpc(url, 'pbft_status').get('role', '-')}")
     return 0
 
 

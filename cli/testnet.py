@@ -1,8 +1,10 @@
 """`pbft-node testnet init|run`: a local cluster described by DIR/testnet.json.
 
 testnet.json is the machine-readable description tools and tests use: chain_id, validators,
-nodes (index, address, datadir, rpc_url, p2p address, metrics url, command: the argv that runs
-the node) and accounts (funded dev accounts with their private keys, as anvil prints them).
+nodes (index, role: "validator" or "observer", address: the node key's, datadir, rpc_url, p2p
+address, metrics url, command: the argv that runs the node) and accounts (funded dev accounts
+with their private keys, as anvil prints them). Observers follow the validators (they dial
+every validator and every other observer); each validator allows the observers' keys.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ TESTNET_PBFT_PARAMS = {  # short periods so a local cluster reacts quickly
     "new_view_timeout_cap": 30,
     "block_period": 1,
 }
-TESTNET_PASSWORD = "testnet"  # the validator keystores of a local testnet; not for real keys
+TESTNET_PASSWORD = "testnet"  # the node keystores of a local testnet; not for real keys
+DEV_OBSERVER_SEED = b"pbft-chain observer "  # the observer node keys of a local testnet
 
 
 def _genesis_document(
@@ -64,8 +67,10 @@ def _genesis_document(
     }
 
 
-def _node_config(http_port: int, p2p_port: int, metrics_port: int, peers: list[str]) -> str:
-    p2p = f'\n[p2p]\naddr = "127.0.0.1"\nport = {p2p_port}\npeers = {json.dumps(peers)}\n'
+def _node_config(http_port: int, p2p_port: int, metrics_port: int, peers: list[str],
+                 observers: list[str]) -> str:
+    p2p = (f'\n[p2p]\naddr = "127.0.0.1"\nport = {p2p_port}\npeers = {json.dumps(peers)}\n'
+           + (f"observers = {json.dumps(observers)}\n" if observers else ""))
     return (
         'datadir = "."\nkeystore = "keystore"\npassword_file = "password.txt"\n'
         + (p2p if peers else "")
@@ -82,14 +87,21 @@ def init_testnet(
     base_http_port: int,
     base_metrics_port: int,
     pbft: dict[str, Any] | None = None,
+    observers: int = 0,
 ) -> dict[str, Any]:
     """`pbft` overrides TESTNET_PBFT_PARAMS (checkpoint_interval, request_timeout, ...)."""
     if validators < 1:
         raise CliError("--validators must be at least 1")
+    if observers < 0:
+        raise CliError("--observers must not be negative")
+    if observers and validators == 1:
+        raise CliError("observers follow a PBFT chain: use --validators 2 or more")
     if (directory / "testnet.json").exists():
         raise CliError(f"{directory} already holds a testnet; choose an empty --dir")
     validator_keys = [dev_private_key(i, DEV_VALIDATOR_SEED) for i in range(validators)]
     validator_addresses = [k.public_key.to_checksum_address() for k in validator_keys]
+    node_keys = validator_keys + [dev_private_key(i, DEV_OBSERVER_SEED) for i in range(observers)]
+    addresses = [k.public_key.to_checksum_address() for k in node_keys]
     account_keys = [dev_private_key(i) for i in range(DEV_ACCOUNTS)]
     accounts = [
         {"address": k.public_key.to_checksum_address(), "private_key": "0x" + k.to_bytes().hex()}
@@ -104,7 +116,8 @@ def init_testnet(
     genesis_path.write_bytes(genesis_bytes)
     genesis = parse_genesis(document, available_engines(), source=genesis_bytes)
     nodes = []
-    for index, key in enumerate(validator_keys):
+    for index, key in enumerate(node_keys):
+        observer = index >= validators
         node_dir = directory / f"node{index}"
         initialize_datadir(node_dir, genesis)
         write_keyfile(node_dir / "keystore", key, TESTNET_PASSWORD)
@@ -112,17 +125,19 @@ def init_testnet(
         http_port = base_http_port + index
         p2p_port = base_p2p_port + index
         config_path = node_dir / "config.toml"
-        peers = [
+        peers = [  # a validator dials the validators, an observer every other node
             f"{address}@127.0.0.1:{base_p2p_port + other}"
-            for other, address in enumerate(validator_addresses)
-            if other != index
+            for other, address in enumerate(addresses)
+            if other != index and (observer or other < validators)
         ]
+        allowed = [] if observer else addresses[validators:]
         metrics_port = base_metrics_port + index
-        config_path.write_text(_node_config(http_port, p2p_port, metrics_port, peers))
+        config_path.write_text(_node_config(http_port, p2p_port, metrics_port, peers, allowed))
         nodes.append(
             {
                 "index": index,
-                "address": validator_addresses[index],
+                "role": "observer" if observer else "validator",
+                "address": addresses[index],
                 "datadir": str(node_dir.resolve()),
                 "rpc_url": f"http://127.0.0.1:{http_port}",
                 "ws_url": f"ws://127.0.0.1:{http_port}",
@@ -147,7 +162,7 @@ def init_testnet(
         "accounts": accounts,
     }
     (directory / "testnet.json").write_text(json.dumps(description, indent=2))
-    write_monitoring(directory, nodes)
+    write_monitoring(directory, nodes[:validators])  # its alerts count validators
     return description
 
 
@@ -188,7 +203,8 @@ def run_testnet(directory: Path) -> int:
                 child = subprocess.Popen(node["command"], stdout=log_file,
                                          stderr=subprocess.STDOUT)
             children[child.pid] = child
-            print(f"node {node['index']} {node['address']} rpc {node['rpc_url']} log {log_path}")
+            print(f"node {node['index']} {node.get('role', 'validator')} {node['address']} "
+                  f"rpc {node['rpc_url']} log {log_path}")
         print(f"chain id {description['chain_id']}; dev accounts in {directory / 'testnet.json'}")
         sys.stdout.flush()
         nodes = dict(zip(children, description["nodes"], strict=True))

@@ -53,6 +53,7 @@ from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import LostRecordsError, PbftError, StoreError
 from pbft_engine.messages import KeySigner, KeyVerifier
 from pbft_engine.metrics import PbftMetrics
+from pbft_engine.observer import Observer
 from pbft_engine.peer_budget import PeerBudget
 from pbft_engine.record_store import LevelDBConsensusStore
 from pbft_engine.rpc_records import MAX_RANGE, ConsensusRecords
@@ -108,6 +109,7 @@ class PbftEngine(ConsensusEngine):
         self.metrics = PbftMetrics(context.metrics, lambda: self.replica)
         self.log = ConsensusLog(log, lambda: self.replica)
         self.sync: BlockSync | None = None
+        self.observer: Observer | None = None  # a node outside the set follows with it
         self.state_file: ValidatorStateFile | None = None  # known once the key is
         self.alarms: list[Alarm] = []
         self.budget = PeerBudget(time.monotonic)
@@ -127,11 +129,10 @@ class PbftEngine(ConsensusEngine):
 
     async def start(self) -> None:
         key = self.context.validator_key
-        if key is None:
-            raise EngineError("the pbft engine needs this node's validator key (--keystore)")
-        address = key.public_key.to_canonical_address()
-        if address not in self.engine_params.validators:
-            raise EngineError(f"0x{address.hex()} is not in config.pbft.validators")
+        address = key.public_key.to_canonical_address() if key is not None else None
+        if key is None or address not in self.engine_params.validators:
+            self._start_observer(address)
+            return
         head = self.context.head()
         self.state_file = ValidatorStateFile(self.context.datadir, address)
         try:
@@ -162,10 +163,25 @@ class PbftEngine(ConsensusEngine):
             deliver=self._step, replica_status=self.replica.status,
             held_block=self.replica.block_for,
             chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
-            on_peer_fault=self.metrics.peer_fault,
+            on_peer_fault=self.metrics.peer_fault, sources=self._connected_validators,
         )
         self.sync.start()
         self._perform(self.replica.start())
+
+    def _connected_validators(self) -> frozenset[bytes]:
+        return self.context.peers() & frozenset(self.engine_params.validators)
+
+    def _start_observer(self, address: bytes | None) -> None:
+        """Not a validator: follow the certified chain, vote on nothing (`observer`)."""
+        self.observer = Observer(
+            self.context, self.store, self.engine_params.validators,
+            chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
+            on_peer_fault=self.metrics.peer_fault)
+        self.sync = self.observer.sync
+        self.observer.start()
+        who = f"0x{address.hex()}" if address is not None else "without a node key"
+        self.log.info("observer %s: not in config.pbft.validators, following the chain "
+                      "(no votes)", who)
 
     def _poll_interval(self) -> float:
         """How long without progress before asking peers where they are."""
@@ -175,7 +191,9 @@ class PbftEngine(ConsensusEngine):
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
-        if self.sync is not None:
+        if self.observer is not None:
+            await self.observer.stop()
+        elif self.sync is not None:
             await self.sync.stop()
         await self._tasks.cancel_all()
 
@@ -190,14 +208,24 @@ class PbftEngine(ConsensusEngine):
             self._step(RequestDropped(tx_hash))
 
     def on_message(self, sender: bytes, payload: bytes) -> None:
+        if sender not in self.engine_params.validators:
+            return  # an observer's (or anyone's): never part of a decision, not even decoded
         if self.budget.allows(sender):
             self._step(MessageReceived(payload), sender)
         else:
             self.metrics.peer_dropped(sender)
 
     def on_sync_message(self, sender: bytes, payload: bytes) -> None:
-        if self.sync is not None:
-            self.sync.on_message(sender, payload)
+        """Charged to the sender's budget as consensus messages are: an observer's requests
+        (or a peer's announcements to an observer) cannot take the loop either."""
+        if self.sync is None:
+            return
+        if not self.budget.allows(sender):
+            self.metrics.peer_dropped(sender)
+            return
+        started = time.perf_counter()
+        self.sync.on_message(sender, payload)
+        self._charge(sender, time.perf_counter() - started)
 
     def is_proposer(self) -> bool:
         return self.replica is not None and self.replica.me == self.replica.primary
@@ -212,13 +240,17 @@ class PbftEngine(ConsensusEngine):
         before = (replica.view, replica.active, replica.fetching)
         started = time.perf_counter()
         ready = replica.step(event)
-        if sender is not None and self.budget.charge(sender, time.perf_counter() - started):
-            self.metrics.peer_fault(sender, "over_budget")
-            self.log.warning("validator 0x%s used up its budget of message handling: its "
-                             "messages are dropped while it refills", sender.hex())
+        if sender is not None:
+            self._charge(sender, time.perf_counter() - started)
         if (replica.view, replica.active, replica.fetching) != before:
             self.log.info("consensus state changed (was view=%d active=%s fetching=%s)", *before)
         self._perform(ready)
+
+    def _charge(self, sender: bytes, seconds: float) -> None:
+        if self.budget.charge(sender, seconds):
+            self.metrics.peer_fault(sender, "over_budget")
+            self.log.warning("peer 0x%s used up its budget of message handling: its messages "
+                             "are dropped while it refills", sender.hex())
 
     # A step's writes, then its actions in order.
 
@@ -417,6 +449,8 @@ class PbftEngine(ConsensusEngine):
                 self.log.exception("block %d not committed", action.seq_no)
                 self._step(CommitRefused(action.seq_no, action.digest, false_copy=False))
                 return
+            if self.sync is not None:
+                self.sync.announce(action.seq_no)
         self.metrics.block_committed(action.seq_no)
         self.log.debug("committed block %d 0x%s in view %d", action.seq_no,
                       executed.hash.hex()[:12], self.replica.view if self.replica else -1)
@@ -451,11 +485,23 @@ class PbftEngine(ConsensusEngine):
     # Observability.
 
     def status(self) -> dict[str, Any]:
+        if self.observer is not None:
+            key = self.context.validator_key
+            return {
+                "engine": self.name,
+                "role": "observer",
+                "node": (None if key is None
+                         else key.public_key.to_checksum_address()),
+                "checkpointInterval": self.engine_params.checkpoint_interval,
+                "peers": len(self.context.peers()),
+                **self.observer.describe(),
+            }
         if self.replica is None:
             return {"engine": self.name, "mode": "stopped"}
         status = self.replica.status()
         return {
             "engine": self.name,
+            "role": "validator",
             "view": status.view,
             "seqNo": status.seq_no,
             "h": status.low_watermark,
@@ -465,7 +511,8 @@ class PbftEngine(ConsensusEngine):
             "lastExecuted": status.last_executed,
             "checkpointInterval": self.engine_params.checkpoint_interval,
             "validator": "0x" + self.engine_params.validators[self.replica.me].hex(),
-            "peers": len(self.context.peers()),
+            "peers": len(self._connected_validators()),
+            "observers": len(self.context.peers() - self._connected_validators()),
             "mode": status.mode.value,
             "misbehaviour": self.metrics.misbehaviour(),
         }

@@ -36,7 +36,8 @@ class PeerBudget:
         self.clock = clock
         self.rate = rate
         self.burst = burst
-        self._buckets: dict[bytes, _Bucket] = {}  # validators only: bounded by the set
+        # validators and the observers a validator lets in: bounded by the configuration
+        self._buckets: dict[bytes, _Bucket] = {}
 
     def _bucket(self, peer: bytes) -> _Bucket:
         now = self.clock()

@@ -15,6 +15,13 @@ the NEW-VIEW it missed. VIEW-CHANGE and NEW-VIEW name blocks by digest only: a r
 lacks a body asks every peer for it (`FetchBlock`), again each poll interval, until a copy
 whose header hashes to the digest arrives (`BlockReceived`).
 
+Observers (`pbft_engine.observer`) follow through this module alone. A validator asks only
+validators and believes only their answers; it serves anyone the transport let in, and after
+each commit it announces its new head (a STATUS with the block's certificate) to the observers
+connected to it, so they fetch each block as it commits instead of at their next poll. An
+observer asks every peer (each answer is verified all the same) and hears the validators'
+announcements, checking a certificate only for a head above what it already knows.
+
 The messages and their encoding: `pbft_engine.sync_messages`.
 """
 
@@ -124,8 +131,14 @@ class BlockSync:
         chain_lock: asyncio.Lock,
         poll_interval: float,
         on_peer_fault: Callable[[bytes, str], None] = lambda peer, kind: None,
+        sources: Callable[[], frozenset[bytes]] | None = None,
+        observer: bool = False,
     ) -> None:
         self.context = context
+        # The connected peers asked and believed (default: all): a validator's adapter gives
+        # the connected validators, so an observer's word is never part of its decisions.
+        self.sources = sources or context.peers
+        self.observer = observer  # hears the validators' announcements
         self.store = store
         self.validators = validators
         self.deliver = deliver
@@ -175,9 +188,22 @@ class BlockSync:
         self._poll = self.context.call_later(self.poll_interval, self._tick)
 
     def _ask_status(self) -> None:
-        self._status_asked = set(self.context.peers())
+        self._status_asked = set(self.sources())
         for peer in self._status_asked:
             self.context.send_sync(peer, encode_sync(GetStatus()))
+
+    def announce(self, seq_no: int) -> None:
+        """Block `seq_no` committed here: tell the connected observers (the peers that are no
+        source: a STATUS with its certificate; they fetch the block). Validators learn of it
+        through consensus."""
+        observers = self.context.peers() - self.sources()
+        certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(seq_no))
+        head = self.context.head()
+        if not observers or certificate is None or head.block_number != seq_no:
+            return
+        announcement = encode_sync(Status(seq_no, head.hash, certificate, b""))
+        for peer in observers:
+            self.context.send_sync(peer, announcement)
 
     def want_block(self, seq_no: int, digest: bytes) -> None:
         """Ask every peer for a block body now and each tick until one arrives (bounded: the
@@ -188,8 +214,9 @@ class BlockSync:
         self._ask_block(seq_no, digest)
 
     def _ask_block(self, seq_no: int, digest: bytes) -> None:
-        """Every peer but those whose copy of this body proved false (all, if none is left)."""
-        peers = self.context.peers()
+        """Every source but those whose copy of this body proved false (all, if none is
+        left)."""
+        peers = self.sources()
         honest = peers - self._served_by.get((seq_no, digest), set())
         for peer in honest or peers:
             self.context.send_sync(peer, encode_sync(GetBlock(seq_no, digest)))
@@ -211,7 +238,8 @@ class BlockSync:
                 self._serving.add(sender)
                 self._tasks.spawn(self._serve(sender, message), "serving blocks")
         elif isinstance(message, Block):
-            self._on_block(sender, message)
+            if sender in self.sources():
+                self._on_block(sender, message)
         else:
             pending = self._pending.get(message.request_id)
             if pending is not None and pending[0] == sender and not pending[1].done():
@@ -224,11 +252,13 @@ class BlockSync:
         return Status(head.block_number, head.hash, certificate or b"", new_view or b"")
 
     def _on_status(self, sender: bytes, status: Status) -> None:
-        if sender not in self._status_asked:
-            return  # unasked: not worth a signature check
-        self._status_asked.discard(sender)
         mine = self.replica_status()
-        if status.new_view:
+        if sender in self._status_asked:
+            self._status_asked.discard(sender)
+        elif not (self.observer and sender in self.validators
+                  and status.head_number > max(mine.last_executed, mine.fetching or 0)):
+            return  # unasked, and not a validator's news for an observer: not worth a check
+        if status.new_view and not self.observer:
             self._offer_new_view(status.new_view, mine.view)
         if status.head_number <= mine.last_executed:
             return
@@ -351,10 +381,10 @@ class BlockSync:
         return first, peers[0], request
 
     def _peers_for(self, first: int) -> list[bytes]:
-        """The connected peers, starting with the one whose turn the range from `first` is
-        (the ranges are spread over the peers, and each failure moves the turn on), those
-        that lied in this fetch last."""
-        peers = sorted(self.context.peers())
+        """The connected sources, starting with the one whose turn the range from `first` is
+        (the ranges are spread over them, and each failure moves the turn on), those that
+        lied in this fetch last."""
+        peers = sorted(self.sources())
         turn = (first // MAX_BLOCKS_PER_REQUEST + self._rotation) % len(peers) if peers else 0
         ordered = peers[turn:] + peers[:turn]
         return ([p for p in ordered if p not in self._liars]

@@ -40,8 +40,10 @@ class Cluster:
     nodes: list[RunningNode]
 
     @classmethod
-    def create(cls, directory: Path, validators: int = 4, *pbft_flags: str) -> Cluster:
-        return cls.describe(directory, make_testnet(directory, validators, *pbft_flags))
+    def create(cls, directory: Path, validators: int = 4, *pbft_flags: str, observers: int = 0
+               ) -> Cluster:
+        return cls.describe(directory, make_testnet(directory, validators, *pbft_flags,
+                                                    observers=observers))
 
     @classmethod
     def copy(cls, template: Path, directory: Path) -> Cluster:

@@ -129,17 +129,21 @@ class RunningNode:
         return code
 
 
-def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str) -> dict[str, Any]:
+def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str, observers: int = 0
+                 ) -> dict[str, Any]:
     """`pbft-node testnet init` on free ports; pbft_flags such as "--checkpoint-interval", "4"."""
-    http = free_port_range(validators)
-    p2p = free_port_range(validators, avoid=range(http, http + validators))
+    count = validators + observers
+    http = free_port_range(count)
+    p2p = free_port_range(count, avoid=range(http, http + count))
     metrics = free_port_range(
-        validators, avoid={*range(http, http + validators), *range(p2p, p2p + validators)})
+        count, avoid={*range(http, http + count), *range(p2p, p2p + count)})
     pbft_node(
         "testnet",
         "init",
         "--validators",
         str(validators),
+        "--observers",
+        str(observers),
         "--dir",
         str(directory),
         "--base-http-port",

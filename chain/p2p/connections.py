@@ -53,9 +53,11 @@ def prefer_connection(existing: PeerConnection, new: PeerConnection) -> PeerConn
 
 
 class PeerState:
-    """Everything we keep per validator: where to dial it, its queue, its live connection."""
+    """Everything we keep per peer: where to dial it (None: an observer, who dials us), its
+    queue, its live connection."""
 
-    def __init__(self, address: Address, endpoint: Endpoint, config: TransportConfig) -> None:
+    def __init__(self, address: Address, endpoint: Endpoint | None, config: TransportConfig
+                 ) -> None:
         self.address = address
         self.endpoint = endpoint
         self.queue = SendQueue(config.max_queue_frames, config.max_queue_bytes)

@@ -12,7 +12,7 @@ class PeerTransport(ABC):
 
     @abstractmethod
     async def start(self) -> None:
-        """Listen and start dialing every other validator."""
+        """Listen and start dialing every configured peer (observers dial in)."""
 
     @abstractmethod
     async def stop(self) -> None:
@@ -20,12 +20,12 @@ class PeerTransport(ABC):
 
     @abstractmethod
     def send(self, address: Address, channel: int, payload: bytes) -> bool:
-        """Queue a message for one validator; False if it was dropped."""
+        """Queue a message for one peer; False if it was dropped."""
 
     @abstractmethod
     def broadcast(self, channel: int, payload: bytes) -> int:
-        """Queue a message for every other validator; how many accepted it."""
+        """Queue a message for every peer this node dials; how many accepted it."""
 
     @abstractmethod
     def connected_peers(self) -> set[Address]:
-        """Validators with an authenticated connection right now."""
+        """Peers with an authenticated connection right now."""

@@ -14,6 +14,7 @@ DROP_REASONS = (
     "too_large",  # send: over the frame cap
     "not_running",  # send: the transport is stopped
     "queue_full",  # send: the peer's queue is at its bound
+    "not_connected",  # send: an observer that is not connected (nothing queued for it)
     "bad_frame",  # read or handshake: a malformed frame
     "auth_failure",  # a refused handshake
     "decrypt_failure",  # a frame that does not open under the session keys

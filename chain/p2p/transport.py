@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from eth_keys.datatypes import PrivateKey
@@ -47,7 +47,14 @@ ROUTINE_REFUSALS = frozenset({"connection_lost", "evicted"})
 
 
 class Transport(PeerTransport):
-    """The validator-to-validator transport: one authenticated, sealed connection per peer."""
+    """The node-to-node transport: one authenticated, sealed connection per peer.
+
+    `validators` are the peers this node dials (on an observer: the validators and the other
+    observers it follows through); `observers` are node keys that may only connect in: never
+    dialed, left out of `broadcast`, and a message for one that is not connected is dropped
+    (not queued), so a validator that loses its observers holds nothing for them. Any other
+    key is refused at the handshake.
+    """
 
     def __init__(
         self,
@@ -58,10 +65,11 @@ class Transport(PeerTransport):
         listen_port: int,
         on_message: MessageHandler,
         config: TransportConfig | None = None,
+        observers: Collection[Address] = (),
     ) -> None:
-        for address in validators:
+        for address in (*validators, *observers):
             if len(address) != ADDRESS_SIZE:
-                raise TransportConfigError(f"validator address {address!r} is not 20 bytes")
+                raise TransportConfigError(f"peer address {address!r} is not 20 bytes")
         self._private_key = private_key
         self._address: Address = private_key.public_key.to_canonical_address()
         self._chain_id = chain_id
@@ -69,9 +77,11 @@ class Transport(PeerTransport):
         self._listen_host = listen_host
         self._requested_port = listen_port
         self._on_message = on_message
+        endpoints: dict[Address, Endpoint | None] = dict.fromkeys(observers)
+        endpoints.update(validators)
         self._peers: dict[Address, PeerState] = {
             address: PeerState(address, endpoint, self._config)
-            for address, endpoint in validators.items()
+            for address, endpoint in endpoints.items()
             if address != self._address
         }
         self._stats = TransportStats()
@@ -107,7 +117,8 @@ class Transport(PeerTransport):
         )
         self._running = True
         for peer in self._peers.values():
-            self._spawn(self._dial_loop(peer), name=f"dial-{peer.address.hex()[:8]}")
+            if peer.endpoint is not None:
+                self._spawn(self._dial_loop(peer), name=f"dial-{peer.address.hex()[:8]}")
         log.info("transport 0x%s listening on port %d", self._address.hex(), self.listen_port)
 
     async def stop(self) -> None:
@@ -128,13 +139,16 @@ class Transport(PeerTransport):
     def send(self, address: Address, channel: int, payload: bytes) -> bool:
         """Enqueue without blocking; False (and a counted drop) if it cannot be queued.
 
-        Frames also queue while the peer is disconnected and go out once it reconnects, within
-        the same count/byte bounds. Delivery is best effort: a frame already taken off the
-        queue when its connection dies is lost (consensus retransmits what matters).
+        Frames also queue while a dialed peer is disconnected and go out once it reconnects,
+        within the same count/byte bounds (an observer's are dropped: it may never come back).
+        Delivery is best effort: a frame already taken off the queue when its connection dies
+        is lost (consensus retransmits what matters).
         """
         peer = self._peers.get(address)
         if peer is None:
             return self._drop("unknown_peer")
+        if peer.endpoint is None and peer.connection is None:
+            return self._drop("not_connected")
         if channel not in USER_CHANNELS:
             raise TransportError(f"channel {channel} is not one of {sorted(USER_CHANNELS)}")
         if len(payload) > self._config.max_payload_size:
@@ -148,11 +162,17 @@ class Transport(PeerTransport):
         return True
 
     def broadcast(self, channel: int, payload: bytes) -> int:
-        """`send` to every other validator; how many queues accepted it."""
-        return sum(self.send(address, channel, payload) for address in self._peers)
+        """`send` to every peer this node dials (not to observers); how many accepted it."""
+        return sum(self.send(address, channel, payload)
+                   for address, peer in self._peers.items() if peer.endpoint is not None)
 
     def connected_peers(self) -> set[Address]:
         return {address for address, peer in self._peers.items() if peer.connection is not None}
+
+    def connected_observers(self) -> set[Address]:
+        """The connected peers that dialed in as observers (never dialed by this node)."""
+        return {address for address, peer in self._peers.items()
+                if peer.connection is not None and peer.endpoint is None}
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         """Wait, without polling, until `predicate()` holds.
@@ -233,6 +253,7 @@ class Transport(PeerTransport):
             failures += 1
 
     async def _dial_once(self, peer: PeerState) -> bool:
+        assert peer.endpoint is not None  # observers are not dialed
         host, port = peer.endpoint
         try:
             reader, writer = await asyncio.wait_for(
@@ -350,7 +371,8 @@ class Transport(PeerTransport):
         if peer_address == self._address:
             raise HandshakeRefused("self_connection", "peer is ourselves")
         if peer_address not in self._peers:
-            raise HandshakeRefused("unknown_key", f"0x{peer_address.hex()} is not a validator")
+            raise HandshakeRefused("unknown_key",
+                                   f"0x{peer_address.hex()} is not a configured peer")
         if expected is not None and peer_address != expected:
             raise HandshakeRefused(
                 "identity_mismatch",
@@ -394,7 +416,8 @@ class Transport(PeerTransport):
         connection.writer_task = self._spawn(
             self._write_loop(peer, connection), name=f"write-{peer.address.hex()[:8]}"
         )
-        log.info("connected to validator 0x%s", peer.address.hex())
+        log.info("connected to %s 0x%s", "peer" if peer.endpoint else "observer",
+                 peer.address.hex())
         self._notify_change()
         return True
 

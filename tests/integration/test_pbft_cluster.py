@@ -64,17 +64,17 @@ def test_cluster_status_table(cluster: Cluster) -> None:
     cluster.wait_idle()  # no block (nor checkpoint) lands while the table and statuses are read
     table = pbft_node("status", "--testnet", str(cluster.directory)).stdout.splitlines()
     statuses = [cluster.status(i) for i in range(4)]
-    assert table[0].split() == ["node", "validator", "head", "view", "primary", "h/H", "stable",
-                                "executed", "mode", "peers"]
+    assert table[0].split() == ["node", "role", "address", "head", "view", "primary", "h/H",
+                                "stable", "executed", "mode", "peers"]
     rows = [line.split() for line in table[1:]]
-    assert [r[:2] for r in rows] == [["node", str(i)] for i in range(4)]
+    assert [r[:3] for r in rows] == [["node", str(i), "validator"] for i in range(4)]
     primary = cluster.description["validators"][0].lower()
     for row, validator, status in zip(rows, cluster.description["validators"], statuses,
                                       strict=True):
-        assert row[2].startswith(validator.lower()[:8])  # the validator, shortened
-        assert (row[4], row[5][:8], row[9], row[10]) == ("0", primary[:8], "normal", "3")
+        assert row[3].startswith(validator.lower()[:8])  # the validator, shortened
+        assert (row[5], row[6][:8], row[10], row[11]) == ("0", primary[:8], "normal", "3")
         # h/H: 0 until the earlier tests' blocks (and the empty ones after them) reach K = 10
-        assert row[6] == f"{status['h']}/{status['H']}"
+        assert row[7] == f"{status['h']}/{status['H']}"
     gone = f"http://127.0.0.1:{free_port()}"
     urls = ",".join([cluster.nodes[1].rpc_url, gone])
     partial = pbft_node("status", "--rpc", urls, check=False)

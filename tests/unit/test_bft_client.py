@@ -264,9 +264,26 @@ def test_bad_configuration(validators: dict[str, str], fragment: str) -> None:
         BftClient(validators, transport=FakeTransport({}))
 
 
-def test_via_must_be_a_configured_validator() -> None:
+def test_via_must_be_a_configured_validator_or_a_url() -> None:
     with pytest.raises(BftClientError, match="elsewhere is not one of the configured"):
-        send(network(), via="http://elsewhere")
+        send(network(), via="elsewhere")
+
+
+def test_via_an_observer_submits_there_and_the_validators_confirm() -> None:
+    """An observer's URL: the transaction goes to it (it forwards to the validators) and
+    only validators' receipts count."""
+    observer = FakeValidator(B2)  # its receipt is no vote
+    nodes = network(v1=FakeValidator(B1), v2=FakeValidator(B1))
+
+    async def run() -> ConfirmedReceipt:
+        transport = FakeTransport(nodes)
+        transport.by_url["http://observer:8545"] = observer
+        async with BftClient(URLS, transport=transport, timeouts=FAST) as client:
+            return await client.send_raw_transaction(RAW, "http://observer:8545/")
+
+    result = asyncio.run(run())
+    assert len(observer.received) == 1 and observer.calls["eth_getTransactionReceipt"] == 0
+    assert result.agreeing == (V1, V2) and result.key == B1
 
 
 def test_send_transaction_fills_signs_and_confirms() -> None:

@@ -88,3 +88,38 @@ def test_pool_and_evm_settings_come_from_the_file_and_flags_win(tmp_path: Path) 
     limits = config.pool_limits
     assert (limits.price_limit, limits.max_queued_per_sender, limits.max_queued) == (7, 9, 50)
     assert config.rpc_limits.evm.timeout == 0.5
+
+
+def test_observers_come_from_the_file_and_the_flag_wins(tmp_path: Path) -> None:
+    first, second = "0x" + "ab" * 20, "cd" * 20
+    settings = _settings(tmp_path, f'[p2p]\nobservers = ["{first}"]\n')
+    assert node_config(settings).observers == {bytes.fromhex("ab" * 20)}
+    flagged = _settings(tmp_path, f'[p2p]\nobservers = ["{first}"]\n',
+                        observers=f"{first},{second}")
+    assert node_config(flagged).observers == {bytes.fromhex("ab" * 20), bytes.fromhex(second)}
+    with pytest.raises(CliError, match="observer '0x1234' is not an address"):
+        node_config(_settings(tmp_path, "", observers="0x1234"))
+
+
+def test_testnet_init_lists_observers_and_lets_the_validators_accept_them(
+        tmp_path: Path) -> None:
+    import tomllib
+
+    description = init_testnet(tmp_path / "net", 4, 1337, 30303, 8545, 6060, {}, observers=2)
+    nodes = description["nodes"]
+    assert [n["role"] for n in nodes] == ["validator"] * 4 + ["observer"] * 2
+    assert [n["address"] for n in nodes[:4]] == description["validators"]
+    observers = [n["address"] for n in nodes[4:]]
+    assert not set(observers) & set(description["validators"])
+    assert all(n["rpc_url"] and n["command"] for n in nodes)
+    for node in nodes:
+        p2p = tomllib.loads(Path(node["command"][-1]).read_text())["p2p"]
+        dialed = {peer.split("@")[0] for peer in p2p["peers"]}
+        others = {n["address"] for n in nodes} - {node["address"]}
+        if node["role"] == "validator":
+            assert dialed == set(description["validators"]) - {node["address"]}
+            assert p2p["observers"] == observers
+        else:
+            assert dialed == others and "observers" not in p2p
+    with pytest.raises(CliError, match="observers follow a PBFT chain"):
+        init_testnet(tmp_path / "dev", 1, 1337, 30303, 8545, 6060, {}, observers=1)

@@ -40,6 +40,7 @@ def test_the_adapter_charges_the_sender_and_drops_it_once_dry() -> None:
     faults: list[tuple[bytes, str]] = []
     dropped: list[bytes] = []
     engine = PbftEngine.__new__(PbftEngine)
+    engine.engine_params = SimpleNamespace(validators=(FLOODER, HONEST))  # type: ignore[assignment]
     engine.budget = PeerBudget(clock, rate=RATE, burst=1e-9)  # any message runs it dry
     engine.metrics = SimpleNamespace(peer_fault=lambda p, k: faults.append((p, k)),
                                      peer_dropped=dropped.append)
