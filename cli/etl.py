@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -92,28 +93,22 @@ def _export_arguments(out: argparse.ArgumentParser) -> None:
                      help="retries of a failing request, with backoff (default %(default)s)")
 
 
-def _anchor_arguments(out: argparse.ArgumentParser) -> None:
-    """`export`'s trust anchor: the genesis set checks each node's claimed head."""
-    trusted = out.add_mutually_exclusive_group()
-    trusted.add_argument("--genesis", type=Path, metavar="FILE",
-                         help="the chain's genesis file (config.pbft.validators): a node's "
-                              "claimed head must carry a commit certificate of a quorum of "
-                              "its validators, else the node is left out")
-    trusted.add_argument("--trust-node", action="store_true",
-                         help="no genesis (as without --genesis, with a warning): follow "
-                              "the heads the nodes claim unchecked (a node can claim any "
-                              "head)")
+def _trust_arguments(parser: argparse.ArgumentParser, genesis: str, trust_node: str) -> None:
+    """--genesis FILE or --trust-node, with what each means to the command."""
+    trusted = parser.add_mutually_exclusive_group()
+    trusted.add_argument("--genesis", type=Path, metavar="FILE", help=genesis)
+    trusted.add_argument("--trust-node", action="store_true", help=trust_node)
 
 
 def _audit_arguments(audit: argparse.ArgumentParser) -> None:
-    trusted = audit.add_mutually_exclusive_group()
-    trusted.add_argument("--genesis", type=Path, metavar="FILE",
-                         help="the chain's genesis file (config.pbft.validators): the trust "
-                              "anchor; block 0 must be the block it makes, and (run) each "
-                              "node's claimed head must be certified by its validators")
-    trusted.add_argument("--trust-node", action="store_true",
-                         help="no genesis: trust the validator set and chain id the exported "
-                              "nodes report (the verdict is then only as good as the node)")
+    _trust_arguments(
+        audit,
+        "the chain's genesis file (config.pbft.validators): the trust anchor; block 0 must be "
+        "the block it makes, and (run) each node's claimed head must be certified by its "
+        "validators",
+        "no genesis: trust the validator set and chain id the exported nodes report (the "
+        "verdict is then only as good as the node)",
+    )
     audit.add_argument("--validators", type=Path, metavar="FILE",
                        help="with --trust-node: these validator addresses instead of the "
                             "nodes' (JSON list, testnet.json, or one a line)")
@@ -130,7 +125,13 @@ def build_parser() -> Parser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     out = commands.add_parser("export", help="export blocks and consensus records to Parquet")
     _export_arguments(out)
-    _anchor_arguments(out)
+    _trust_arguments(
+        out,
+        "the chain's genesis file (config.pbft.validators): a node's claimed head must carry "
+        "a commit certificate of a quorum of its validators, else the node is left out",
+        "no genesis (as without --genesis, with a warning): follow the heads the nodes claim "
+        "unchecked (a node can claim any head)",
+    )
     out.set_defaults(handler=_export)
     audit = commands.add_parser("audit", help="audit an exported data set")
     audit.add_argument("--data", required=True, metavar="DIR", type=_directory("--data"),
@@ -220,7 +221,8 @@ def _audit(args: argparse.Namespace) -> int:
 
 def _export_and_audit(args: argparse.Namespace) -> int:
     trust, state = _trust(args), _state_rules(args)  # first: a usage error costs no export
-    out = _export_to(_export_options(args, trust.genesis), args.master)
+    spark_session(args.master, record_classes=True)  # Spark starts while block 0 is built
+    out = _export_to(_export_options(args, trust.genesis_set()), args.master)
     return _audit_data(args, out, trust, state)
 
 
@@ -229,8 +231,12 @@ class Trust:
     """What the audit takes as given: the genesis's validator set (chain id, K, block 0), or
     (--trust-node) the addresses of --validators, if any, beside what the nodes report."""
 
-    genesis: ValidatorSet | None
+    genesis: Future[ValidatorSet] | None  # being built on a thread of its own
     addresses: tuple[str, ...] | None
+
+    def genesis_set(self) -> ValidatorSet | None:
+        """The genesis's validator set once built (its UsageError raised here)."""
+        return self.genesis.result() if self.genesis is not None else None
 
 
 def _trust(args: argparse.Namespace) -> Trust:
@@ -238,7 +244,7 @@ def _trust(args: argparse.Namespace) -> Trust:
         raise UsageError("--validators: add --trust-node (the chain id and block 0 then come "
                          "from the nodes), or give --genesis FILE instead")
     if args.genesis is not None:
-        return Trust(genesis_validators(args.genesis), None)
+        return Trust(_beside_spark(genesis_validators, args.genesis), None)
     if not args.trust_node:
         raise UsageError("give --genesis FILE (the chain's genesis file), or --trust-node to "
                          "take the validator set and chain id from the nodes")
@@ -258,6 +264,17 @@ def _state_rules(args: argparse.Namespace) -> tuple[Rule, ...]:
     from cli.state_replay import ChainStateReplay
 
     return (state_root_rule(ChainStateReplay.from_file(args.genesis)),)
+
+
+def _beside_spark(build: Callable[[Path], ValidatorSet], path: Path) -> Future[ValidatorSet]:
+    """`build(path)` on a thread while this one starts Spark: block 0 is built by py-evm in
+    Python (seconds for a genesis of 2,000 accounts) and Spark's start-up mostly waits on its
+    JVM, so on two cores the two overlap."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="genesis")
+    try:
+        return pool.submit(build, path)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def genesis_validators(path: Path) -> ValidatorSet:
@@ -290,7 +307,7 @@ def genesis_block_hash(path: Path) -> str:
 def _audit_data(args: argparse.Namespace, location: str, trust: Trust,
                 state: tuple[Rule, ...]) -> int:
     data = Dataset.read(spark_session(args.master, record_classes=True), location)
-    validators = resolve_validators(data.export_manifest, trust.addresses, trust.genesis)
+    validators = resolve_validators(data.export_manifest, trust.addresses, trust.genesis_set())
     result = run_audit(data, validators, RULES + state)
     print(result.summary(), end="")
     if args.html is not None:

@@ -152,12 +152,17 @@ def test_a_head_certificate_that_is_no_genesis_quorum_leaves_the_node_out(
     assert asked["pbft_getCommitCertificate"] == asked["debug_getRawBlock"] == 2
 
 
+@pytest.mark.parametrize(("extra", "message"), [
+    ([], "genesis.json: not JSON"),
+    (["--trust-node"], "argument --trust-node: not allowed with argument --genesis"),
+])
 def test_a_genesis_file_that_does_not_parse_is_a_one_line_usage_error(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str], message: str,
 ) -> None:
     genesis = tmp_path / "genesis.json"
     genesis.write_text("{not json")
     code, stdout, stderr = etl(capsys, "export", "--rpc", "http://127.0.0.1:1", "--out",
-                               str(tmp_path / "out"), "--genesis", str(genesis))
+                               str(tmp_path / "out"), "--genesis", str(genesis), *extra)
     assert (code, stdout) == (2, "")
-    assert stderr.startswith(f"pbft-etl: error: {genesis}: not JSON") and stderr.count("\n") == 1
+    assert stderr.startswith("pbft-etl: error: ") and stderr.count("\n") == 1, stderr
+    assert message in stderr
