@@ -64,6 +64,7 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
+from pbft_engine.core.epochs import Membership
 from pbft_engine.core.params import DEFAULT_MAX_IN_FLIGHT
 from pbft_engine.core.records import META_NEW_VIEW, StoreName
 from pbft_engine.core.signing_bound import SigningBound
@@ -80,7 +81,6 @@ from pbft_engine.messages import (
     decode_signed,
     decode_signed_bytes,
     encode_commit_certificate,
-    verify_commit_certificate,
 )
 from pbft_engine.record_store import MemoryConsensusStore
 from tests.simulation.ledger import (
@@ -357,6 +357,8 @@ class Cluster:
         self.block_padding = block_padding  # bytes added to every block built (large blocks)
         self.registry: dict[bytes, Tx] = {}  # every transaction ever submitted, by hash
         self.verifier = CachingVerifier()
+        # The sets the simulator's adapter checks every certificate with: a height's own.
+        self.epochs = Membership.of(self.params, self.verifier)
         self.nodes = [Node(i, s, SimChain(self.market, self.registry))
                       for i, s in enumerate(signers)]
         self.now = 0
@@ -703,9 +705,7 @@ class Cluster:
             if not node.chain.valid(action.seq_no, action.digest, action.block):
                 raise SafetyViolation(f"replica {node.index} committed an invalid block "
                                       f"{action.seq_no}")
-            verify_commit_certificate(
-                action.certificate, validators=self.params.validators, chain_id=CHAIN_ID,
-                block_number=action.seq_no, block_hash=action.digest, verifier=self.verifier)
+            self.epochs.verify_certificate(action.certificate, action.seq_no, action.digest)
             entry = self._import(node, action.block, action.certificate)
             self._write_point(node, "chain")
             self.feed(node.index, BlockCommitted(action.seq_no, entry.block_hash,
@@ -766,9 +766,7 @@ class Cluster:
                 self._forged_range(node, liar, first)
             txs = list(imported)
             for seq_no, entry in enumerate(entries, start=first):
-                verify_commit_certificate(
-                    entry.certificate, validators=self.params.validators, chain_id=CHAIN_ID,
-                    block_number=seq_no, block_hash=entry.block_hash, verifier=self.verifier)
+                self.epochs.verify_certificate(entry.certificate, seq_no, entry.block_hash)
                 assert node.chain.valid(seq_no, entry.block_hash, entry.block)
                 self._import(node, entry.block, entry.certificate)
                 txs.extend(block_txs(entry.block))
@@ -810,12 +808,10 @@ class Cluster:
             block = make_block(seq_no, keccak(b"forged parent"), (), b"forged")
         else:
             commits = decode_commit_certificate(certificate)
-            certificate = encode_commit_certificate(commits[: self.params.quorum - 1])
+            certificate = encode_commit_certificate(commits[: self.epochs.quorum_at(seq_no) - 1])
         digest = block_digest(block)
         try:
-            verify_commit_certificate(
-                certificate, validators=self.params.validators, chain_id=CHAIN_ID,
-                block_number=seq_no, block_hash=digest or b"", verifier=self.verifier)
+            self.epochs.verify_certificate(certificate, seq_no, digest or b"")
         except MessageError:
             return
         if digest is not None and node.chain.valid(seq_no, digest, block):
@@ -913,9 +909,7 @@ class Cluster:
         if number <= node.replica.status().last_executed:
             return
         try:
-            verify_commit_certificate(
-                certificate, validators=self.params.validators, chain_id=CHAIN_ID,
-                block_number=number, block_hash=head_hash, verifier=self.verifier)
+            self.epochs.verify_certificate(certificate, number, head_hash)
         except MessageError:
             return
         self.feed(node.index, PeerCommitted(number, head_hash, certificate))

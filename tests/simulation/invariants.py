@@ -51,7 +51,7 @@ def check_no_churn(cluster: Cluster, nodes: list[Node], limit_ms: int, quiet_ms:
     byzantine one counts), the others join it, and may move on if that view's primary is
     faulty. So with stranded replicas the cluster gets a few more settle-and-watch rounds;
     anything else that keeps it from settling, or moves a settled view, fails."""
-    f = cluster.params.f
+    f = cluster.epochs.current.f
 
     def voting() -> list[Node] | None:
         """The replicas that settled, if the rest are stranded (None: not settled yet)."""

@@ -42,7 +42,6 @@ from eth_hash.auto import keccak
 
 from pbft_engine.core.replica import MAX_PASSED_OVER
 from pbft_engine.messages import (
-    Authenticator,
     Checkpoint,
     Commit,
     NewView,
@@ -272,9 +271,7 @@ class Byzantine:
 
     def _signed(self, body: Any) -> Signed[Any]:
         node = self.cluster.nodes[self.index]
-        auth = Authenticator(self.cluster.params.chain_id, self.cluster.params.validators,
-                             self.cluster.verifier)
-        return auth.sign(body, node.signer)
+        return self.cluster.epochs.sign(body, node.signer)
 
     def _sign(self, body: object, blocks: tuple[bytes, ...] = ()) -> bytes:
         return WireMessage(self._signed(body), blocks).encode()
@@ -368,7 +365,7 @@ def run_chaos(seed: int, n: int, rng: random.Random) -> Cluster:
     econ = economy(rng, tuple(rng.uniform(1.0, 2.0) for _ in range(n)),
                    rng.choice((0, 500, 2_000)))
     cluster = _cluster(n, seed, econ, faults)
-    f = cluster.params.f
+    f = cluster.epochs.current.f
     timeline: list[tuple[int, Callable[[], None]]] = []
     # Amnesia: the first primary equivocates and an honest replica loses its consensus
     # store mid-run (issue 14's fork needs both). Its chain and signing bound stay.

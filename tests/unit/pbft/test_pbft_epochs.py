@@ -12,7 +12,7 @@ from eth_hash.auto import keccak
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pbft_engine.core import ChainHead, FetchCommitted, PeerCommitted, Replica
+from pbft_engine.core import ChainHead, FetchCommitted, MessageReceived, PeerCommitted, Replica
 from pbft_engine.core.epochs import (
     Epoch,
     EpochSchedule,
@@ -33,6 +33,7 @@ from pbft_engine.messages import (
     PrePrepare,
     Signed,
     ViewChange,
+    WireMessage,
     encode_commit_certificate,
 )
 from pbft_engine.quorum import max_faulty, quorum
@@ -297,3 +298,20 @@ def test_the_replica_certifies_a_peer_s_block_only_with_its_height_s_quorum() ->
     replica.start()
     replica.step(PeerCommitted(11, DIGEST, certificate(11, ADDED, (0, 1, 3, 4))))
     assert replica.log.certified[11][0] == DIGEST
+
+
+
+def test_the_replica_drops_a_vote_signed_by_a_member_of_another_epoch() -> None:
+    """After the handover to the set without V0[0] (genesis replica 2 is replica 1 there), a
+    PREPARE for block 11 counts from the member its index names in the new set, never from
+    the removed validator, whichever index it claims."""
+    replica = Replica(PARAMS, 1, SIGNERS[2], KeyVerifier(), ChainHead(10, GENESIS),
+                      block_digest=keccak, schedule=scheduled(REMOVED).install(10))
+    replica.start()
+    removed = SIGNERS[0]
+    for index in (0, 2):  # its old index, and the index of another member in the new set
+        replica.step(MessageReceived(WireMessage(
+            MEMBERS.sign(Prepare(0, 11, DIGEST, index), removed)).encode()))
+    assert (replica.dropped["SignatureError"], replica.received["prepare"]) == (2, 0)
+    replica.step(MessageReceived(WireMessage(signed(Prepare(0, 11, DIGEST, 2), REMOVED)).encode()))
+    assert (replica.dropped["SignatureError"], replica.received["prepare"]) == (2, 1)
