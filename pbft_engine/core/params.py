@@ -1,4 +1,5 @@
-"""Engine parameters: the genesis `config.pbft` section, validated, with the quorum arithmetic."""
+"""Engine parameters: the genesis `config.pbft` section, validated (the quorum arithmetic of
+each validator set is the epoch schedule's, `core.epochs`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pbft_engine.errors import ConfigError
-from pbft_engine.quorum import max_faulty, quorum, view_change_quorum, weak_quorum
 
 ADDRESS_SIZE = 20
 BLOCK_BUDGET_SHARE = 5  # the block's execution budget is request_timeout / 5
@@ -78,23 +78,9 @@ class EngineParams:
 
     @property
     def n(self) -> int:
+        """The genesis set's size; the set, quorum and primary of a height are the epoch
+        schedule's (`core.epochs`)."""
         return len(self.validators)
-
-    @property
-    def f(self) -> int:
-        return max_faulty(self.n)
-
-    @property
-    def quorum(self) -> int:
-        return quorum(self.n)
-
-    @property
-    def view_change_quorum(self) -> int:
-        return view_change_quorum(self.n)
-
-    @property
-    def weak_quorum(self) -> int:
-        return weak_quorum(self.n)
 
     @property
     def log_size(self) -> int:
@@ -122,9 +108,6 @@ class EngineParams:
         """`duration_ms` doubled `doublings` times, capped (Castro & Liskov, section 4.5.2)."""
         cap = max(duration_ms, self.new_view_timeout_cap_ms)
         return min(duration_ms << max(0, min(doublings, MAX_DOUBLINGS)), cap)
-
-    def primary(self, view: int) -> int:
-        return view % self.n
 
 
 def _ms(seconds: object) -> int:

@@ -87,7 +87,7 @@ def test_stable_checkpoints_keep_their_proof_forever() -> None:
         assert sorted(stable) == [(4).to_bytes(8, "big"), (8).to_bytes(8, "big")]
         for key, value in stable.items():
             proof = [decode_signed_bytes(m, Checkpoint) for m in rlp.decode(value)]
-            assert len({c.body.replica for c in proof}) >= cluster.params.quorum
+            assert len({c.body.replica for c in proof}) >= cluster.epochs.current.quorum
             block = node.chain.blocks[int.from_bytes(key, "big") - 1]
             assert {c.body.block_hash for c in proof} == {block.block_hash}
 

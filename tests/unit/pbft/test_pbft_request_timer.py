@@ -138,7 +138,7 @@ def test_a_burst_the_primary_received_first_is_not_censorship() -> None:
 
 def view_change_quorum(replica: Replica, view: int) -> list[Action]:
     actions: list[Action] = []
-    for peer in [p for p in (1, 2, 3) if p != PARAMS.primary(view)][:2]:
+    for peer in [p for p in (1, 2, 3) if p != replica.epochs.current.primary(view)][:2]:
         actions += replica.step(from_peer(ViewChange(view, 0, (), (), (), peer))).actions
     return actions
 
