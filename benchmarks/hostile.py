@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.load import latency_summary, run_load
 from benchmarks.report import Row
 from benchmarks.testnet import BenchNet
-from testkit.hostile import hammering, looping_call, nested_arrays
+from testkit.hostile import hammering, heavy_reads, looping_call, nested_arrays
 
 if TYPE_CHECKING:
     from benchmarks.stages import Context
@@ -33,10 +33,15 @@ def _nested_bodies(url: str) -> contextlib.AbstractContextManager[Any]:
     return hammering(2, url, nested_arrays())
 
 
+def _heavy_reads(url: str) -> contextlib.AbstractContextManager[Any]:
+    return hammering(8, url, heavy_reads())
+
+
 ATTACKS: dict[str, Attack] = {
     "no attack": _none,
     "4 clients looping eth_call": _looping_calls,
     "2 clients sending 5 MiB bodies": _nested_bodies,
+    "8 clients sending batches of 1,000 heavy reads": _heavy_reads,
 }
 
 

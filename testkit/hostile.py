@@ -4,6 +4,7 @@ requests that held a validator's event loop, sent again and again from threads."
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import threading
 from collections.abc import Iterator
@@ -34,13 +35,28 @@ def nested_arrays(size: int = BODY_LIMIT - 100) -> bytes:
             + b",".join([unit] * (size // (len(unit) + 1))) + b"]}")
 
 
-def post(url: str, body: bytes, timeout: float = 30.0) -> dict[str, Any]:
-    """The JSON-RPC answer to `body` (AssertionError on an HTTP error status)."""
+HEAVY_READS = (  # each reads every block the node has, up to 1,000 (answers: up to 25 MB)
+    ("pbft_getBlockBundles", "0x0", "0x3e7"),
+    ("eth_getLogs", {"fromBlock": "earliest", "toBlock": "latest"}),
+    ("eth_getBlockByNumber", "latest", True),
+)
+
+
+def heavy_reads(calls: int = 1_000) -> bytes:
+    """A batch of `calls` (at most the node's 1,000) of the reads that cost the most per byte
+    asked: block bundles and wide log queries over the whole chain, full blocks."""
+    batch = [{"jsonrpc": "2.0", "id": i, "method": method, "params": list(params)}
+             for i, (method, *params) in zip(range(calls), itertools.cycle(HEAVY_READS))]
+    return json.dumps(batch).encode()
+
+
+def post(url: str, body: bytes, timeout: float = 30.0) -> Any:
+    """The JSON-RPC answer to `body`, a batch's a list (AssertionError on an HTTP error
+    status)."""
     reply = requests.post(url, data=body, timeout=timeout,
                           headers={"Content-Type": "application/json"})
     assert reply.status_code == 200, reply.text
-    answer: dict[str, Any] = reply.json()
-    return answer
+    return reply.json()
 
 
 @contextlib.contextmanager

@@ -11,7 +11,8 @@ Whole-block reads, logs and execution run on worker threads (`WorkerPool`); sing
 lookups run on the event loop, where they cost less than the hop to a thread would (0.1 to
 0.3 ms of CPU a call under polling). The cache takes a lock. Execution (eth_call,
 eth_estimateGas) has threads of its own and a deadline checked inside the EVM
-(`with_deadline`).
+(`with_deadline`). Every worker thread works in turns under one governor (`Governor`), which
+bounds what client work takes of the interpreter from the loop that carries consensus.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -42,12 +43,13 @@ READ_WORKERS = 2  # threads for reads: one long read (a wide eth_getLogs) does n
 MAX_PENDING_READS = 64  # reads running or waiting for a thread; one more: "server busy"
 MAX_CACHED_BLOCKS = 256
 MAX_CACHED_TRANSACTIONS = 4_000  # formatted transactions and receipts: ~3.6 KB a transfer
-# An EVM thread rests as long as it worked after each slice of execution, so the event loop,
-# which carries consensus, waits for the interpreter at most a slice (not the 5 ms switch
-# interval, at every wake-up), and a looping call takes at most half a core from a machine
-# that also runs the validator.
-EVM_SLICE_SECONDS = 0.002
-EVM_PAUSE_SECONDS = 0.002
+# The governor's pace (see Governor): a turn's holder looks at the loop's pulse after every
+# slice of work; it breathes when a beat is due (the loop wants the interpreter), and rests as
+# long as it worked when the loop is this late behind its pulse.
+SLICE_SECONDS = 0.002
+BREATH_SECONDS = 0.0001
+PULSE_SECONDS = 0.01
+LOOP_LATE_SECONDS = 0.004
 # The opcodes a long execution cannot avoid: every loop jumps back, every deeper frame is a
 # call or a create. The deadline is checked at these only.
 DEADLINE_OPCODES = frozenset({
@@ -59,11 +61,166 @@ DEADLINE_OPCODES = frozenset({
 T = TypeVar("T")
 
 
+# Client work and the event loop.
+#
+# Every Python thread of the node shares one interpreter lock with the event loop, which
+# carries consensus. A computing thread keeps that lock until the interpreter makes it switch
+# (every 5 ms: sys.getswitchinterval), and then every waiting thread races for it, the loop
+# among them: n busy threads take up to n/(n+1) of the interpreter, and the loop waits 5 ms or
+# more at every wake-up (8 clients reading block bundles from the primary tripled the honest
+# transfers' latency; at a backup the view changed). So all client work (reads, bundles,
+# decoding large bodies, execution) goes through one governor:
+# - Turns. A unit of client work runs holding the turn, a FIFO lock: whatever the number of
+#   clients and pools, one client thread at a time wants the interpreter beside the loop (the
+#   others wait on the turn, which does not hold the interpreter).
+# - The pulse. While client work is in flight, a callback on the loop every PULSE_SECONDS
+#   notes how late it runs behind its schedule: the loop's lag, which any thread can read.
+# - Breaths. At checkpoints (between blocks, records, EVM jumps and units), after every slice
+#   of work, the holder looks at the pulse. A beat that is due means the loop wants the
+#   interpreter: the holder sleeps a breath, keeping the turn (a sleeping thread lets go of the
+#   interpreter), so the loop takes it within a slice rather than at the switch interval.
+#   Otherwise the loop is idle and the holder goes on: a read alone loses a breath a pulse,
+#   not half its speed (each breath costs a thread switch or two: 0.1 to 2 ms on a loaded
+#   machine).
+# - Rests. When the loop is late by more than LOOP_LATE_SECONDS (it has more work than a
+#   switch interval, or its thread was not scheduled in time on a loaded machine), the holder
+#   rests as long as it worked: client work then takes at most half of the interpreter (and
+#   of a core) until the loop is on time, the bound the EVM and the decoder kept before, each
+#   on its own and whatever the loop was doing.
+# - After each slice the turn passes to the next waiting unit: a long one (a 5 s eth_call)
+#   does not hold the others back.
+
+
+class _Turns:
+    """A FIFO lock: units get the turn in the order they asked for it."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._issued = 0
+        self._serving = 0
+
+    def take(self) -> None:
+        with self._changed:
+            ticket = self._issued
+            self._issued += 1
+            self._changed.wait_for(lambda: self._serving == ticket)
+
+    def give(self) -> None:
+        with self._changed:
+            self._serving += 1
+            self._changed.notify_all()
+
+    def others_waiting(self) -> bool:
+        return self._issued - self._serving > 1
+
+
+class LoopPulse:
+    """A callback on the event loop every PULSE_SECONDS while client work is in flight; how
+    late it ran behind its schedule (or is now) is the loop's lag. Counted on the loop."""
+
+    def __init__(self) -> None:
+        self.lag = 0.0
+        self.due = math.inf  # the next beat's time; inf: not beating
+        self._in_flight = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def work_started(self) -> None:
+        self._in_flight += 1
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self.due == math.inf:  # a test's new loop: beat on it
+            self._loop, self.lag = loop, 0.0
+            self._schedule(loop, time.monotonic())
+
+    def work_ended(self) -> None:
+        self._in_flight -= 1
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, now: float) -> None:
+        self.due = now + PULSE_SECONDS
+        loop.call_later(PULSE_SECONDS, self._beat, loop)
+
+    def _beat(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop is not self._loop:
+            return  # a beat of a loop the pulse left
+        now = time.monotonic()
+        self.lag = now - self.due
+        if self._in_flight > 0:
+            self._schedule(loop, now)
+        else:
+            self.lag, self.due = 0.0, math.inf
+
+    def pause(self, now: float, worked: float) -> float:
+        """How long client work that worked `worked` seconds pauses now (any thread): as
+        long again when the loop is late (its last beat, or the one it owes), a breath when
+        a beat is due, else not at all."""
+        overdue = now - self.due
+        if max(self.lag, overdue) > LOOP_LATE_SECONDS:
+            return worked
+        return BREATH_SECONDS if overdue > 0 else 0.0
+
+
+class Governor:
+    """The turns, breaths and rests of all client work (see above); one per process."""
+
+    def __init__(self) -> None:
+        self.pulse = LoopPulse()
+        self._turns = _Turns()
+        self._holder: int | None = None
+        self._since = 0.0  # when the holders' work since the last pause began
+        self._cpu_since = 0.0  # the holder's CPU time then (time.thread_time: its own)
+        self._handed_on = False  # the last holder gave the turn to a waiting unit
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Runs the block as a unit of client work (on a worker thread)."""
+        self._turns.take()
+        self._holder = threading.get_ident()
+        self._cpu_since = time.thread_time()
+        if not self._handed_on:
+            self._since = time.monotonic()  # the turn was free: no work since a pause
+        try:
+            yield
+        finally:
+            self.checkpoint()
+            self._holder = None
+            self._handed_on = self._turns.others_waiting()
+            self._turns.give()
+
+    def checkpoint(self) -> None:
+        """A point where the turn's holder may pause; elsewhere (the loop, a test) nothing."""
+        if self._holder != threading.get_ident():
+            return
+        now = time.monotonic()
+        if now - self._since < SLICE_SECONDS:
+            return
+        # What it worked is its CPU time: a loaded machine's scheduler may have kept the
+        # thread from running for much of the slice, and that was no one's interpreter time.
+        pause = self.pulse.pause(now, time.thread_time() - self._cpu_since)
+        if pause > 0:
+            time.sleep(pause)
+        self._since, self._cpu_since = time.monotonic(), time.thread_time()
+        if self._turns.others_waiting():
+            self._holder = None
+            self._turns.give()
+            self._turns.take()
+            self._holder = threading.get_ident()
+            self._since, self._cpu_since = time.monotonic(), time.thread_time()
+
+
+GOVERNOR = Governor()
+
+
+def paced(items: Iterable[T]) -> Iterator[T]:
+    """`items`, with a checkpoint of the governor's before each."""
+    for item in items:
+        GOVERNOR.checkpoint()
+        yield item
+
+
 class WorkerPool:
     """Threads for one kind of client-driven work (long reads, execution, decoding big
     requests), so that none of it holds the event loop, which also carries consensus
-    messages and commits, for its whole length (the interpreter switches threads every few
-    milliseconds). Bounded: at most `max_pending` calls run or wait for a thread at once;
+    messages and commits, for its whole length; every call is a unit of the governor's
+    (`GOVERNOR`). Bounded: at most `max_pending` calls run or wait for a thread at once;
     one more is refused at once with -32005 "server busy", never queued."""
 
     def __init__(self, threads: int, max_pending: int, what: str) -> None:
@@ -79,12 +236,17 @@ class WorkerPool:
             if self._pending >= self._max_pending:
                 raise RpcError(LIMIT_EXCEEDED, self._busy)
             self._pending += 1
-        return await asyncio.wrap_future(self._executor.submit(self._counted, function, args))
+        GOVERNOR.pulse.work_started()
+        try:
+            return await asyncio.wrap_future(self._executor.submit(self._counted, function, args))
+        finally:
+            GOVERNOR.pulse.work_ended()
 
     def _counted(self, function: Callable[..., T], args: tuple[Any, ...]) -> T:
         """Runs on a worker: the slot is free when the work ends, even if its caller left."""
         try:
-            return function(*args)
+            with GOVERNOR.turn():
+                return function(*args)
         finally:
             with self._lock:
                 self._pending -= 1
@@ -103,7 +265,6 @@ class ExecutionTimeout(Exception):
 
 class _Deadline(threading.local):
     expires = math.inf
-    next_pause = math.inf
 
 
 _deadline = _Deadline()
@@ -113,22 +274,17 @@ _deadline = _Deadline()
 def evm_deadline(seconds: float) -> Iterator[None]:
     """Executions on this thread inside the block stop with ExecutionTimeout after `seconds`
     (their state must come from `with_deadline`)."""
-    now = time.monotonic()
-    _deadline.expires, _deadline.next_pause = now + seconds, now + EVM_SLICE_SECONDS
+    _deadline.expires = time.monotonic() + seconds
     try:
         yield
     finally:
-        _deadline.expires = _deadline.next_pause = math.inf
+        _deadline.expires = math.inf
 
 
 def _check_deadline() -> None:
-    now = time.monotonic()
-    if now < _deadline.next_pause:
-        return
-    if now >= _deadline.expires:
+    if time.monotonic() >= _deadline.expires:
         raise ExecutionTimeout
-    time.sleep(EVM_PAUSE_SECONDS)
-    _deadline.next_pause = time.monotonic() + EVM_SLICE_SECONDS
+    GOVERNOR.checkpoint()
 
 
 def _checked(opcode: Callable[..., None]) -> Callable[..., None]:
@@ -170,11 +326,11 @@ class ServedBlock:
     def transactions(self) -> list[dict[str, Any]]:
         header = self.header
         return [transaction_json(r.raw, r.hash, r.sender, header, i)
-                for i, r in enumerate(self.records)]
+                for i, r in enumerate(paced(self.records))]
 
     @cached_property
     def receipts(self) -> list[dict[str, Any]]:
-        return [receipt_json(r, self.header, i) for i, r in enumerate(self.records)]
+        return [receipt_json(r, self.header, i) for i, r in enumerate(paced(self.records))]
 
     def json(self, full_transactions: bool) -> dict[str, Any]:
         transactions = (
@@ -293,7 +449,8 @@ class ServedBlocks:
     ) -> Iterator[dict[str, Any]]:
         """The matching logs of blocks first..last: only the blocks the bloom-bits index
         names are read."""
-        for number in self.store.bloom_index.candidates(first, last, criteria.bloom_groups()):
+        candidates = self.store.bloom_index.candidates(first, last, criteria.bloom_groups())
+        for number in paced(candidates):
             header = self.blockchain.header_by_number(number)
             if header is None:
                 return

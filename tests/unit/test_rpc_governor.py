@@ -1,0 +1,131 @@
+"""The governor of client work (chain/rpc/served.py): units of work from every pool run one at a
+time, a long one shares the turn, and the holder rests as long as it worked only while the
+event loop is late (real threads, a real event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+from chain.rpc.served import (
+    BREATH_SECONDS,
+    GOVERNOR,
+    LOOP_LATE_SECONDS,
+    PULSE_SECONDS,
+    SLICE_SECONDS,
+    LoopPulse,
+    WorkerPool,
+)
+
+WORK_SECONDS = 0.3  # of a unit that measures its pauses
+DEADLINE = 10.0
+
+
+def _spin(seconds: float) -> None:
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        pass
+
+
+@dataclass
+class Measured:
+    wall: float
+    cpu: float  # the thread's own
+    paused: float  # in checkpoints (breaths and rests)
+
+
+def _work(seconds: float) -> Measured:
+    """Works `seconds` in small steps with a checkpoint between."""
+    started, cpu = time.monotonic(), time.thread_time()
+    paused = 0.0
+    while time.monotonic() - started < seconds:
+        _spin(0.00005)
+        before = time.monotonic()
+        GOVERNOR.checkpoint()
+        paused += time.monotonic() - before
+    return Measured(time.monotonic() - started, time.thread_time() - cpu, paused)
+
+
+def test_units_of_every_pool_run_one_at_a_time() -> None:
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def unit() -> None:
+        """10 ms of work, counted as running between its checkpoints."""
+        nonlocal running, most
+        ends = time.monotonic() + 0.01
+        while time.monotonic() < ends:
+            with lock:
+                running += 1
+                most = max(most, running)
+            _spin(0.0001)
+            with lock:
+                running -= 1
+            GOVERNOR.checkpoint()
+
+    async def scenario() -> None:
+        pools = [WorkerPool(2, 64, f"test-{i}") for i in range(3)]
+        await asyncio.wait_for(
+            asyncio.gather(*(pool.run(unit) for pool in pools for _ in range(8))), DEADLINE)
+        for pool in pools:
+            pool.close()
+
+    asyncio.run(scenario())
+    assert most == 1
+
+
+def test_a_long_unit_passes_the_turn_to_the_others() -> None:
+    short_done = threading.Event()
+
+    def long_unit() -> bool:
+        """Works until the short unit, queued behind it, has run."""
+        ends = time.monotonic() + DEADLINE
+        while not short_done.is_set() and time.monotonic() < ends:
+            _work(0.001)
+        return short_done.is_set()
+
+    async def scenario() -> bool:
+        executions, reads = WorkerPool(1, 4, "test-long"), WorkerPool(1, 4, "test-short")
+        long_run = asyncio.ensure_future(executions.run(long_unit))
+        await asyncio.sleep(0.05)
+        await reads.run(short_done.set)
+        finished = await long_run
+        executions.close()
+        reads.close()
+        return finished
+
+    assert asyncio.run(scenario())
+
+
+def test_the_holder_goes_on_while_the_loop_is_idle_breathes_when_a_beat_is_due_and_rests_while_late(
+) -> None:
+    pulse = LoopPulse()
+    now = time.monotonic()
+    pulse.due, pulse.lag = now + PULSE_SECONDS / 2, 0.0
+    assert pulse.pause(now, 0.002) == 0.0
+    pulse.due = now - LOOP_LATE_SECONDS / 2
+    assert pulse.pause(now, 0.002) == BREATH_SECONDS
+    pulse.due = now - 2 * LOOP_LATE_SECONDS
+    assert pulse.pause(now, 0.002) == 0.002
+    pulse.due, pulse.lag = now + PULSE_SECONDS / 2, 2 * LOOP_LATE_SECONDS  # the last beat's
+    assert pulse.pause(now, 0.002) == 0.002
+
+
+def test_client_work_takes_at_most_half_while_the_loop_is_late() -> None:
+    async def late() -> Measured:
+        """The loop's callbacks block it (without the interpreter) past LOOP_LATE_SECONDS."""
+        pool = WorkerPool(1, 4, "test-late")
+        work = asyncio.ensure_future(pool.run(_work, WORK_SECONDS))
+        while not work.done():
+            time.sleep(2 * LOOP_LATE_SECONDS)
+            await asyncio.sleep(0)
+        pool.close()
+        return work.result()
+
+    resting = asyncio.run(late())
+    # As long as it worked (its CPU time), in every slice but the last.
+    assert resting.paused > resting.cpu - 2 * SLICE_SECONDS, resting
+    assert resting.cpu < resting.wall / 2 + 2 * SLICE_SECONDS, resting
