@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import cache
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, cast, overload
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast, overload
 
 import rlp
 from eth_hash.auto import keccak
@@ -50,9 +50,6 @@ from encoding.rlp import (
 )
 from pbft_engine.errors import CertificateError, MessageError, SignatureError
 from pbft_engine.quorum import quorum
-
-if TYPE_CHECKING:  # the core imports this module: no import of it at run time
-    from pbft_engine.core.params import EngineParams
 
 DOMAIN = b"pbft-chain/consensus/v1"
 MAX_REPLICAS = 2**16
@@ -415,10 +412,6 @@ class MessageLimits:
 
     replicas: int  # N
     log_size: int  # L
-
-    @classmethod
-    def for_params(cls, params: EngineParams) -> MessageLimits:
-        return cls(params.n, params.log_size)
 
     @property
     def max_pre_prepared(self) -> int:

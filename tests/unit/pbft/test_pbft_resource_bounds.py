@@ -129,7 +129,7 @@ def test_the_largest_new_view_fits_the_transports_frame(n: int) -> None:
     with N up to 16 and the default window (L = 40) the largest the limits admit (N of
     them) is at most about 1.4 MB, far below the 16 MiB frame."""
     params = EngineParams(chain_id=1, validators=tuple(keccak(b"%d" % i)[:20] for i in range(n)))
-    limits = MessageLimits.for_params(params)
+    limits = MessageLimits(params.n, params.log_size)
     bound = limits.extent(MessageType.NEW_VIEW).size
     assert bound < TransportConfig().max_payload_size
     if n in (1, 4, 16):  # the arithmetic checked against the real thing
@@ -148,6 +148,7 @@ def test_the_largest_new_view_fits_the_transports_frame(n: int) -> None:
 
 def test_the_default_window_bounds_with_sixteen_validators() -> None:
     validators = tuple(KeySigner(keccak(b"%d" % i)).address for i in range(16))
-    limits = MessageLimits.for_params(EngineParams(chain_id=1, validators=validators))
+    params = EngineParams(chain_id=1, validators=validators)
+    limits = MessageLimits(params.n, params.log_size)
     assert limits.extent(MessageType.VIEW_CHANGE).size < 100_000
     assert limits.extent(MessageType.NEW_VIEW).size < 1_500_000
