@@ -15,24 +15,36 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from eth_hash.auto import keccak
 
+from chain import node as node_module
 from chain.errors import TxPoolError
 from chain.p2p import Channel
 from chain.rpc import served
+from pbft_engine.core import ChainHead, MessageReceived, Replica
 from pbft_engine.core.epochs import EpochSchedule
-from pbft_engine.core.params import EngineParams
 from pbft_engine.core.view_change import plan_new_view, select_view_changes, verify_new_view
 from pbft_engine.engine import PbftEngine
-from pbft_engine.messages import NewView, PrePrepare
+from pbft_engine.messages import KeyVerifier, NewView, PrePrepare, ViewChange, WireMessage
 from pbft_engine.peer_budget import PeerBudget
 from pbft_engine.sync import BlockSync
 from pbft_engine.sync_messages import Blocks, GetBlocks, encode_sync
 from testkit.nodes import free_port
 from tests.unit.p2p.support import address_of, make_transport, run, wait_for
 from tests.unit.p2p.test_observer_links import OBSERVER_KEY, VALIDATORS, _validators
+from tests.unit.pbft.helpers import GENESIS, PARAMS, SIGNERS
 from tests.unit.pbft.test_observers import IDLE, OBSERVER, MixedPeers
 from tests.unit.pbft.test_pbft_catch_up import _block
-from tests.unit.pbft.test_pbft_epochs import ADDED, V0, membership, signed, view_change
+from tests.unit.pbft.test_pbft_epochs import (
+    ADDED,
+    MEMBERS,
+    REMOVED,
+    V0,
+    membership,
+    scheduled,
+    signed,
+    view_change,
+)
 
 DEADLINE = 5.0
 DEADLOCK_SECONDS = 2.0  # two readers of three records each finish in milliseconds
@@ -186,8 +198,6 @@ def test_serving_an_observers_block_ranges_is_charged_to_its_budget(
                    "unbounded GIL contention that d1965ee took away from RPC clients")
 def test_block_sync_reads_for_peers_run_under_the_governor(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from chain import node as node_module
-
     governor = served.Governor()
     monkeypatch.setattr(served, "GOVERNOR", governor)
     monkeypatch.setattr(node_module, "encode_block", lambda header, records: b"block")
@@ -249,8 +259,6 @@ def test_an_observers_transaction_gossip_is_charged_to_its_budget(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each decode costs 10 ms (fake clock); a budget of a second that does not refill
     allows about a hundred, not a thousand."""
-    from chain import node as node_module
-
     clock = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
@@ -280,16 +288,12 @@ def test_an_observers_transaction_gossip_is_charged_to_its_budget(
 # Finding 6: the epoch schedule cannot replay a change once another one is queued.
 
 
-def _params() -> EngineParams:
-    return EngineParams(validators=tuple(bytes([i]) * 20 for i in range(1, 5)), chain_id=1337)
-
-
 @pytest.mark.xfail(strict=True, reason="finding 6: EpochSchedule.schedule recognises a change "
                    "fed again only if it is the last one scheduled; replaying the first of "
                    "two queued changes (a restart replaying the state, as docs/epochs.md "
                    "promises) raises ConfigError")
 def test_replaying_every_scheduled_change_leaves_the_schedule_as_it_is() -> None:
-    genesis = EpochSchedule.genesis(_params())
+    genesis = EpochSchedule.genesis(PARAMS)
     five = (*genesis.current.validators, b"\x05" * 20)
     four = five[1:]
     scheduled = genesis.schedule(five, passed_at=3).schedule(four, passed_at=5)
@@ -321,3 +325,28 @@ def test_the_new_view_a_primary_builds_across_the_handover_is_valid() -> None:
     pre_prepares = tuple(signed(PrePrepare(1, n, d, primary), ADDED) for n, d in plan.entries)
     new_view = signed(NewView(1, chosen, pre_prepares, primary), ADDED)
     verify_new_view(added, 40, new_view)  # what every replica checks before following it
+
+
+# Finding 8: a removed validator still moves the replicas of the new set into view changes.
+
+
+@pytest.mark.xfail(strict=True, reason="finding 8: a VIEW-CHANGE is verified with the set of "
+                   "the epoch of its stable checkpoint + 1, chosen by its sender, and counted "
+                   "by replica index toward the installed epoch's f+1 join and N-f quorums: a "
+                   "removed validator signing one with stable checkpoint 0 under its old index "
+                   "(another member's index in the new set) forces every replica of the new "
+                   "set into a view change, view after view")
+def test_a_removed_validator_cannot_move_the_new_set_to_another_view() -> None:
+    """After the handover at 10 to the set without V0[0] (three validators: f = 0, so one
+    VIEW-CHANGE from a member is enough to join), V0[0] is a stranger to the set deciding
+    block 11 on. It sends VIEW-CHANGE(view 1, stable 0, replica 0): genesis needs no
+    checkpoint proof, and under epoch 0 its signature is that of replica 0."""
+    replica = Replica(PARAMS, 1, SIGNERS[2], KeyVerifier(), ChainHead(10, GENESIS),
+                      block_digest=keccak, schedule=scheduled(REMOVED).install(10))
+    replica.start()
+    removed = SIGNERS[0]
+    assert removed.address not in replica.epochs.current.validators
+    forged = MEMBERS.sign(ViewChange(1, 0, (), (), (), 0), removed)
+    replica.step(MessageReceived(WireMessage(forged).encode()))
+    assert (replica.view, replica.active) == (0, True), \
+        "a validator removed from the set moved the new set's replica to view 1"
