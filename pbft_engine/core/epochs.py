@@ -177,11 +177,11 @@ class EpochSchedule:
         `passed_at`; its handover checkpoint is the new schedule's last epoch's first height
         minus one. One change per epoch: a change that passes while another is scheduled
         takes effect at the first checkpoint after that one's (a FIFO queue, so every epoch
-        spans at least K heights). The same change fed again (a restart replaying the state)
+        spans at least K heights). Any scheduled change fed again (a restart replaying the state)
         changes nothing."""
         last = self.epochs[-1]
         change = tuple(validators)
-        if (last.passed_at, last.validators) == (passed_at, change):
+        if any((e.passed_at, e.validators) == (passed_at, change) for e in self.epochs):
             return self
         if last.passed_at is not None and passed_at < last.passed_at:
             raise ConfigError(f"a change passed at {passed_at} comes after one that passed at "

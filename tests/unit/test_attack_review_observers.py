@@ -288,10 +288,6 @@ def test_an_observers_transaction_gossip_is_charged_to_its_budget(
 # Finding 6: the epoch schedule cannot replay a change once another one is queued.
 
 
-@pytest.mark.xfail(strict=True, reason="finding 6: EpochSchedule.schedule recognises a change "
-                   "fed again only if it is the last one scheduled; replaying the first of "
-                   "two queued changes (a restart replaying the state, as docs/epochs.md "
-                   "promises) raises ConfigError")
 def test_replaying_every_scheduled_change_leaves_the_schedule_as_it_is() -> None:
     genesis = EpochSchedule.genesis(PARAMS)
     five = (*genesis.current.validators, b"\x05" * 20)
