@@ -27,7 +27,7 @@ nor grown (no incremental run).
 
 `--side-by-side` measures the export alone, as the chain is: ethereum-etl's export, then
 `pbft-etl export` of the --before checkout (another commit's tree, e.g. `git archive`) and
-of --after (default: this checkout), each a new process over blocks 0..head, in turns,
+of --after (default: this checkout), each a new process over blocks 0..head (or --to),
 --rounds times; then `run --genesis` on each `--masters` (local[1] and local[2] by default);
 the load average beside each.
 """
@@ -320,11 +320,11 @@ def _timed_ethereum_etl(url: str, last: int, out: Path) -> dict[str, Any]:
 
 
 def side_by_side(net: BenchNet, checkouts: dict[str, Path], rounds: int, masters: list[str],
-                 workdir: Path) -> dict[str, Any]:
+                 workdir: Path, last: int | None = None) -> dict[str, Any]:
     """See the module docstring: the export's times beside ethereum-etl's, the run's per
-    master; every export into a fresh --out."""
+    master, of blocks 0..last (default: the head); every export into a fresh --out."""
     url, genesis = net.rpc_urls([0])[0], net.cluster.description["genesis"]
-    last = chain_head(net)
+    last = chain_head(net) if last is None else last
     result: dict[str, Any] = {"blocks": last + 1, "transactions": transactions_upto(net, last),
                               "checkouts": {k: str(v) for k, v in checkouts.items()},
                               "rounds": []}
@@ -356,6 +356,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--after", type=Path, default=CHECKOUT,
                         help="the checkout measured (default: this one)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--to", type=int, help="the last block (default: the head)")
     parser.add_argument("--masters", nargs="*", default=["local[1]", "local[2]"])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/pbft-etl-side-by-side"))
     parser.add_argument("--out", type=Path, help="the results as JSON")
@@ -368,7 +369,7 @@ def main(argv: list[str]) -> int:
         args.workdir.mkdir(parents=True, exist_ok=True)
         checkouts = {"before": args.before} if args.before else {}
         result = side_by_side(net, checkouts | {"after": args.after}, args.rounds,
-                              args.masters, args.workdir)
+                              args.masters, args.workdir, args.to)
     finally:
         net.close()
     result["load_average"] = os.getloadavg()
