@@ -43,6 +43,11 @@ class SendQueue:
                 return None
         return self.get_nowait()
 
+    def clear(self) -> None:
+        """Drop everything queued (a peer that is gone and is never dialed: nothing waits)."""
+        self._items.clear()
+        self._bytes = 0
+
     def get_nowait(self) -> tuple[int, bytes] | None:
         """The next frame, or None if none is queued."""
         if not self._items:

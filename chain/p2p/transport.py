@@ -52,7 +52,8 @@ class Transport(PeerTransport):
     `validators` are the peers this node dials (on an observer: the validators and the other
     observers it follows through); `observers` are node keys that may only connect in: never
     dialed, left out of `broadcast`, and a message for one that is not connected is dropped
-    (not queued), so a validator that loses its observers holds nothing for them. Any other
+    (not queued) and what was queued for one is dropped when its connection closes, so a
+    validator that loses its observers holds nothing for them. Any other
     key is refused at the handshake.
     """
 
@@ -432,6 +433,8 @@ class Transport(PeerTransport):
             peer.connection = None
             peer.connected.clear()
             peer.disconnected.set()
+            if peer.endpoint is None:  # an observer: it may never come back, and what was
+                peer.queue.clear()  # queued for it would be stale if it did
         self._notify_change()
 
     async def _serve(self, connection: PeerConnection) -> None:

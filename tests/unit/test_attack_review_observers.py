@@ -219,10 +219,6 @@ def test_block_sync_reads_for_peers_run_under_the_governor(
 # Finding 4: a validator holds what it had queued for an observer that is gone.
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: Transport._close leaves the peer's send "
-                   "queue as it is; for an observer (never dialed, it may never come back) "
-                   "up to max_queue_bytes (64 MB) per allowed observer stays held, and is "
-                   "sent stale if it comes back")
 def test_a_validator_holds_nothing_for_an_observer_that_is_gone() -> None:
     async def body() -> None:
         observer_address = address_of(OBSERVER_KEY)
