@@ -40,3 +40,22 @@ def test_the_way_is_chosen_by_the_size_of_the_export(
 
     monkeypatch.setattr(context.Dataset, "estimated_bytes", lambda _: size)
     assert context.Audit(dataset(spark, clean_tables), validator_set).one_partition is expected
+
+
+def test_in_one_partition_the_audit_is_one_job_of_one_task_stages(
+    spark: SparkSession, clean_tables: Tables, validator_set: ValidatorSet,
+) -> None:
+    # each task has a fixed cost: the results' union read one task per part (61 on a
+    # 5-block chain) until it was read as one partition
+    context = spark.sparkContext
+    context.setJobGroup("audit-in-one-partition", "the audit's jobs")
+    try:
+        result = run_audit(dataset(spark, clean_tables), validator_set, one_partition=True)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert result.ok
+    tracker = context.statusTracker()
+    jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup("audit-in-one-partition")]
+    stages = [tracker.getStageInfo(stage) for job in jobs if job for stage in job.stageIds]
+    tasks = [stage.numTasks if stage else None for stage in stages]
+    assert (len(jobs), set(tasks)) == (1, {1}), tasks
