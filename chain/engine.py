@@ -37,6 +37,7 @@ class EngineContext(ABC):
     validator_key: PrivateKey | None  # this node's key, if it has one (not always a validator's)
     datadir: Path  # the data directory: files beside the database that must outlive it
     fresh_validator: bool  # the operator says this validator never signed on this chain
+    dialed_peers: frozenset[bytes]  # the peers this node dials (its configured --peers)
     metrics: CollectorRegistry  # the node's Prometheus registry, for the engine's own metrics
 
     @abstractmethod
@@ -145,6 +146,11 @@ class ConsensusEngine(ABC):
 
     def on_sync_message(self, sender: bytes, payload: bytes) -> None:  # noqa: B027
         """A block-sync message from a validator; engines that do not sync ignore them."""
+
+    def on_gossip(self, sender: bytes, admit: Callable[[], None]) -> None:
+        """A transaction `sender` gossiped: `admit` decodes it for the pool. An engine that
+        bounds each peer's share of the loop runs it within that share, or drops it."""
+        admit()
 
     @abstractmethod
     def is_proposer(self) -> bool:

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +31,9 @@ from chain.p2p import Channel, Transport
 from chain.read_store import encode_block
 from chain.registry import available_engines, load_engine_class
 from chain.rpc.backend import CommittedBlock, RpcBackend, RpcSettings
+from chain.rpc.errors import RpcError
 from chain.rpc.limits import RpcLimits
+from chain.rpc.served import WorkerPool, paced
 from chain.rpc.server import RpcServer
 from chain.txpool import (
     DROP_REASONS,
@@ -58,6 +61,10 @@ GOSSIP_SLICE = 32
 EVICTION_INTERVAL = 60.0  # seconds between sweeps of expired queued transactions (geth's)
 EXECUTABLE_COUNTED = 1_000  # txpool_executable counts up to this (a scrape must stay cheap)
 ACCOUNT_CACHE = 1 << 16  # accounts whose nonce and balance the pool keeps (~10 MB)
+# Peers' block ranges read at once or waiting (each peer has one served at a time): one
+# thread, as the disk and the interpreter are shared with consensus and clients.
+MAX_PENDING_SYNC_READS = 64
+SYNC_READS = WorkerPool(1, MAX_PENDING_SYNC_READS, "block-sync")
 
 
 @dataclass
@@ -268,6 +275,9 @@ class Node(RpcBackend):
         self._gossip_task = loop.create_task(self._admit_gossip(), name="gossip admission")
         self._eviction_task = loop.create_task(self._evict_expired(), name="pool eviction")
         await self.engine.start()
+        if config.validator_key is not None and self.engine.status().get("role") == "observer":
+            log.warning("the key %s is not in the validator set: running as an observer",
+                        config.validator_key.public_key.to_checksum_address())
         head = self.blockchain.head()
         log.info("node started: chain id %d, head #%d", self.chain_id, head.block_number)
 
@@ -330,7 +340,7 @@ class Node(RpcBackend):
         if channel == Channel.ENGINE:
             self.engine.on_message(sender, payload)
         elif channel == Channel.TX_GOSSIP:
-            self._queue_gossip(payload)
+            self.engine.on_gossip(sender, partial(self._queue_gossip, payload))
         elif channel == Channel.BLOCK_SYNC:
             self.engine.on_sync_message(sender, payload)
 
@@ -510,6 +520,7 @@ class NodeContext(EngineContext):
         self.validator_key = node.node_key
         self.datadir = node.config.datadir
         self.fresh_validator = node.config.fresh_validator
+        self.dialed_peers = frozenset(node.config.peers)
         self.metrics = node.metrics.registry
 
     def head(self) -> BlockHeaderAPI:
@@ -586,18 +597,25 @@ class NodeContext(EngineContext):
         return self._node.db.keyspace(b"engine/" + prefix)
 
     async def canonical_blocks(self, first: int, count: int) -> list[bytes]:
+        """Read and encoded on the block-sync read worker, a unit of the client-work
+        governor's (`served.GOVERNOR`: turns, a breath between blocks, rests while the loop
+        is late), not behind block execution. A worker with `MAX_PENDING_SYNC_READS`
+        already waiting answers as a node without those blocks: the asker tries another."""
         blockchain = self._node.blockchain
 
         def read() -> list[bytes]:
             blocks = []
-            for number in range(first, first + count):
+            for number in paced(range(first, first + count)):
                 header = blockchain.header_by_number(number)
                 if header is None:
                     break
                 blocks.append(encode_block(header, blockchain.read_store.records(number)))
             return blocks
 
-        return await asyncio.to_thread(read)  # LevelDB reads; not behind block execution
+        try:
+            return await SYNC_READS.run(read)
+        except RpcError:  # busy
+            return []
 
     def send(self, peer: bytes, payload: bytes) -> None:
         self._send(peer, Channel.ENGINE, payload)

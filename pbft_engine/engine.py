@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, assert_never
 
 from chain.blockchain import ExecutedBlock, block_hash_of, committed_block
@@ -53,8 +54,8 @@ from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import LostRecordsError, PbftError, StoreError
 from pbft_engine.messages import KeySigner, KeyVerifier
 from pbft_engine.metrics import PbftMetrics
-from pbft_engine.observer import Observer
-from pbft_engine.peer_budget import PeerBudget
+from pbft_engine.observer import Observer, forwarding_shortfall
+from pbft_engine.peer_budget import GOSSIP, MESSAGES, PeerBudget
 from pbft_engine.record_store import LevelDBConsensusStore
 from pbft_engine.rpc_records import MAX_RANGE, ConsensusRecords
 from pbft_engine.sync import BlockSync
@@ -182,6 +183,9 @@ class PbftEngine(ConsensusEngine):
         who = f"0x{address.hex()}" if address is not None else "without a node key"
         self.log.info("observer %s: not in config.pbft.validators, following the chain "
                       "(no votes)", who)
+        shortfall = forwarding_shortfall(self.context.dialed_peers, self.engine_params.validators)
+        if shortfall is not None:
+            self.log.warning(shortfall)
 
     def _poll_interval(self) -> float:
         """How long without progress before asking peers where they are."""
@@ -216,16 +220,28 @@ class PbftEngine(ConsensusEngine):
             self.metrics.peer_dropped(sender)
 
     def on_sync_message(self, sender: bytes, payload: bytes) -> None:
-        """Charged to the sender's budget as consensus messages are: an observer's requests
-        (or a peer's announcements to an observer) cannot take the loop either."""
+        """Charged to the sender's budget as consensus messages are, and so is serving the
+        blocks it asks for (reading, certificates, encoding, sending): an observer's requests
+        (or a peer's announcements to an observer) cannot take the loop or the disk either.
+        A sender out of budget starts no serve."""
         if self.sync is None:
             return
         if not self.budget.allows(sender):
             self.metrics.peer_dropped(sender)
             return
         started = time.perf_counter()
-        self.sync.on_message(sender, payload)
+        self.sync.on_message(sender, payload, partial(self._charge, sender))
         self._charge(sender, time.perf_counter() - started)
+
+    def on_gossip(self, sender: bytes, admit: Callable[[], None]) -> None:
+        """A gossiped transaction is decoded on the loop (RLP, static checks, the sender's
+        recovery): charged to the sender, validator or observer, from its gossip bucket."""
+        if not self.budget.allows(sender, GOSSIP):
+            self.metrics.peer_dropped(sender)
+            return
+        started = time.perf_counter()
+        admit()
+        self._charge(sender, time.perf_counter() - started, GOSSIP)
 
     def is_proposer(self) -> bool:
         return self.replica is not None and self.replica.me == self.replica.primary
@@ -246,11 +262,11 @@ class PbftEngine(ConsensusEngine):
             self.log.info("consensus state changed (was view=%d active=%s fetching=%s)", *before)
         self._perform(ready)
 
-    def _charge(self, sender: bytes, seconds: float) -> None:
-        if self.budget.charge(sender, seconds):
+    def _charge(self, sender: bytes, seconds: float, work: str = MESSAGES) -> None:
+        if self.budget.charge(sender, seconds, work):
             self.metrics.peer_fault(sender, "over_budget")
-            self.log.warning("peer 0x%s used up its budget of message handling: its messages "
-                             "are dropped while it refills", sender.hex())
+            self.log.warning("peer 0x%s used up its budget for %s: what it sends of them is "
+                             "dropped while it refills", sender.hex(), work)
 
     # A step's writes, then its actions in order.
 

@@ -24,6 +24,7 @@ from pbft_engine.core import (
     PeerCommitted,
     ReplicaStatus,
 )
+from pbft_engine.quorum import max_faulty
 from pbft_engine.record_store import LevelDBConsensusStore
 from pbft_engine.sync import BlockSync
 from pbft_engine.tasks import BackgroundTasks
@@ -32,6 +33,20 @@ from storage import StorageFailure
 log = logging.getLogger(__name__)
 
 OBSERVING = "observing"  # pbft_status's mode of an observer that is not fetching
+
+
+def forwarding_shortfall(dialed: frozenset[bytes], validators: tuple[bytes, ...]
+                         ) -> str | None:
+    """Why the transactions an observer forwards may never be ordered, if they may: it sends
+    them to the validators it dials, and only f+1 of them hold one honest validator, which
+    proposes (or relays to the primary) what it was sent."""
+    needed = max_faulty(len(validators)) + 1
+    reached = len(dialed & frozenset(validators))
+    if reached >= needed:
+        return None
+    return (f"this observer dials {reached} of the {len(validators)} validators, fewer than "
+            f"f+1 = {needed}: the transactions it forwards may reach only faulty ones, which "
+            f"can leave them out (list at least {needed} validators in --peers)")
 
 
 class Observer:

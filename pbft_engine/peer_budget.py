@@ -20,6 +20,12 @@ from dataclasses import dataclass
 RATE = 0.2
 BURST = 1.0
 
+# What a peer's time is spent on: its messages (consensus and block sync, serving included)
+# and the transactions it gossips, each with a bucket of its own, so that a validator
+# forwarding a burst of its clients' transactions never gets its votes dropped.
+MESSAGES = "messages"
+GOSSIP = "gossip"
+
 
 @dataclass
 class _Bucket:
@@ -29,7 +35,8 @@ class _Bucket:
 
 
 class PeerBudget:
-    """CPU-time buckets by peer; `charge` after handling a message, `allows` before."""
+    """CPU-time buckets by peer and kind of work (`MESSAGES`, `GOSSIP`); `charge` after
+    handling a message, `allows` before."""
 
     def __init__(self, clock: Callable[[], float], rate: float = RATE, burst: float = BURST
                  ) -> None:
@@ -37,25 +44,25 @@ class PeerBudget:
         self.rate = rate
         self.burst = burst
         # validators and the observers a validator lets in: bounded by the configuration
-        self._buckets: dict[bytes, _Bucket] = {}
+        self._buckets: dict[tuple[bytes, str], _Bucket] = {}
 
-    def _bucket(self, peer: bytes) -> _Bucket:
+    def _bucket(self, peer: bytes, work: str) -> _Bucket:
         now = self.clock()
-        bucket = self._buckets.setdefault(peer, _Bucket(self.burst, now))
+        bucket = self._buckets.setdefault((peer, work), _Bucket(self.burst, now))
         bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
         bucket.updated = now
         return bucket
 
-    def allows(self, peer: bytes) -> bool:
+    def allows(self, peer: bytes, work: str = MESSAGES) -> bool:
         """Whether the peer has budget left; False while its bucket refills."""
-        bucket = self._bucket(peer)
+        bucket = self._bucket(peer, work)
         if bucket.tokens > 0:
             bucket.dry = False
         return bucket.tokens > 0
 
-    def charge(self, peer: bytes, seconds: float) -> bool:
+    def charge(self, peer: bytes, seconds: float, work: str = MESSAGES) -> bool:
         """Spend `seconds` of the peer's budget; True when this ran it dry (a new fault)."""
-        bucket = self._bucket(peer)
+        bucket = self._bucket(peer, work)
         bucket.tokens -= seconds
         ran_dry = bucket.tokens <= 0 and not bucket.dry
         bucket.dry = bucket.dry or ran_dry

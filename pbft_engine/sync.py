@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -223,7 +224,11 @@ class BlockSync:
 
     # Messages from peers.
 
-    def on_message(self, sender: bytes, payload: bytes) -> None:
+    def on_message(self, sender: bytes, payload: bytes,
+                   charge: Callable[[float], None] = lambda seconds: None) -> None:
+        """A peer's block-sync message. A request for blocks starts a serve (one at a time
+        per peer), whose time is given to `charge` when it ends: the caller checks the
+        sender's budget before it passes a message on (`PbftEngine.on_sync_message`)."""
         try:
             message = decode_sync(payload)
         except MessageError as exc:
@@ -236,7 +241,7 @@ class BlockSync:
         elif isinstance(message, GetBlocks | GetBlock):
             if sender not in self._serving:
                 self._serving.add(sender)
-                self._tasks.spawn(self._serve(sender, message), "serving blocks")
+                self._tasks.spawn(self._serve(sender, message, charge), "serving blocks")
         elif isinstance(message, Block):
             if sender in self.sources():
                 self._on_block(sender, message)
@@ -291,7 +296,12 @@ class BlockSync:
                 self._served_by.setdefault(entry, set()).add(sender)
             self.deliver(BlockReceived(answer.seq_no, answer.digest, answer.block))
 
-    async def _serve(self, peer: bytes, request: GetBlocks | GetBlock) -> None:
+    async def _serve(self, peer: bytes, request: GetBlocks | GetBlock,
+                     charge: Callable[[float], None]) -> None:
+        """Read, look up the certificates, encode and send; the whole time is charged to
+        the peer, its read on the read worker included (waiting for its turn too): how long
+        its request held this node's serving is what one peer must not take without end."""
+        started = time.perf_counter()
         try:
             if isinstance(request, GetBlock):
                 block = await self._block_by_digest(request.seq_no, request.digest)
@@ -312,6 +322,7 @@ class BlockSync:
                 answer.append((block, certificate))
             self.context.send_sync(peer, encode_sync(Blocks(request.request_id, tuple(answer))))
         finally:
+            charge(time.perf_counter() - started)
             self._serving.discard(peer)
 
     async def _block_by_digest(self, seq_no: int, digest: bytes) -> bytes | None:

@@ -163,10 +163,6 @@ def _validator_engine(peers: MixedPeers, validators: tuple[bytes, ...], budget: 
     return engine
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: on_sync_message charges the sender only "
-                   "for decoding and spawning; the range it asked for is read, encoded (up to "
-                   "8 MB) and sent in a task nobody charges, so an observer asking ranges "
-                   "back to back takes a validator's loop and disk without limit")
 def test_serving_an_observers_block_ranges_is_charged_to_its_budget(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each range costs the validator a second (fake clock); the observer's budget holds half
@@ -192,10 +188,6 @@ def test_serving_an_observers_block_ranges_is_charged_to_its_budget(
 # Finding 3: block-sync reads for peers bypass the governor of client work.
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: NodeContext.canonical_blocks reads and "
-                   "encodes up to 32 whole blocks per request on asyncio.to_thread, outside "
-                   "the governor's turns, breaths and rests: an observer's block sync is the "
-                   "unbounded GIL contention that d1965ee took away from RPC clients")
 def test_block_sync_reads_for_peers_run_under_the_governor(
         monkeypatch: pytest.MonkeyPatch) -> None:
     governor = served.Governor()
@@ -247,10 +239,6 @@ def test_a_validator_holds_nothing_for_an_observer_that_is_gone() -> None:
 # Finding 5: an observer's (any peer's) transaction gossip is not charged to its budget.
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: Node._on_peer_message decodes every "
-                   "TX_GOSSIP frame (RLP, static checks, a sender recovery) on the loop "
-                   "whatever the sender's budget: an observer flooding gossip takes the "
-                   "validator's loop, which its consensus and block-sync messages cannot")
 def test_an_observers_transaction_gossip_is_charged_to_its_budget(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each decode costs 10 ms (fake clock); a budget of a second that does not refill

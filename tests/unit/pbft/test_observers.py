@@ -13,7 +13,7 @@ from eth_hash.auto import keccak
 
 from pbft_engine.core import FetchCompleted, Mode, PeerCommitted, ReplicaStatus
 from pbft_engine.engine import PbftEngine
-from pbft_engine.observer import Observer
+from pbft_engine.observer import Observer, forwarding_shortfall
 from pbft_engine.peer_budget import PeerBudget
 from pbft_engine.sync import BlockSync
 from pbft_engine.sync_messages import Block, GetStatus, Status, encode_sync
@@ -155,10 +155,17 @@ def test_block_sync_messages_are_charged_to_their_sender() -> None:
     engine = PbftEngine.__new__(PbftEngine)
     engine.budget = PeerBudget(lambda: 0.0, burst=1e-9)  # any message runs it dry
     engine.sync = SimpleNamespace(  # type: ignore[assignment]
-        on_message=lambda sender, payload: handled.append(payload))
+        on_message=lambda sender, payload, charge: handled.append(payload))
     engine.metrics = SimpleNamespace(  # type: ignore[assignment]
         peer_fault=lambda peer, kind: None, peer_dropped=dropped.append)
     engine.log = SimpleNamespace(warning=lambda *args: None)  # type: ignore[assignment]
     engine.on_sync_message(OBSERVER, b"GET_STATUS")
     engine.on_sync_message(OBSERVER, b"GET_STATUS again")
     assert handled == [b"GET_STATUS"] and dropped == [OBSERVER]
+
+
+def test_an_observer_dialing_fewer_than_f_plus_one_validators_is_told_so() -> None:
+    """Four validators (f = 1): two of them dialed reach an honest one whatever f does."""
+    assert forwarding_shortfall(frozenset(VALIDATORS[:2]) | {OBSERVER}, VALIDATORS) is None
+    warning = forwarding_shortfall(frozenset(VALIDATORS[:1]) | {OBSERVER}, VALIDATORS)
+    assert warning is not None and "dials 1 of the 4 validators" in warning

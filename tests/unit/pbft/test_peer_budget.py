@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from pbft_engine.engine import PbftEngine
-from pbft_engine.peer_budget import BURST, RATE, PeerBudget
+from pbft_engine.peer_budget import BURST, GOSSIP, RATE, PeerBudget
 
 FLOODER, HONEST = b"\x01" * 20, b"\x02" * 20
 
@@ -31,6 +31,14 @@ def test_a_peer_that_spends_its_burst_is_dropped_until_it_refills() -> None:
     clock.now += 0.02 / RATE  # refilled past what it owes
     assert budget.allows(FLOODER)
     assert budget.charge(FLOODER, 1.0)  # a new episode: a new fault
+
+
+def test_a_validators_gossip_running_dry_leaves_its_votes_alone() -> None:
+    """Transaction gossip has a bucket of its own: a validator forwarding a burst of its
+    clients' transactions is still heard on consensus."""
+    budget = PeerBudget(Clock())
+    assert budget.charge(FLOODER, BURST, GOSSIP)
+    assert not budget.allows(FLOODER, GOSSIP) and budget.allows(FLOODER)
 
 
 def test_the_adapter_charges_the_sender_and_drops_it_once_dry() -> None:
