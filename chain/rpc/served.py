@@ -44,12 +44,10 @@ MAX_PENDING_READS = 64  # reads running or waiting for a thread; one more: "serv
 MAX_CACHED_BLOCKS = 256
 MAX_CACHED_TRANSACTIONS = 4_000  # formatted transactions and receipts: ~3.6 KB a transfer
 # The governor's pace (see Governor): a turn's holder looks at the loop's pulse after every
-# slice of work; it breathes when a beat is due (the loop wants the interpreter), and rests as
-# long as it worked when the loop is this late behind its pulse.
+# slice of work, and rests as long as it worked when the loop is this late behind its pulse.
 SLICE_SECONDS = 0.002
-BREATH_SECONDS = 0.0001
-PULSE_SECONDS = 0.01
-LOOP_LATE_SECONDS = 0.004
+PULSE_SECONDS = 0.05
+LOOP_LATE_SECONDS = 0.01
 # The opcodes a long execution cannot avoid: every loop jumps back, every deeper frame is a
 # call or a create. The deadline is checked at these only.
 DEADLINE_OPCODES = frozenset({
@@ -75,18 +73,18 @@ T = TypeVar("T")
 #   others wait on the turn, which does not hold the interpreter).
 # - The pulse. While client work is in flight, a callback on the loop every PULSE_SECONDS
 #   notes how late it runs behind its schedule: the loop's lag, which any thread can read.
-# - Breaths. At checkpoints (between blocks, records, EVM jumps and units), after every slice
-#   of work, the holder looks at the pulse. A beat that is due means the loop wants the
-#   interpreter: the holder sleeps a breath, keeping the turn (a sleeping thread lets go of the
-#   interpreter), so the loop takes it within a slice rather than at the switch interval.
-#   Otherwise the loop is idle and the holder goes on: a read alone loses a breath a pulse,
-#   not half its speed (each breath costs a thread switch or two: 0.1 to 2 ms on a loaded
-#   machine).
-# - Rests. When the loop is late by more than LOOP_LATE_SECONDS (it has more work than a
-#   switch interval, or its thread was not scheduled in time on a loaded machine), the holder
-#   rests as long as it worked: client work then takes at most half of the interpreter (and
-#   of a core) until the loop is on time, the bound the EVM and the decoder kept before, each
-#   on its own and whatever the loop was doing.
+# - Rests. At checkpoints (between blocks, records, EVM jumps and units), after every slice
+#   of work, the holder looks at the pulse. When the loop is late by more than
+#   LOOP_LATE_SECONDS (its last beat, or the one it owes now: two switch intervals, so more
+#   than one thread's share of the interpreter kept it waiting, or its thread was not
+#   scheduled in time on a loaded machine), the holder rests as long as it worked (its CPU
+#   time), keeping the turn: client work then takes at most half of the interpreter (and of
+#   a core) until the loop is on time, the bound the EVM and the decoder kept before, each on
+#   its own. When the loop is on time it goes on: a read alone keeps its speed. (Every beat
+#   costs the holder a thread switch, 0.1 to a few ms on a loaded machine: hence a pulse of
+#   50 ms, and no pause at every beat. Pausing at every due beat halved a read's speed on a
+#   machine at a load of 8, for the beat's sake only: a consensus message the loop wakes up
+#   for is not seen by any beat.)
 # - After each slice the turn passes to the next waiting unit: a long one (a 5 s eth_call)
 #   does not hold the others back.
 
@@ -148,18 +146,13 @@ class LoopPulse:
         else:
             self.lag, self.due = 0.0, math.inf
 
-    def pause(self, now: float, worked: float) -> float:
-        """How long client work that worked `worked` seconds pauses now (any thread): as
-        long again when the loop is late (its last beat, or the one it owes), a breath when
-        a beat is due, else not at all."""
-        overdue = now - self.due
-        if max(self.lag, overdue) > LOOP_LATE_SECONDS:
-            return worked
-        return BREATH_SECONDS if overdue > 0 else 0.0
+    def late(self, now: float) -> bool:
+        """Whether the loop is late: its last beat, or the one it owes now (any thread)."""
+        return max(self.lag, now - self.due) > LOOP_LATE_SECONDS
 
 
 class Governor:
-    """The turns, breaths and rests of all client work (see above); one per process."""
+    """The turns and rests of all client work (see above); one per process."""
 
     def __init__(self) -> None:
         self.pulse = LoopPulse()
@@ -194,9 +187,8 @@ class Governor:
             return
         # What it worked is its CPU time: a loaded machine's scheduler may have kept the
         # thread from running for much of the slice, and that was no one's interpreter time.
-        pause = self.pulse.pause(now, time.thread_time() - self._cpu_since)
-        if pause > 0:
-            time.sleep(pause)
+        if self.pulse.late(now):
+            time.sleep(time.thread_time() - self._cpu_since)
         self._since, self._cpu_since = time.monotonic(), time.thread_time()
         if self._turns.others_waiting():
             self._holder = None

@@ -1,16 +1,19 @@
 """The governor of client work (chain/rpc/served.py): units of work from every pool run one at a
 time, a long one shares the turn, and the holder rests as long as it worked only while the
-event loop is late (real threads, a real event loop)."""
+event loop is late (real threads, a real event loop); large batch answers are joined on a
+worker (chain/rpc/dispatcher.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from chain.rpc.dispatcher import INLINE_ANSWER_BYTES, Dispatcher
 from chain.rpc.served import (
-    BREATH_SECONDS,
     GOVERNOR,
     LOOP_LATE_SECONDS,
     PULSE_SECONDS,
@@ -33,7 +36,7 @@ def _spin(seconds: float) -> None:
 class Measured:
     wall: float
     cpu: float  # the thread's own
-    paused: float  # in checkpoints (breaths and rests)
+    paused: float  # in checkpoints (rests)
 
 
 def _work(seconds: float) -> Measured:
@@ -100,18 +103,17 @@ def test_a_long_unit_passes_the_turn_to_the_others() -> None:
     assert asyncio.run(scenario())
 
 
-def test_the_holder_goes_on_while_the_loop_is_idle_breathes_when_a_beat_is_due_and_rests_while_late(
-) -> None:
+def test_the_loop_is_late_by_its_last_beat_or_the_one_it_owes() -> None:
     pulse = LoopPulse()
     now = time.monotonic()
     pulse.due, pulse.lag = now + PULSE_SECONDS / 2, 0.0
-    assert pulse.pause(now, 0.002) == 0.0
-    pulse.due = now - LOOP_LATE_SECONDS / 2
-    assert pulse.pause(now, 0.002) == BREATH_SECONDS
+    assert not pulse.late(now)
+    pulse.due = now - LOOP_LATE_SECONDS / 2  # due: the loop has not had its turn yet
+    assert not pulse.late(now)
     pulse.due = now - 2 * LOOP_LATE_SECONDS
-    assert pulse.pause(now, 0.002) == 0.002
-    pulse.due, pulse.lag = now + PULSE_SECONDS / 2, 2 * LOOP_LATE_SECONDS  # the last beat's
-    assert pulse.pause(now, 0.002) == 0.002
+    assert pulse.late(now)
+    pulse.due, pulse.lag = now + PULSE_SECONDS / 2, 2 * LOOP_LATE_SECONDS
+    assert pulse.late(now)
 
 
 def test_client_work_takes_at_most_half_while_the_loop_is_late() -> None:
@@ -129,3 +131,24 @@ def test_client_work_takes_at_most_half_while_the_loop_is_late() -> None:
     # As long as it worked (its CPU time), in every slice but the last.
     assert resting.paused > resting.cpu - 2 * SLICE_SECONDS, resting
     assert resting.cpu < resting.wall / 2 + 2 * SLICE_SECONDS, resting
+
+
+def test_a_large_batch_answer_is_joined_off_the_loop_and_whole() -> None:
+    """Three answers of 600 KB: past INLINE_ANSWER_BYTES, so joined on a worker."""
+    big = "ab" * 300_000
+
+    async def blob(index: int) -> str:
+        return big + str(index)
+
+    async def scenario() -> list[dict[str, Any]]:
+        dispatcher = Dispatcher({"test_blob": blob})
+        body = json.dumps([{"jsonrpc": "2.0", "id": i, "method": "test_blob", "params": [i]}
+                           for i in range(3)])
+        answer = await dispatcher.handle_payload(body)
+        dispatcher.close()
+        assert answer is not None and len(answer) > INLINE_ANSWER_BYTES
+        decoded: list[dict[str, Any]] = json.loads(answer)
+        return decoded
+
+    assert asyncio.run(scenario()) == [
+        {"jsonrpc": "2.0", "id": i, "result": big + str(i)} for i in range(3)]
