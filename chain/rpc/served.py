@@ -27,8 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from eth.abc import BlockHeaderAPI, ComputationAPI, StateAPI
 
@@ -302,6 +301,32 @@ def with_deadline(state: StateAPI) -> StateAPI:
     return state
 
 
+class _Made(Generic[T]):
+    """functools.cached_property without its lock: in Python 3.11 that lock is one per class
+    attribute, shared by every block, and held while the value is made, across the
+    governor's checkpoints; a reader handing its turn on while formatting one block left the
+    next reader blocked on the lock holding the turn, and every unit of client work waiting
+    (attack review finding 1). Two threads may make the same block's value at once; both
+    are equal and the last is kept (as in Python 3.12's cached_property)."""
+
+    def __init__(self, make: Callable[[Any], T]) -> None:
+        self._make = make
+        self._name = make.__name__
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> _Made[T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type) -> T: ...
+
+    def __get__(self, instance: object | None, owner: type) -> T | _Made[T]:
+        if instance is None:
+            return self
+        value = self._make(instance)
+        instance.__dict__[self._name] = value  # found before this descriptor from now on
+        return value
+
+
 @dataclass
 class ServedBlock:
     """One committed block, its JSON parts formatted on first use."""
@@ -310,17 +335,17 @@ class ServedBlock:
     size: int
     records: tuple[TxRecord, ...]
 
-    @cached_property
+    @_Made
     def header_json(self) -> dict[str, Any]:
         return header_json(self.header)
 
-    @cached_property
+    @_Made
     def transactions(self) -> list[dict[str, Any]]:
         header = self.header
         return [transaction_json(r.raw, r.hash, r.sender, header, i)
                 for i, r in enumerate(paced(self.records))]
 
-    @cached_property
+    @_Made
     def receipts(self) -> list[dict[str, Any]]:
         return [receipt_json(r, self.header, i) for i, r in enumerate(paced(self.records))]
 

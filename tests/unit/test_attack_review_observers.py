@@ -75,12 +75,6 @@ def _served_block(number: int, transactions: int) -> served.ServedBlock:
     return served.ServedBlock(header, 100, records)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: ServedBlock.transactions is a "
-                   "functools.cached_property, whose Python 3.11 lock (one per class "
-                   "attribute, shared by every block) is held across the governor's "
-                   "checkpoints: a reader handing its turn on while formatting one block, "
-                   "the next reader blocks on that lock holding the turn; every client "
-                   "unit waits forever")
 def test_two_full_block_reads_do_not_deadlock_the_governor(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Two clients read two full blocks (`eth_getBlockByNumber(n, true)`) on the two read
