@@ -100,16 +100,21 @@ def initialize_datadir(datadir: Path, genesis: Genesis) -> BlockHeaderAPI:
         return Blockchain(db, genesis).head()
 
 
+def write_node_key(datadir: Path, key: PrivateKey) -> PrivateKey:
+    """Writes `key` to DATADIR/nodekey (hex), readable by its owner only; never replaces one."""
+    descriptor = os.open(Path(datadir) / NODEKEY, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(key.to_hex() + "\n")
+    return key
+
+
 def load_node_key(datadir: Path) -> PrivateKey:
     """The key in DATADIR/nodekey (hex), made on first use: the identity of a node that runs
     without a keystore, which the validators list in their `observers`."""
     path = Path(datadir) / NODEKEY
     try:
         if not path.exists():
-            key = PrivateKey(secrets.token_bytes(32))
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(descriptor, "w") as handle:
-                handle.write(key.to_hex() + "\n")
+            key = write_node_key(datadir, PrivateKey(secrets.token_bytes(32)))
             log.info("made node key %s in %s", key.public_key.to_checksum_address(), path)
             return key
         return PrivateKey(bytes.fromhex(path.read_text().strip().removeprefix("0x")))

@@ -21,7 +21,7 @@ from typing import Any
 
 from chain.errors import EngineError
 from chain.genesis import DEFAULT_BASE_FEE, DEFAULT_GAS_LIMIT, parse_genesis
-from chain.node import initialize_datadir
+from chain.node import initialize_datadir, write_node_key
 from chain.registry import available_engines, load_engine_class
 from cli.errors import CliError
 from cli.keys import DEV_VALIDATOR_SEED, dev_private_key, write_keyfile
@@ -68,11 +68,13 @@ def _genesis_document(
 
 
 def _node_config(http_port: int, p2p_port: int, metrics_port: int, peers: list[str],
-                 observers: list[str]) -> str:
+                 observers: list[str], validator: bool) -> str:
     p2p = (f'\n[p2p]\naddr = "127.0.0.1"\nport = {p2p_port}\npeers = {json.dumps(peers)}\n'
            + (f"observers = {json.dumps(observers)}\n" if observers else ""))
+    # an observer has no validator key: its transport key is DATADIR/nodekey (geth's nodekey)
+    key = 'keystore = "keystore"\npassword_file = "password.txt"\n' if validator else ""
     return (
-        'datadir = "."\nkeystore = "keystore"\npassword_file = "password.txt"\n'
+        'datadir = "."\n' + key
         + (p2p if peers else "")
         + f'\n[http]\naddr = "127.0.0.1"\nport = {http_port}\n'
         + f'\n[metrics]\naddr = "127.0.0.1"\nport = {metrics_port}\n\n[log]\nlevel = "info"\n'
@@ -120,8 +122,11 @@ def init_testnet(
         observer = index >= validators
         node_dir = directory / f"node{index}"
         initialize_datadir(node_dir, genesis)
-        write_keyfile(node_dir / "keystore", key, TESTNET_PASSWORD)
-        (node_dir / "password.txt").write_text(TESTNET_PASSWORD + "\n")
+        if observer:
+            write_node_key(node_dir, key)
+        else:
+            write_keyfile(node_dir / "keystore", key, TESTNET_PASSWORD)
+            (node_dir / "password.txt").write_text(TESTNET_PASSWORD + "\n")
         http_port = base_http_port + index
         p2p_port = base_p2p_port + index
         config_path = node_dir / "config.toml"
@@ -132,7 +137,8 @@ def init_testnet(
         ]
         allowed = [] if observer else addresses[validators:]
         metrics_port = base_metrics_port + index
-        config_path.write_text(_node_config(http_port, p2p_port, metrics_port, peers, allowed))
+        config_path.write_text(
+            _node_config(http_port, p2p_port, metrics_port, peers, allowed, not observer))
         nodes.append(
             {
                 "index": index,
