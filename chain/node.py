@@ -603,7 +603,7 @@ class NodeContext(EngineContext):
 
     async def canonical_blocks(self, first: int, count: int) -> list[bytes]:
         """Read and encoded on the block-sync read worker, a unit of the client-work
-        governor's (`served.GOVERNOR`: turns, a breath between blocks, rests while the loop
+        governor's (`served.GOVERNOR`: turns handed on between blocks, rests while the loop
         is late), not behind block execution. A worker with `MAX_PENDING_SYNC_READS`
         already waiting answers as a node without those blocks: the asker tries another."""
         blockchain = self._node.blockchain
