@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rlp
 from pyspark.sql import SparkSession
 
 from chain.blockchain import Blockchain
@@ -18,7 +19,7 @@ from chain.rpc.bundles import raw_block
 from spark_etl import schemas, tables
 from spark_etl.errors import ExtractError
 from spark_etl.export import STAGING, ExportOptions, plan_spans, write_by_spark, write_by_tasks
-from spark_etl.rows import BlockBundle, block_bundle_row, bundle_row
+from spark_etl.rows import BlockBundle, block_bundle_row, bundle_row, rlp_list
 from spark_etl.rpc import JsonRpcClient
 from spark_etl.source import BUNDLE_METHOD, UNREADABLE, Span, fetch_span
 from spark_etl.tables import (
@@ -106,6 +107,27 @@ def test_rows_from_the_bytes_are_the_rows_of_the_json(test_chain: ServedChain,
         for table, json_rows, byte_rows in zip(schemas.BLOCK_TABLES, from_json[2:],
                                                from_bytes[2:], strict=True):
             assert byte_rows == json_rows, f"block {number}: {table.name}"
+
+
+@pytest.mark.parametrize("items", [
+    [],
+    [b"", b"\x00", b"\x7f", b"\x80", b"a" * 55, b"b" * 56, b"c" * 300],
+    [[b"\x01", [b"d" * 20, []]], b"e" * 55, [[b"f" * 1_000]]],
+])
+def test_the_export_splits_rlp_as_rlp_decodes_it(items: list[Any]) -> None:
+    """The export's splitter (its short strings read without a call) against pyrlp's."""
+    assert rlp_list(rlp.encode(items), depth=3) == rlp.decode(rlp.encode(items))
+
+
+@pytest.mark.parametrize("encoded", [
+    bytes([0xC3, 0x83, 0x61, 0x62]),  # a short string past its list
+    bytes([0xC2, 0x81]),  # ... past the data
+    bytes([0xC4, 0xB8, 0x38, 0x61, 0x62]),  # a long string past its list
+    bytes([0xC3, 0xC1, 0xC0, 0x61]),  # nested deeper than asked (depth 1)
+])
+def test_rlp_that_runs_past_its_list_is_refused(encoded: bytes) -> None:
+    with pytest.raises((ValueError, IndexError)):
+        rlp_list(encoded, depth=1)
 
 
 def test_fetch_continues_after_a_prefix_and_stops_at_the_head(
