@@ -15,8 +15,9 @@ and the checks that need it are skipped (a hash or root is never computed from a
 One Python pass per block, its transactions, receipts and logs nested in its row, yields the
 violations of every rule here and of the per-block byte checks that predate them, block-hash
 (`chain_rules.block_hashes`) and transaction-hash, transactions-root and receipts-root
-(`roots.trie_roots`): each block is shuffled, decoded and hashed once. The pass runs once per
-audit (cached) and each rule reads its own violations from it."""
+(`roots.trie_roots`), and of the rules on a block's own rows (`row_rules`: transaction-count,
+receipt-per-transaction, log-index, gas-used): each block is shuffled, decoded and hashed
+once. The pass runs once per audit (cached) and each rule reads its own violations from it."""
 
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ from typing import Any
 import rlp
 from coincurve import PublicKey
 from eth_hash.auto import keccak
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from rlp.codec import consume_length_prefix, length_prefix
 
 from encoding import EncodingError
 from encoding.rlp import check_rlp_depth
 from spark_etl import schemas
+from spark_etl.audit import row_rules
 from spark_etl.audit.context import Audit, flat_map_rows
 from spark_etl.hexcodec import (
     MalformedValue,
@@ -796,21 +798,27 @@ def _check_roots(found: _Findings, block: Row, raws: list[bytes] | None) -> None
 
 
 def check_block(block: Row) -> list[tuple[str, str, int, str]]:
-    """Every violation of this module's rules in one block (a row of `_nested_blocks`)."""
-    found = _Findings(block["node"], block["number"])
-    _check_block_hash(found, block)
-    header = _header(found, block)
-    transactions, raws = _check_transactions(found, block, header)
-    _check_block_row(found, block, header, raws)
-    _check_roots(found, block, raws)
-    _check_receipts(found, block, header, transactions)
-    _check_logs(found, block, header, transactions)
+    """Every violation of this module's rules and of `row_rules` in one block (a row of
+    `_nested_blocks`; rows of a block that is not in blocks get `row_rules` alone)."""
+    found = _Findings(block["node"], block["block_number"])
+    copy = block["copy"]
+    if copy is not None:
+        _check_block_hash(found, block)
+        header = _header(found, block)
+        transactions, raws = _check_transactions(found, block, header)
+        _check_block_row(found, block, header, raws)
+        _check_roots(found, block, raws)
+        _check_receipts(found, block, header, transactions)
+        _check_logs(found, block, header, transactions)
+    row_rules.check_rows(found.add, block if copy is not None else None, block,
+                         first_copy=copy in (None, 1))
     return found.rows
 
 
 def _nested_blocks(audit: Audit) -> DataFrame:
-    """One row per block: its columns, node, and its transactions, receipts and logs (all
-    their columns) nested."""
+    """One row per block and per (node, block_number) of rows with no block: its columns,
+    node, `copy` (1 for a block's first row in blocks, 2... for a repeat, null for no row),
+    and its transactions, receipts and logs (all their columns) nested."""
     data = audit.data
     keys = ["node", "block_number"]
 
@@ -818,11 +826,13 @@ def _nested_blocks(audit: Audit) -> DataFrame:
         rows = F.collect_list(F.struct(*table.column_names)).alias(table.name)
         return frame.groupBy(*keys).agg(rows)
 
+    copies = Window.partitionBy("node", "number").orderBy("hash")
     blocks = data.blocks.select(F.col("number").alias("block_number"),
-                                *schemas.BLOCKS.column_names, "node")
+                                *schemas.BLOCKS.column_names, "node",
+                                F.row_number().over(copies).alias("copy"))
     for frame, table in ((data.transactions, schemas.TRANSACTIONS),
                          (data.receipts, schemas.RECEIPTS), (data.logs, schemas.LOGS)):
-        blocks = blocks.join(nested(frame, table), keys, "left")
+        blocks = blocks.join(nested(frame, table), keys, "full_outer")
     return blocks
 
 

@@ -163,6 +163,8 @@ FAULTS = {
                          "receipts-root", 4),
     "transaction missing": (_drop("transactions", block_number=8),
                             chain_rules.transaction_counts, "transaction-count", 8),
+    "rows of a block not in blocks": (_drop_block, chain_rules.transaction_counts,
+                                      "transaction-count", 5),
     "receipt missing": (_drop("receipts", block_number=2),
                         chain_rules.receipts_per_transaction, "receipt-per-transaction", 2),
     "log index repeated": (_change("logs", "log_index", lambda i: i + 1, block_number=4),

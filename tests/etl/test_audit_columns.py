@@ -16,7 +16,15 @@ from eth_hash.auto import keccak
 from pyspark.sql import DataFrame, SparkSession
 from trie.hexary import HexaryTrie
 
-from spark_etl.audit import Audit, ValidatorSet, Violation, chain_rules, find_violations, roots
+from spark_etl.audit import (
+    Audit,
+    ValidatorSet,
+    Violation,
+    chain_rules,
+    find_violations,
+    roots,
+    row_rules,
+)
 from spark_etl.audit.column_rules import COLUMN_RULES, trie_root
 from spark_etl.hexcodec import from_hex, to_hex, word
 from tests.etl.conftest import NODE_A, NODE_B, Tables, make_audit
@@ -229,6 +237,18 @@ def test_malformed_values_are_violations_not_errors(
                 for v in found if v.rule == "malformed-value"}
     assert reported == {(node, block, f"{table}.{column}")
                         for table, node, block, _, column in MALFORMED}
+
+
+def test_the_row_rules_read_a_null_as_sql_does() -> None:
+    """A null log index counts as no index and prints as "null" (Spark's format_string); a
+    log with a null hash belongs to no receipt, even one with a null hash too."""
+    found: list[tuple[str, str]] = []
+    log = {"log_index": None, "transaction_hash": None, "transaction_index": 0,
+           "block_hash": None}
+    row_rules.log_indexes(lambda rule, detail: found.append((rule, detail)), [log], [dict(log)])
+    assert found == [("log-index", "1 logs with 0 distinct indexes from null to null "
+                                   "(want 0..n-1)"),
+                     ("log-index", "log null belongs to no receipt of the block")]
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 16, 17, 127, 128, 129, 300])
