@@ -86,7 +86,10 @@ def test_cluster_status_table(cluster: Cluster) -> None:
 def test_cluster_status_watch_redraws_until_interrupted(cluster: Cluster) -> None:
     command = [sys.executable, "-m", "cli.node", "status", "--testnet", str(cluster.directory),
                "--watch", "0.2"]
-    watch = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    # SIGINT as a terminal sends it, even when this run inherited it ignored (a shell's
+    # background job does), which Python would then never turn into KeyboardInterrupt
+    watch = subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         seen = ""
 
