@@ -27,7 +27,7 @@ run: setup
 # cores 38% busy), then the integration tests run alone: their clusters keep their timers'
 # margins. Every suite runs; the target fails if one failed.
 ETL_WITH_NODES := $(addprefix tests/etl/,test_lying_node.py test_testnet_audit.py \
-	test_standalone_cluster.py test_state_audit.py test_class_archive.py)
+	test_standalone_cluster.py test_state_audit.py test_class_archive.py test_audit_modes.py)
 ETL_ON_TABLES := $(filter-out $(ETL_WITH_NODES),$(wildcard tests/etl/test_*.py))
 test: setup lint tools
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/simulation > .unit-tests.log 2>&1 & \
