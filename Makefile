@@ -23,24 +23,20 @@ run: setup
 	$(VENV)/bin/pbft-node testnet run --dir $(TESTNET_DIR)
 
 # The unit and simulation tests (CPU-bound, on simulated clocks or wide margins) run beside
-# the audit ETL's, in three processes (mostly JVMs waiting on Spark: a CI run kept the two
-# cores 38% busy with one), then the integration tests run alone: their clusters keep their
-# timers' margins. Every suite runs; the target fails if one failed.
+# the audit ETL's, in two processes (mostly JVMs waiting on Spark: a CI run kept the two
+# cores 38% busy), then the integration tests run alone: their clusters keep their timers'
+# margins. Every suite runs; the target fails if one failed.
 ETL_WITH_NODES := $(addprefix tests/etl/,test_lying_node.py test_testnet_audit.py \
-	test_standalone_cluster.py test_state_audit.py test_class_archive.py test_audit_modes.py)
-ETL_EXPORTS := $(wildcard tests/etl/test_export*.py) tests/etl/test_attack_review_export.py
-ETL_ON_TABLES := $(filter-out $(ETL_WITH_NODES) $(ETL_EXPORTS),$(wildcard tests/etl/test_*.py))
+	test_standalone_cluster.py test_state_audit.py test_class_archive.py)
+ETL_ON_TABLES := $(filter-out $(ETL_WITH_NODES),$(wildcard tests/etl/test_*.py))
 test: setup lint tools
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/simulation > .unit-tests.log 2>&1 & \
 	pure=$$!; $(PY) -m pytest -q -p no:cacheprovider $(ETL_WITH_NODES) > .etl-tests.log 2>&1 & \
-	nodes=$$!; $(PY) -m pytest -q -p no:cacheprovider $(ETL_EXPORTS) > .export-tests.log 2>&1 & \
-	exports=$$!; $(PY) -m pytest -q $(ETL_ON_TABLES); etl=$$?; \
-	wait $$exports; exports=$$?; wait $$nodes; nodes=$$?; wait $$pure; pure=$$?; \
-	cat .export-tests.log .etl-tests.log .unit-tests.log; \
-	rm -f .export-tests.log .etl-tests.log .unit-tests.log; \
+	nodes=$$!; $(PY) -m pytest -q $(ETL_ON_TABLES); etl=$$?; \
+	wait $$nodes; nodes=$$?; wait $$pure; pure=$$?; \
+	cat .etl-tests.log .unit-tests.log; rm -f .etl-tests.log .unit-tests.log; \
 	$(PY) -m pytest -q tests/integration; integration=$$?; \
-	test $$pure -eq 0 -a $$etl -eq 0 -a $$nodes -eq 0 -a $$exports -eq 0 \
-		-a $$integration -eq 0
+	test $$pure -eq 0 -a $$etl -eq 0 -a $$nodes -eq 0 -a $$integration -eq 0
 
 # Debian packages two tests use: headless Chromium renders the audit's HTML report, and
 # promtool checks the Prometheus configuration, alert rules and dashboard queries
