@@ -83,7 +83,13 @@ class EngineContext(ABC):
 
     @abstractmethod
     async def canonical_blocks(self, first: int, count: int) -> list[bytes]:
-        """Encoded canonical blocks from number `first` (fewer at the head), read off the loop."""
+        """Encoded canonical blocks from number `first` (fewer at the head), read off the loop:
+        for the engine's own use (never behind a peer's or a client's work)."""
+
+    async def peer_blocks(self, first: int, count: int) -> list[bytes]:
+        """canonical_blocks for serving a peer: a node may bound and pace it (fewer or none
+        when busy: the peer asks another)."""
+        return await self.canonical_blocks(first, count)
 
     @abstractmethod
     def send(self, peer: bytes, payload: bytes) -> None:

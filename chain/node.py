@@ -8,7 +8,7 @@ import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -601,24 +601,28 @@ class NodeContext(EngineContext):
     def keyspace(self, prefix: bytes) -> Keyspace:
         return self._node.db.keyspace(b"engine/" + prefix)
 
+    def _read_blocks(self, numbers: Iterable[int]) -> list[bytes]:
+        blockchain = self._node.blockchain
+        blocks = []
+        for number in numbers:
+            header = blockchain.header_by_number(number)
+            if header is None:
+                break
+            blocks.append(encode_block(header, blockchain.read_store.records(number)))
+        return blocks
+
     async def canonical_blocks(self, first: int, count: int) -> list[bytes]:
+        """The engine's own reads (a committed block's reply to its CommitBlock): on a
+        thread of their own, never behind a peer's or a client's work."""
+        return await asyncio.to_thread(self._read_blocks, range(first, first + count))
+
+    async def peer_blocks(self, first: int, count: int) -> list[bytes]:
         """Read and encoded on the block-sync read worker, a unit of the client-work
         governor's (`served.GOVERNOR`: turns handed on between blocks, rests while the loop
         is late), not behind block execution. A worker with `MAX_PENDING_SYNC_READS`
         already waiting answers as a node without those blocks: the asker tries another."""
-        blockchain = self._node.blockchain
-
-        def read() -> list[bytes]:
-            blocks = []
-            for number in paced(range(first, first + count)):
-                header = blockchain.header_by_number(number)
-                if header is None:
-                    break
-                blocks.append(encode_block(header, blockchain.read_store.records(number)))
-            return blocks
-
         try:
-            return await SYNC_READS.run(read)
+            return await SYNC_READS.run(self._read_blocks, paced(range(first, first + count)))
         except RpcError:  # busy
             return []
 

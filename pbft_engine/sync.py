@@ -310,7 +310,7 @@ class BlockSync:
                         Block(request.seq_no, request.digest, block)))
                 return
             count = min(request.count, MAX_BLOCKS_PER_REQUEST)
-            blocks = await self.context.canonical_blocks(request.first, count) \
+            blocks = await self.context.peer_blocks(request.first, count) \
                 if request.first > 0 else []
             answer: list[tuple[bytes, bytes]] = []
             size = 0
@@ -329,7 +329,7 @@ class BlockSync:
         held = self.held_block(seq_no, digest)
         if held is not None or not 0 < seq_no <= self.context.head().block_number:
             return held
-        blocks = await self.context.canonical_blocks(seq_no, 1)
+        blocks = await self.context.peer_blocks(seq_no, 1)
         return blocks[0] if blocks and block_hash_of(blocks[0]) == digest else None
 
     # Fetching.

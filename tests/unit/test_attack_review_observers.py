@@ -134,7 +134,7 @@ class _ServingPeers(MixedPeers):
         self.cost = cost
         self.ranges_read: list[int] = []
 
-    async def canonical_blocks(self, first: int, count: int) -> list[bytes]:
+    async def peer_blocks(self, first: int, count: int) -> list[bytes]:
         self.clock[0] += self.cost
         self.ranges_read.append(first)
         return [_block(number)[0] for number in range(first, first + count)]
@@ -197,9 +197,41 @@ def test_block_sync_reads_for_peers_run_under_the_governor(
                                  read_store=SimpleNamespace(records=lambda number: ()))
     context = node_module.NodeContext.__new__(node_module.NodeContext)
     context._node = SimpleNamespace(blockchain=blockchain)  # type: ignore[assignment]
-    blocks = asyncio.run(asyncio.wait_for(context.canonical_blocks(1, 32), DEADLINE))
+    blocks = asyncio.run(asyncio.wait_for(context.peer_blocks(1, 32), DEADLINE))
     assert len(blocks) == 32 and len(in_turn) == 32
     assert all(in_turn), "a peer's block range was read outside the governor's turn"
+
+
+def test_the_engines_own_block_reads_never_wait_for_a_clients_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The review's own mend: the engine reads a committed block (its CommitBlock reply)
+    through canonical_blocks, which must not wait for the governor's turn that a client's
+    read holds, nor answer "busy" (an empty list) when peers fill the block-sync worker."""
+    governor = served.Governor()
+    monkeypatch.setattr(served, "GOVERNOR", governor)
+    monkeypatch.setattr(node_module, "encode_block", lambda header, records: b"block")
+    blockchain = SimpleNamespace(header_by_number=lambda number: object(),
+                                 read_store=SimpleNamespace(records=lambda number: ()))
+    context = node_module.NodeContext.__new__(node_module.NodeContext)
+    context._node = SimpleNamespace(blockchain=blockchain)  # type: ignore[assignment]
+    release, holding = threading.Event(), threading.Event()
+
+    def client_unit() -> None:
+        with governor.turn():
+            holding.set()
+            release.wait(2 * DEADLINE)  # held past the read's own deadline
+
+    client = threading.Thread(target=client_unit, daemon=True)
+    client.start()
+    try:
+        assert holding.wait(DEADLINE), "the client's unit never took the turn"
+        blocks = asyncio.run(asyncio.wait_for(context.canonical_blocks(1, 1), DEADLINE))
+        assert blocks == [b"block"]
+        assert not release.is_set() and governor._holder == client.ident, (
+            "the engine's read waited for the client's turn")
+    finally:
+        release.set()
+        client.join(DEADLINE)
 
 
 # Finding 4: a validator holds what it had queued for an observer that is gone.
