@@ -52,7 +52,7 @@ from rlp.sedes.serializable import merge_args_to_kwargs
 from trie import HexaryTrie
 from trie.constants import BLANK_NODE_HASH
 
-from chain import ordered_trie
+from chain import ordered_trie, system_contracts
 from chain.errors import BlockValidationError, ChainError, FalseBodyError, StaleParentError
 from chain.genesis import Genesis
 from chain.read_store import ReadStore, TxRecord, block_records
@@ -394,9 +394,22 @@ class NodeChain(Chain):
         )
 
 
-def chain_class(chain_id: int) -> type[Chain]:
+def chain_class(chain_id: int,
+                contracts: Sequence[system_contracts.SystemContract] = ()) -> type[Chain]:
+    """The chain's py-evm class; its VM runs `contracts` as precompiles with storage
+    (`chain.system_contracts`)."""
+    vm: type[ChainVM] = ChainVM
+    if contracts:
+        computation = ChainState.computation_class
+        state = ChainState.configure(
+            __name__="SystemContractState",
+            computation_class=computation.configure(
+                __name__="SystemContractComputation",
+                _precompiles={**computation.get_precompiles(),
+                              **system_contracts.precompiles(contracts)}))
+        vm = ChainVM.configure(__name__="SystemContractVM", _state_class=state)
     return NodeChain.configure(
-        __name__="PbftChain", vm_configuration=((0, ChainVM),), chain_id=chain_id
+        __name__="PbftChain", vm_configuration=((0, vm),), chain_id=chain_id
     )
 
 
@@ -439,14 +452,16 @@ class ExecutedBlock:
 
 
 class Blockchain:
-    """A chain in one data directory's database, created from a genesis."""
+    """A chain in one data directory's database, created from a genesis; its VM runs the
+    engine's system contracts (`ConsensusEngine.system_contracts`)."""
 
-    def __init__(self, db: Database, genesis: Genesis) -> None:
+    def __init__(self, db: Database, genesis: Genesis,
+                 contracts: Sequence[system_contracts.SystemContract] = ()) -> None:
         self.db = db
         self.genesis = genesis
         self.chain_keyspace: Keyspace = db.keyspace(CHAIN_PREFIX)
         self.meta_keyspace: Keyspace = db.keyspace(META_PREFIX)
-        self.chain_class = chain_class(genesis.chain_id)
+        self.chain_class = chain_class(genesis.chain_id, contracts)
         # Headers and the transaction index read straight from LevelDB: building a chain
         # view (and its overlay) for each of these reads cost more than the read.
         self._chaindb = self.chain_class.get_chaindb_class()(KeyspaceDB(self.chain_keyspace))
@@ -531,6 +546,12 @@ class Blockchain:
 
     def vm_at(self, header: BlockHeaderAPI) -> VirtualMachineAPI:
         return self.view().get_vm(header)
+
+    def system_storage(self, header: BlockHeaderAPI, address: bytes
+                       ) -> system_contracts.ContractStorage:
+        """The storage of the account at `address` in the state after block `header`,
+        read-only."""
+        return system_contracts.StateStorage(self.vm_at(header).state, address, writable=False)
 
     def receipts(self, header: BlockHeaderAPI) -> tuple[ReceiptAPI, ...]:
         view = self.view()

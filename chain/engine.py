@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from chain.blockchain import ExecutedBlock
 from chain.rpc.errors import InvalidParams as InvalidParams  # for engines' RPC methods
+from chain.system_contracts import SystemContract
 from storage import Database, Keyspace, WriteBatch
 
 # An engine's JSON-RPC method; it raises InvalidParams for a bad argument (the client gets
@@ -130,6 +131,14 @@ class ConsensusEngine(ABC):
     @abstractmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:
         """Raise EngineError with a clear message if the genesis engine section is invalid."""
+
+    @classmethod
+    def system_contracts(cls, chain_id: int, params: Mapping[str, Any]
+                         ) -> Sequence[SystemContract]:
+        """The native contracts this engine's chain executes (DESIGN.md section 10: the
+        validator registry), from the genesis engine section: every node and every replay
+        of the chain must run the same ones, so they are a function of the genesis only."""
+        return ()
 
     @abstractmethod
     async def start(self) -> None: ...

@@ -35,6 +35,7 @@ from chain.rpc.errors import RpcError
 from chain.rpc.limits import RpcLimits
 from chain.rpc.served import WorkerPool, paced
 from chain.rpc.server import RpcServer
+from chain.system_contracts import SystemContract
 from chain.txpool import (
     DROP_REASONS,
     AccountReader,
@@ -134,6 +135,13 @@ def load_datadir_genesis(db: Database) -> Genesis:
     return load_genesis_bytes(source, available_engines(), origin="stored genesis")
 
 
+def engine_contracts(genesis: Genesis) -> Sequence[SystemContract]:
+    """The system contracts of the genesis's engine: what every node's VM and every replay
+    of the chain executes."""
+    return load_engine_class(genesis.engine).system_contracts(genesis.chain_id,
+                                                              genesis.engine_params)
+
+
 class HeadAccounts(AccountReader):
     """Account nonces and balances at the head, for the pool.
 
@@ -226,7 +234,7 @@ class Node(RpcBackend):
         if self.node_key is None and (config.peers or config.observers):
             self.node_key = load_node_key(config.datadir)
         self.genesis = load_datadir_genesis(self.db)
-        self.blockchain = Blockchain(self.db, self.genesis)
+        self.blockchain = Blockchain(self.db, self.genesis, engine_contracts(self.genesis))
         self.chain_id = self.genesis.chain_id
         self.accounts = HeadAccounts(self.blockchain)
         self.pool = TxPool(self.chain_id, self.accounts, self.genesis.gas_limit, config.pool_limits)

@@ -1,7 +1,8 @@
 """The state audit's replay (`spark_etl.audit.state_rules.StateReplay`) on the chain's own
 code: the genesis state built as `pbft-node init` builds it, and every block decoded with the
-bounds a node applies to a peer's block and executed by the chain's VM on the state its
-parent left, in a throw-away LevelDB (memory stays bounded on a long chain).
+bounds a node applies to a peer's block and executed by the chain's VM (with the engine's
+system contracts, as a node runs them) on the state its parent left, in a throw-away LevelDB
+(memory stays bounded on a long chain).
 
 A node's import (`Blockchain.execute_block`) refuses a block whose header disagrees with its
 execution, and so never tells the root it computed; here the VM's `import_block` runs alone,
@@ -22,6 +23,7 @@ from eth.exceptions import HeaderNotFound
 from chain.blockchain import Blockchain, _forget_block_tries, check_body_matches_header
 from chain.errors import BlockValidationError, FalseBodyError, GenesisError
 from chain.genesis import Genesis, load_genesis_bytes
+from chain.node import engine_contracts
 from chain.registry import available_engines
 from spark_etl.audit.state_rules import BlockNotExecuted, StateReplay
 from spark_etl.errors import UsageError
@@ -110,6 +112,7 @@ class ChainStateReplay(StateReplay):
     def state_roots(self, blocks: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
         with tempfile.TemporaryDirectory(prefix="pbft-state-") as directory, \
                 Database(directory) as db:
-            replayer = _Replayer(Blockchain(db, self.parsed()))
+            genesis = self.parsed()
+            replayer = _Replayer(Blockchain(db, genesis, engine_contracts(genesis)))
             for number, data in blocks:
                 yield number, replayer.execute(number, data)
