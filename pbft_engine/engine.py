@@ -57,6 +57,7 @@ from pbft_engine.metrics import PbftMetrics
 from pbft_engine.observer import Observer, forwarding_shortfall
 from pbft_engine.peer_budget import GOSSIP, MESSAGES, PeerBudget
 from pbft_engine.record_store import LevelDBConsensusStore
+from pbft_engine.registry import ValidatorRegistry
 from pbft_engine.rpc_records import MAX_RANGE, ConsensusRecords
 from pbft_engine.sync import BlockSync
 from pbft_engine.tasks import BackgroundTasks
@@ -125,6 +126,12 @@ class PbftEngine(ConsensusEngine):
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:
         cls._params(1, params)
+
+    @classmethod
+    def system_contracts(cls, chain_id: int, params: Mapping[str, Any]
+                         ) -> tuple[ValidatorRegistry]:
+        """The validator registry: votes on the set, tallied in state (`registry`)."""
+        return (ValidatorRegistry(cls._params(chain_id, params)),)
 
     # Lifecycle.
 

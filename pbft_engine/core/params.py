@@ -14,6 +14,10 @@ BLOCK_BUDGET_SHARE = 5  # the block's execution budget is request_timeout / 5
 MAX_DOUBLINGS = 32  # beyond any cap: keeps the shift small
 DEFAULT_MAX_IN_FLIGHT = 2
 FUTURE_BLOCK_BYTES = 64 * 2**20  # four of the transport's largest frames
+# The smallest set that tolerates a fault (research/membership.md 8.2); a smaller genesis set
+# is a development chain, and its own size is its floor.
+MIN_FAULT_TOLERANT_SET = 4
+DEFAULT_VOTE_TTL = 30_000  # blocks a validator-set vote stays live (Besu's epochlength)
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,15 @@ class EngineParams:
     # Blocks the primary may have proposed and not yet executed (concurrent consensus): it
     # proposes n+1 on n's executed but uncommitted state while n is still being agreed on.
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    # A change by vote that would leave fewer validators does not pass (0: the default,
+    # min(MIN_FAULT_TOLERANT_SET, the genesis set's size)).
+    min_validators: int = 0
+    vote_ttl: int = DEFAULT_VOTE_TTL  # blocks after which a validator-set vote expires
 
     def __post_init__(self) -> None:
+        if self.min_validators == 0:
+            object.__setattr__(self, "min_validators",
+                               min(MIN_FAULT_TOLERANT_SET, len(self.validators)))
         if not self.validators:
             raise ConfigError("config.pbft.validators must list at least one address")
         if any(len(v) != ADDRESS_SIZE for v in self.validators):
@@ -54,6 +65,11 @@ class EngineParams:
         if not 1 <= self.max_in_flight <= self.log_size:
             raise ConfigError(f"max_in_flight must be between 1 and the watermark window "
                               f"checkpoint_interval x log_multiplier = {self.log_size}")
+        if not 1 <= self.min_validators <= len(self.validators):
+            raise ConfigError(f"min_validators must be between 1 and the genesis set's size "
+                              f"{len(self.validators)}")
+        if self.vote_ttl < 1:
+            raise ConfigError("vote_ttl must be at least 1 block")
 
     @classmethod
     def from_genesis(cls, chain_id: int, config: Mapping[str, Any]) -> EngineParams:
@@ -72,6 +88,9 @@ class EngineParams:
                 empty_blocks=bool(config.get("empty_blocks", False)),
                 trailing_block_ms=_ms(config.get("trailing_empty_block", 1)),
                 max_in_flight=int(config.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)),
+                min_validators=(_count(config["min_validators"], "min_validators")
+                                if "min_validators" in config else 0),
+                vote_ttl=_count(config.get("vote_ttl", DEFAULT_VOTE_TTL), "vote_ttl"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"invalid config.pbft section: {exc!r}") from None
@@ -108,6 +127,13 @@ class EngineParams:
         """`duration_ms` doubled `doublings` times, capped (Castro & Liskov, section 4.5.2)."""
         cap = max(duration_ms, self.new_view_timeout_cap_ms)
         return min(duration_ms << max(0, min(doublings, MAX_DOUBLINGS)), cap)
+
+
+def _count(value: object, name: str) -> int:
+    """A whole number of at least 1 from JSON (not a bool, not a fraction)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a whole number of at least 1, not {value!r}")
+    return value
 
 
 def _ms(seconds: object) -> int:
