@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from chain.blockchain import ExecutedBlock
 from chain.rpc.errors import InvalidParams as InvalidParams  # for engines' RPC methods
-from chain.system_contracts import SystemContract
+from chain.system_contracts import ContractStorage, SystemContract
 from storage import Database, Keyspace, WriteBatch
 
 # An engine's JSON-RPC method; it raises InvalidParams for a bad argument (the client gets
@@ -116,6 +116,35 @@ class EngineContext(ABC):
     @abstractmethod
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
         """Run `callback` on the event loop after `delay` seconds."""
+
+    # State and transactions, for an engine that keeps its own in system contracts.
+
+    @abstractmethod
+    def canonical_header(self, number: int) -> BlockHeaderAPI | None:
+        """The canonical header at `number` (None above the head)."""
+
+    @abstractmethod
+    def canonical_header_by_hash(self, block_hash: bytes) -> BlockHeaderAPI | None:
+        """The canonical block's header with this hash (None: no canonical block has it)."""
+
+    @abstractmethod
+    def system_storage(self, block_hash: bytes, address: bytes) -> ContractStorage | None:
+        """The storage of the account at `address` (a system contract's) in the state after
+        the canonical block `block_hash`, read-only; None if no canonical block has it."""
+
+    @abstractmethod
+    def submit_transaction(self, raw: bytes) -> bytes:
+        """Admit a signed transaction as eth_sendRawTransaction does (the pool, then gossip
+        to the peers); its hash. TxPoolError, with the client's message, if refused."""
+
+    @abstractmethod
+    def pending_nonce(self, address: bytes) -> int:
+        """The next nonce of `address` after its transactions in the pool (geth's
+        eth_getTransactionCount "pending")."""
+
+    @abstractmethod
+    def next_base_fee(self) -> int:
+        """The base fee of the block after the head."""
 
 
 class ConsensusEngine(ABC):

@@ -35,7 +35,7 @@ from chain.rpc.errors import RpcError
 from chain.rpc.limits import RpcLimits
 from chain.rpc.served import WorkerPool, paced
 from chain.rpc.server import RpcServer
-from chain.system_contracts import SystemContract
+from chain.system_contracts import ContractStorage, SystemContract
 from chain.txpool import (
     DROP_REASONS,
     AccountReader,
@@ -660,3 +660,23 @@ class NodeContext(EngineContext):
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
         return _LoopTimer(asyncio.get_running_loop().call_later(delay, callback))
+
+    def canonical_header(self, number: int) -> BlockHeaderAPI | None:
+        return self._node.blockchain.header_by_number(number)
+
+    def canonical_header_by_hash(self, block_hash: bytes) -> BlockHeaderAPI | None:
+        return self._node.blockchain.header_by_hash(block_hash)
+
+    def system_storage(self, block_hash: bytes, address: bytes) -> ContractStorage | None:
+        blockchain = self._node.blockchain
+        header = blockchain.header_by_hash(block_hash)
+        return None if header is None else blockchain.system_storage(header, address)
+
+    def submit_transaction(self, raw: bytes) -> bytes:
+        return self._node.submit_raw_transaction(raw)
+
+    def pending_nonce(self, address: bytes) -> int:
+        return self._node.pool.pending_nonce(address)
+
+    def next_base_fee(self) -> int:
+        return self._node.next_base_fee()

@@ -61,6 +61,7 @@ from pbft_engine.registry import ValidatorRegistry
 from pbft_engine.rpc_records import MAX_RANGE, ConsensusRecords
 from pbft_engine.sync import BlockSync
 from pbft_engine.tasks import BackgroundTasks
+from pbft_engine.validator_rpc import validator_rpc_methods
 from pbft_engine.validator_state import ValidatorStateFile
 from storage import StorageFailure
 
@@ -572,6 +573,7 @@ class PbftEngine(ConsensusEngine):
             "pbft_getCheckpoints": pbft_getCheckpoints,
             "pbft_getViewChanges": pbft_getViewChanges,
             "pbft_getEvidence": pbft_getEvidence,
+            **validator_rpc_methods(self.context, self.engine_params, self.log),
         }
 
 
