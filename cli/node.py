@@ -23,6 +23,7 @@ from cli.keys import list_keyfiles, read_password, write_keyfile
 from cli.send import add_send_parser
 from cli.status import add_status_parser
 from cli.testnet import init_testnet, run_testnet
+from cli.validators import add_validators_parser
 from storage import StorageError
 
 LOG_FORMAT = "%(asctime)s %(levelname)-5s %(name)s: %(message)s"
@@ -94,6 +95,8 @@ def _testnet_init(args: argparse.Namespace) -> int:
             ("checkpoint_interval", args.checkpoint_interval),
             ("log_multiplier", args.log_multiplier),
             ("max_in_flight", args.max_in_flight),
+            ("min_validators", args.min_validators),
+            ("vote_ttl", args.vote_ttl),
             ("request_timeout", args.request_timeout),
             ("new_view_timeout", args.request_timeout),
             ("new_view_timeout_cap",
@@ -202,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     tinit.add_argument(
         "--request-timeout", type=float, help="seconds before a view change (2; also new-view)"
     )
+    tinit.add_argument("--min-validators", type=int,
+                       help="smallest set a vote may leave (min(4, --validators))")
+    tinit.add_argument("--vote-ttl", type=int,
+                       help="blocks a vote on the validator set stays live (30000)")
     tinit.set_defaults(handler=_testnet_init)
     trun = testnet_commands.add_parser("run", help="run every node of a testnet")
     trun.add_argument("--dir", required=True, help="directory made by testnet init")
@@ -210,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_parser(commands)
 
     add_send_parser(commands)
+
+    add_validators_parser(commands)
     return parser
 
 

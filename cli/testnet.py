@@ -3,7 +3,8 @@
 testnet.json is the machine-readable description tools and tests use: chain_id, validators,
 nodes (index, role: "validator" or "observer", address: the node key's, datadir, rpc_url, p2p
 address, metrics url, command: the argv that runs the node) and accounts (funded dev accounts
-with their private keys, as anvil prints them). Observers follow the validators (they dial
+with their private keys, as anvil prints them). Every node's address is funded in genesis too,
+so its validator can pay for its votes on the set. Observers follow the validators (they dial
 every validator and every other observer); each validator allows the observers' keys.
 """
 
@@ -109,8 +110,10 @@ def init_testnet(
         {"address": k.public_key.to_checksum_address(), "private_key": "0x" + k.to_bytes().hex()}
         for k in account_keys
     ]
+    # Every node's address is funded too: votes on the validator set are transactions that
+    # pay gas like any other (docs/validators.md), and an added validator must be able to vote.
     document = _genesis_document(
-        chain_id, validator_addresses, [a["address"] for a in accounts], pbft or {}
+        chain_id, validator_addresses, [a["address"] for a in accounts] + addresses, pbft or {}
     )
     directory.mkdir(parents=True, exist_ok=True)
     genesis_path = directory / "genesis.json"
