@@ -65,6 +65,22 @@ class StateStorage(ContractStorage):
         self._state.set_storage(self._address, slot, value)
 
 
+class ScratchStorage(ContractStorage):
+    """Writes kept in memory over a read-only `base` (none: empty storage): a dry run's."""
+
+    def __init__(self, base: ContractStorage | None = None) -> None:
+        self._base = base
+        self.slots: dict[int, int] = {}
+
+    def get(self, slot: int) -> int:
+        if slot in self.slots:
+            return self.slots[slot]
+        return 0 if self._base is None else self._base.get(slot)
+
+    def set(self, slot: int, value: int) -> None:
+        self.slots[slot] = value
+
+
 class SystemContract(ABC):
     """A native contract at `address`; each call costs `gas` beyond the intrinsic gas."""
 

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from cli.errors import CliError
+from cli.status import _interval as seconds
 from cli.status import rpc
 
 WAIT_POLL = 0.25  # seconds between looks for the vote's receipt
@@ -66,12 +67,20 @@ def _discard(args: argparse.Namespace) -> int:
     return _vote(args, "pbft_discardValidatorVote", [args.address])
 
 
-def _pending(args: argparse.Namespace) -> int:
-    tally = rpc(args.rpc, "pbft_getPendingVotes", [args.block])
-    if tally is None:
+def _read(args: argparse.Namespace, method: str) -> Any:
+    """`method`'s answer for --block; None once printed as JSON (--json)."""
+    result = rpc(args.rpc, method, [args.block])
+    if result is None:
         raise CliError(f"block {args.block} is not known to {args.rpc}")
     if args.json:
-        print(json.dumps(tally, indent=2))
+        print(json.dumps(result, indent=2))
+        return None
+    return result
+
+
+def _pending(args: argparse.Namespace) -> int:
+    tally = _read(args, "pbft_getPendingVotes")
+    if tally is None:
         return 0
     if not tally:
         print("no pending votes")
@@ -85,11 +94,8 @@ def _pending(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    epoch = rpc(args.rpc, "pbft_getEpoch", [args.block])
+    epoch = _read(args, "pbft_getEpoch")
     if epoch is None:
-        raise CliError(f"block {args.block} is not known to {args.rpc}")
-    if args.json:
-        print(json.dumps(epoch, indent=2))
         return 0
     _print_epoch(epoch)
     scheduled = epoch["scheduled"]
@@ -106,16 +112,6 @@ def _print_epoch(epoch: dict[str, Any]) -> None:
           f"f={int(epoch['f'], 16)} quorum={int(epoch['quorum'], 16)}")
     for index, validator in enumerate(epoch["validators"]):
         print(f"  {index} {validator}")
-
-
-def _seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"want a number of seconds above 0, got {text!r}")
-    return seconds
 
 
 def _block(text: str) -> str:
@@ -145,7 +141,7 @@ def add_validators_parser(commands: argparse._SubParsersAction[argparse.Argument
     discard = actions.add_parser("discard", help="retract this validator's vote about ADDRESS")
     discard.add_argument("address", help="the subject of the vote (0x...)")
     for vote, handler in ((propose, _propose), (discard, _discard)):
-        vote.add_argument("--wait", type=_seconds, nargs="?", const=60.0, metavar="SECONDS",
+        vote.add_argument("--wait", type=seconds, nargs="?", const=60.0, metavar="SECONDS",
                           help="wait (60 s) for the vote's block; exit 1 if it reverted")
         vote.set_defaults(handler=handler)
 

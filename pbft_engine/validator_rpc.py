@@ -28,7 +28,7 @@ from chain.engine import EngineContext, InvalidParams, RpcHandler
 from chain.errors import TxPoolError
 from chain.rpc.errors import RpcError, ServerError
 from chain.rpc.hexcodec import parse_address, parse_hash, parse_quantity, quantity
-from chain.system_contracts import ContractStorage, SystemContractRevert
+from chain.system_contracts import ContractStorage, ScratchStorage, SystemContractRevert
 from pbft_engine.core.epochs import Epoch
 from pbft_engine.core.params import EngineParams
 from pbft_engine.registry import (
@@ -42,20 +42,6 @@ from pbft_engine.registry import (
 INTRINSIC_GAS = 21_000
 CALLDATA_BYTE_GAS = 16  # a non-zero byte's (EIP-2028): an upper bound for any calldata
 HEAD_TAGS = ("latest", "safe", "finalized")  # every committed block is final (PBFT)
-
-
-class _Scratch(ContractStorage):
-    """A block's registry storage with a dry run's writes kept in memory."""
-
-    def __init__(self, base: ContractStorage) -> None:
-        self._base = base
-        self._writes: dict[int, int] = {}
-
-    def get(self, slot: int) -> int:
-        return self._writes[slot] if slot in self._writes else self._base.get(slot)
-
-    def set(self, slot: int, value: int) -> None:
-        self._writes[slot] = value
 
 
 def _hex(address: bytes) -> str:
@@ -190,7 +176,7 @@ class ValidatorRpc:
                               f"{epoch.number}, the set deciding the next block")
         data = calldata(epoch.number)
         try:
-            self.registry.call(_Scratch(storage), me, data, next_block)
+            self.registry.call(ScratchStorage(storage), me, data, next_block)
         except SystemContractRevert as exc:
             raise ServerError(exc.reason) from None
         return data

@@ -16,7 +16,12 @@ from eth_keys import keys
 from chain.blockchain import Blockchain, ExecutedBlock
 from chain.genesis import Genesis, GenesisAccount
 from chain.node import engine_contracts
-from chain.system_contracts import ContractStorage, SystemContractRevert, revert_data
+from chain.system_contracts import (
+    ContractStorage,
+    ScratchStorage,
+    SystemContractRevert,
+    revert_data,
+)
 from pbft_engine.core.epochs import EpochSchedule, handover_checkpoint
 from pbft_engine.core.params import EngineParams
 from pbft_engine.errors import ConfigError
@@ -284,17 +289,6 @@ def test_the_genesis_state_root_is_the_same_as_without_a_registry(make, tmp_path
         h.registry.genesis_schedule.epochs)
 
 
-class Slots(ContractStorage):
-    def __init__(self) -> None:
-        self.slots: dict[int, int] = {}
-
-    def get(self, slot: int) -> int:
-        return self.slots.get(slot, 0)
-
-    def set(self, slot: int, value: int) -> None:
-        self.slots[slot] = value
-
-
 @pytest.mark.parametrize(("k", "w", "b", "c"), [
     (10, 2, 3, 10), (10, 2, 8, 10), (10, 2, 9, 20), (10, 2, 10, 20), (5, 7, 10, 20),
     (3, 4, 3, 9), (1, 1, 5, 6),
@@ -305,15 +299,16 @@ def test_the_handover_is_the_first_checkpoint_at_least_max_in_flight_after_b(
     """c = K * ceil((b + W) / K), computed from the registry's state (a pure storage)."""
     params = EngineParams(CHAIN_ID, tuple(ADDRESSES[:4]), checkpoint_interval=k,
                           log_multiplier=max(2, w), max_in_flight=w)
-    registry, storage = ValidatorRegistry(params), Slots()
+    registry, storage = ValidatorRegistry(params), ScratchStorage()
     for voter in range(3):
         registry.call(storage, ADDRESSES[voter], encode_vote(NEWCOMER, True, 0), b)
     assert registry.schedule(storage).epochs[1].first == c + 1
 
 
 def test_a_revert_leaves_the_pure_storage_to_the_vm() -> None:
-    """Reverts are raised before any write: the VM undoes nothing it did not need to."""
-    registry, storage = ValidatorRegistry(EngineParams(CHAIN_ID, tuple(ADDRESSES[:4]))), Slots()
+    """A refusal is raised before any write (the pure rules alone, without the VM's undo)."""
+    registry = ValidatorRegistry(EngineParams(CHAIN_ID, tuple(ADDRESSES[:4])))
+    storage = ScratchStorage()
     with pytest.raises(SystemContractRevert, match="not a validator of epoch 0"):
         registry.call(storage, ADDRESSES[OUTSIDER], encode_vote(NEWCOMER, True, 0), 1)
     assert storage.slots == {}

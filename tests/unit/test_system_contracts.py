@@ -15,6 +15,7 @@ from chain.errors import BlockValidationError
 from chain.genesis import Genesis, GenesisAccount
 from chain.system_contracts import (
     ContractStorage,
+    ScratchStorage,
     SystemContract,
     SystemContractRevert,
     read_blob,
@@ -161,20 +162,18 @@ def test_a_contract_calls_it_by_call_only(
 
 
 def test_a_blob_is_read_back_and_a_shorter_one_clears_the_words_it_no_longer_uses() -> None:
-    class Slots(ContractStorage):
-        def __init__(self) -> None:
-            self.slots: dict[int, int] = {}
-
-        def get(self, slot: int) -> int:
-            return self.slots.get(slot, 0)
-
-        def set(self, slot: int, value: int) -> None:
-            self.slots[slot] = value
-
-    storage = Slots()
+    storage = ScratchStorage()
     write_blob(storage, 7, bytes(range(70)))
     assert read_blob(storage, 7) == bytes(range(70))
     write_blob(storage, 7, b"\xff" * 33)
     assert read_blob(storage, 7) == b"\xff" * 33 and storage.get(7 + 3) == 0
     write_blob(storage, 7, b"")
     assert not any(storage.slots.values())
+
+
+def test_scratch_storage_keeps_writes_over_its_base() -> None:
+    base = ScratchStorage()
+    base.set(1, 5)
+    scratch = ScratchStorage(base)
+    scratch.set(2, 7)
+    assert (scratch.get(1), scratch.get(2), base.get(2)) == (5, 7, 0)
