@@ -12,7 +12,8 @@ The reads answer from the registry's state at a block (`blockTag`: a number, "la
 "safe", "finalized", "earliest", or "pending": the next block, counted on the head's state):
 `pbft_getPendingVotes` (the network-wide tally), `pbft_getValidatorsByBlockNumber` and
 `pbft_getValidatorsByBlockHash` (the set that decides that block), `pbft_getEpoch` (its
-epoch, and the change scheduled after it). A block not there yet answers null.
+epoch, and the change scheduled after it). A block not there yet answers null. Every read of
+the state runs on a bounded worker of its own (`REGISTRY_READS`), off the consensus loop.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from chain.engine import EngineContext, InvalidParams, RpcHandler
 from chain.errors import TxPoolError
 from chain.rpc.errors import RpcError, ServerError
 from chain.rpc.hexcodec import parse_address, parse_hash, parse_quantity, quantity
+from chain.rpc.served import WorkerPool
 from chain.system_contracts import ContractStorage, ScratchStorage, SystemContractRevert
 from pbft_engine.core.epochs import Epoch
 from pbft_engine.core.params import EngineParams
@@ -42,6 +44,10 @@ from pbft_engine.registry import (
 INTRINSIC_GAS = 21_000
 CALLDATA_BYTE_GAS = 16  # a non-zero byte's (EIP-2028): an upper bound for any calldata
 HEAD_TAGS = ("latest", "safe", "finalized")  # every committed block is final (PBFT)
+# Reading the registry's state (a walk of the state trie, up to n*n votes decoded) is a
+# client's work: on a worker of its own, under the client-work governor, never on the loop
+# that votes; bounded (one more is refused as "server busy").
+REGISTRY_READS = WorkerPool(1, 64, "registry")
 
 
 def _hex(address: bytes) -> str:
@@ -60,7 +66,6 @@ class ValidatorRpc:
     def __init__(self, context: EngineContext, params: EngineParams,
                  log: logging.Logger | logging.LoggerAdapter[Any]) -> None:
         self.context = context
-        self.params = params
         self.registry = ValidatorRegistry(params)
         self.log = log
 
@@ -101,6 +106,9 @@ class ValidatorRpc:
         return self.context.system_storage(header.hash, REGISTRY_ADDRESS)
 
     async def pending_votes(self, tag: Any = "latest") -> dict[str, Any] | None:
+        return await REGISTRY_READS.run(self._pending_votes, tag)
+
+    def _pending_votes(self, tag: Any) -> dict[str, Any] | None:
         number = self._number(tag)
         storage = self._state(number)
         if storage is None:
@@ -118,13 +126,19 @@ class ValidatorRpc:
         return [_hex(v) for v in self.registry.schedule(storage).set_at(number)]
 
     async def validators_by_number(self, tag: Any) -> list[str] | None:
-        return self._validators_of(self._number(tag))
+        return await REGISTRY_READS.run(lambda: self._validators_of(self._number(tag)))
 
     async def validators_by_hash(self, block_hash: Any) -> list[str] | None:
+        return await REGISTRY_READS.run(self._validators_by_hash, block_hash)
+
+    def _validators_by_hash(self, block_hash: Any) -> list[str] | None:
         header = self.context.canonical_header_by_hash(parse_hash(block_hash, "block hash"))
         return None if header is None else self._validators_of(header.block_number)
 
     async def epoch(self, tag: Any = "latest") -> dict[str, Any] | None:
+        return await REGISTRY_READS.run(self._epoch, tag)
+
+    def _epoch(self, tag: Any) -> dict[str, Any] | None:
         number = self._number(tag)
         storage = self._state(number)
         if storage is None:
@@ -144,7 +158,8 @@ class ValidatorRpc:
     async def propose(self, address: Any, add: Any) -> str:
         subject = parse_address(address, "address")
         adding = _flag(add)
-        data = self._checked(lambda epoch: encode_vote(subject, adding, epoch))
+        data = await REGISTRY_READS.run(
+            self._checked, lambda epoch: encode_vote(subject, adding, epoch))
         if adding and subject not in self.context.peers():
             self.log.warning("voting to add 0x%s, which is not connected to this node: an "
                              "added validator must have followed the chain as an observer, "
@@ -153,7 +168,8 @@ class ValidatorRpc:
 
     async def discard(self, address: Any) -> str:
         subject = parse_address(address, "address")
-        return self._submit(self._checked(lambda epoch: encode_retract(subject, epoch)))
+        return self._submit(await REGISTRY_READS.run(
+            self._checked, lambda epoch: encode_retract(subject, epoch)))
 
     def _me(self) -> bytes:
         key = self.context.validator_key
@@ -182,6 +198,7 @@ class ValidatorRpc:
         return data
 
     def _submit(self, data: bytes) -> str:
+        """Signed and admitted on the loop (the pool is the loop's)."""
         key = self.context.validator_key
         assert key is not None  # checked by _checked
         unsigned = ChainTransactionBuilder.new_unsigned_dynamic_fee_transaction(
