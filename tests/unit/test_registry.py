@@ -4,24 +4,28 @@ the contracts the pbft engine's entry point provides (as every node runs them)."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import rlp
 from eth.abc import ComputationAPI
 from eth.vm.forks import PragueVM
 from eth_keys import keys
 
 from chain.blockchain import Blockchain, ExecutedBlock
-from chain.genesis import Genesis, GenesisAccount
+from chain.genesis import Genesis, GenesisAccount, load_genesis_bytes
 from chain.node import engine_contracts
+from chain.registry import available_engines
 from chain.system_contracts import (
     ContractStorage,
     ScratchStorage,
     SystemContractRevert,
     revert_data,
 )
+from cli.state_replay import ChainStateReplay
 from pbft_engine.core.epochs import EpochSchedule, handover_checkpoint
 from pbft_engine.core.params import EngineParams
 from pbft_engine.errors import ConfigError
@@ -333,3 +337,24 @@ def test_defaults_min_validators_is_min_of_4_and_the_genesis_set() -> None:
         params = EngineParams.from_genesis(
             CHAIN_ID, {"validators": ["0x" + a.hex() for a in ADDRESSES[:n]]})
         assert (params.min_validators, params.vote_ttl) == (floor, 30_000)
+
+
+def test_the_state_audit_s_replay_executes_the_registry_as_the_node_does(tmp_path: Path) -> None:
+    document = json.dumps({
+        "config": {"chainId": CHAIN_ID, "pbft": {"validators": ["0x" + a.hex() for a in
+                                                                ADDRESSES[:4]]}},
+        "timestamp": hex(1_700_000_000),
+        "alloc": {"0x" + a.hex(): {"balance": hex(10**24)} for a in ADDRESSES},
+    }).encode()
+    genesis = load_genesis_bytes(document, available_engines())
+    with Database(tmp_path / "chain") as db:
+        h = Harness(Blockchain(db, genesis, engine_contracts(genesis)))
+        for voter in range(3):
+            h.vote(voter, NEWCOMER, True)
+        h.refused(OUTSIDER, encode_vote(NEWCOMER, True, 0))
+        assert len(read_changes(h.storage())) == 1
+        headers = [h.chain.header_by_number(n) for n in range(h.chain.head().block_number + 1)]
+        blocks = [(header.block_number, rlp.encode(h.chain.block_by_header(header)))
+                  for header in headers if header is not None]
+    roots = dict(ChainStateReplay(document).state_roots(blocks))
+    assert roots == {header.block_number: header.state_root for header in headers if header}
