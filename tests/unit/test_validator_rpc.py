@@ -76,13 +76,15 @@ def commit_pool(nodes: list[Node]) -> None:
 
 
 def test_votes_are_signed_submitted_tallied_and_pass_into_the_schedule(
-        nodes: list[Node]) -> None:
+        nodes: list[Node], caplog: pytest.LogCaptureFixture) -> None:
     a, b, c, outsider = nodes
     assert call(a, "pbft_getEpoch", "latest") == {
         "epoch": "0x0", "firstBlock": "0x1", "validators": VALIDATORS, "n": "0x4",
         "f": "0x1", "quorum": "0x3", "lastBlock": None, "scheduled": None}
     tx_hash = call(a, "pbft_proposeValidatorVote", NEWCOMER, True)
     assert a.pool.get(bytes.fromhex(tx_hash[2:])) is not None
+    assert [r.levelname for r in caplog.records if "not connected to this node" in r.message
+            ] == ["WARNING"]  # a warning, not a refusal: the subject is no peer here
     assert a.context.pending_nonce(KEYS[0].public_key.to_canonical_address()) == 1
     call(b, "pbft_proposeValidatorVote", NEWCOMER, True)
     commit_pool(nodes)  # block 1
