@@ -8,7 +8,6 @@ signs itself from a non-member is included and reverts with the registry's reaso
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,10 +18,9 @@ from eth_account import Account
 
 from pbft_engine.registry import REGISTRY_ADDRESS, encode_vote
 from testkit.cluster import Cluster, rpc
-from tests.spec import _methods
+from tests.spec import assert_valid_result
 
 OBSERVER = 4
-HASH32 = _methods()["eth_sendRawTransaction"]["result"]["schema"]["pattern"]
 REGISTRY = "0x" + REGISTRY_ADDRESS.hex()
 
 
@@ -82,22 +80,27 @@ def test_the_observer_is_voted_in_and_scheduled_and_bad_votes_change_nothing(
         "retract nothing": (["discard", observer, "--rpc", urls[1]], "has no live vote about"),
     }
     started = {name: validators(net, *args) for name, (args, _) in bad.items()}
+    listed = validators(net, "pending", "--json", "--rpc", urls[2])
     for name, process in started.items():
         code, out, err = finished(process)
         assert (code, out) == (1, ""), name
         assert err.startswith("pbft-node: error: ") and err.count("\n") == 1, (name, err)
         assert bad[name][1] in err, (name, err)
     assert tally(net) == {}
+    code, out, _ = finished(listed)
+    assert (code, json.loads(out)) == (0, {})
     assert [rpc(net.nodes[0], "eth_getTransactionCount", m, "pending") for m in members] == [
         "0x0"] * 4
     assert int(rpc(net.nodes[0], "eth_getStorageAt", REGISTRY, "0x0", "latest"), 16) == 0
 
     # three of four vote the observer in (one retracts and votes again on the way)
     first = ok(net, "propose", observer, "--add", "--rpc", urls[0]).strip()
-    assert re.match(HASH32, first)
+    assert_valid_result("eth_sendRawTransaction", first)  # a transaction hash, as that one's
     receipt = net.nodes[0].web3().eth.wait_for_transaction_receipt(first, timeout=60,
                                                                   poll_latency=0.05)
     assert receipt.status == 1
+    for method in ("eth_getTransactionReceipt", "eth_getTransactionByHash"):  # a plain one
+        assert_valid_result(method, rpc(net.nodes[0], method, first))
     net.wait_heads([OBSERVER], receipt.blockNumber)
     assert tally(net, OBSERVER) == {observer: {
         "add": True, "voters": members[:1], "threshold": "0x3",
@@ -119,8 +122,7 @@ def test_the_observer_is_voted_in_and_scheduled_and_bad_votes_change_nothing(
     assert int(rpc(net.nodes[2], "eth_getStorageAt", REGISTRY, "0x0", "latest"), 16) == 1
     net.wait_heads([0, 3, OBSERVER], passed_at)
     c = -(-(passed_at + 2) // 10) * 10
-    epoch = json.loads(ok(net, "list", "--json", "--block", str(passed_at),
-                          "--rpc", urls[OBSERVER]))
+    epoch = rpc(net.nodes[OBSERVER], "pbft_getEpoch", hex(passed_at))
     assert (epoch["epoch"], epoch["validators"], epoch["quorum"], epoch["lastBlock"]) == (
         "0x0", members, "0x3", hex(c))
     scheduled = epoch["scheduled"]
