@@ -169,6 +169,9 @@ def test_retract_deletes_a_vote_and_the_tally_follows(make) -> None:
     h = make(4)
     h.vote(0, NEWCOMER, True)
     h.vote(1, NEWCOMER, True)
+    # a flip (remove what is not a member) reverts and leaves the add vote as it was
+    assert "is not a validator (or its removal" in h.refused(0, encode_vote(NEWCOMER, False, 0))
+    assert h.tally() == {NEWCOMER: (True, {ADDRESSES[0], ADDRESSES[1]})}
     h.block(h.tx(0, encode_retract(NEWCOMER, 0)))
     assert h.tally() == {NEWCOMER: (True, {ADDRESSES[1]})}
     assert "has no live vote about" in h.refused(0, encode_retract(NEWCOMER, 0))
