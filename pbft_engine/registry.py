@@ -20,7 +20,10 @@ scheduled change +/- the subject (an added one at the END, so the others keep th
 the votes about the subject dropped, and the change recorded as (validators, passed_at=b).
 When it takes effect is `EpochSchedule.schedule`'s (FIFO, one change per epoch); the schedule
 is rebuilt from the recorded changes (`schedule_from`). A vote that breaks a rule is included
-and reverts with its reason. Votes expire `vote_ttl` blocks after they were cast.
+and reverts with its reason. Votes expire `vote_ttl` blocks after they were cast, and count
+only while their voter has been in every set since (voted out, its votes are void for good).
+The same set cannot be scheduled twice by changes passing in one block (the schedule would
+take the second for a replay of the first).
 
 Storage: slot 0 counts the changes; change i is an RLP blob at keccak("change", i); the live
 votes are one RLP blob at keccak("votes"), bounded (n live votes per voter, so n*n). Empty
@@ -174,16 +177,22 @@ class ValidatorRegistry(SystemContract):
         return schedule_from(storage, self.genesis_schedule)
 
     def live_votes(self, storage: ContractStorage, block_number: int,
-                   validators: Sequence[bytes]) -> list[Vote]:
-        """The votes that count in block `block_number`: not expired, cast by a member of
-        the set deciding it (a removed validator's votes stop counting with it)."""
+                   schedule: EpochSchedule) -> list[Vote]:
+        """The votes that count in block `block_number`: not expired, cast by a voter in
+        every set from the one it voted in to the one deciding this block (a removed
+        validator's votes stop counting with it, and stay void if it is voted in again:
+        whether a later vote happened to rewrite the list in between must not matter)."""
+        now = schedule.epoch_at(block_number).number
         return [v for v in read_votes(storage)
-                if block_number < v.expires_at(self.vote_ttl) and v.voter in validators]
+                if block_number < v.expires_at(self.vote_ttl)
+                and all(v.voter in e.validators
+                        for e in schedule.epochs[schedule.epoch_at(v.cast_at).number:now + 1])]
 
     def pending(self, storage: ContractStorage, block_number: int) -> list[Tally]:
         """The tally of every subject with live votes, as block `block_number` counts it."""
-        validators = self.schedule(storage).set_at(block_number)
-        votes = self.live_votes(storage, block_number, validators)
+        schedule = self.schedule(storage)
+        validators = schedule.set_at(block_number)
+        votes = self.live_votes(storage, block_number, schedule)
         tallies = []
         for subject in dict.fromkeys(v.subject for v in votes):
             about = [v for v in votes if v.subject == subject]
@@ -222,7 +231,7 @@ class ValidatorRegistry(SystemContract):
                                        "is scheduled)")
         if not add:
             self._check_floor(subject, len(after) - 1)
-        votes = [v for v in self.live_votes(storage, block_number, validators)
+        votes = [v for v in self.live_votes(storage, block_number, schedule)
                  if (v.voter, v.subject) != (sender, subject)]
         mine = sum(v.voter == sender for v in votes)
         if mine >= len(validators):  # n live votes per voter: n*n in all
@@ -232,6 +241,12 @@ class ValidatorRegistry(SystemContract):
         voters = {v.voter for v in votes if v.subject == subject and v.add == add}
         if len(voters) >= _threshold(validators):
             changed = (*after, subject) if add else tuple(v for v in after if v != subject)
+            if schedule.schedule(changed, passed_at=block_number) is schedule:
+                # the schedule takes the same set passing in the same block for a replay of
+                # the change it knows (a restart's): recorded, it would never take effect
+                raise SystemContractRevert(
+                    f"this change makes the set that was scheduled already in block "
+                    f"{block_number}: one change to a set per block")
             _record_change(storage, Change(changed, block_number))
             votes = [v for v in votes if v.subject != subject]
         _write_votes(storage, votes)
@@ -241,8 +256,9 @@ class ValidatorRegistry(SystemContract):
                  block_number: int) -> bytes:
         subject_word, epoch = _arguments(RETRACT_SIGNATURE, args, ("address", "uint64"))
         subject = _address(subject_word)
-        validators = self._check_voter(self.schedule(storage), sender, epoch, block_number)
-        votes = self.live_votes(storage, block_number, validators)
+        schedule = self.schedule(storage)
+        self._check_voter(schedule, sender, epoch, block_number)
+        votes = self.live_votes(storage, block_number, schedule)
         kept = [v for v in votes if (v.voter, v.subject) != (sender, subject)]
         if len(kept) == len(votes):
             raise SystemContractRevert(f"{_hex(sender)} has no live vote about "

@@ -19,6 +19,7 @@ the state runs on a bounded worker of its own (`REGISTRY_READS`), off the consen
 from __future__ import annotations
 
 import logging
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +57,8 @@ def _hex(address: bytes) -> str:
 
 def _flag(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise InvalidParams(f"invalid argument 1: add must be true or false, not {value!r}")
+        raise InvalidParams(f"invalid argument 1: add must be true or false, not "
+                            f"{reprlib.repr(value)}")
     return value
 
 
@@ -92,8 +94,9 @@ class ValidatorRpc:
             return head + 1
         if isinstance(tag, str) and tag.startswith("0x"):
             return parse_quantity(tag, "block number", bits=64)
-        raise InvalidParams(f"invalid argument 0: {tag!r} is not a block number or tag "
-                            f"(latest, safe, finalized, earliest, pending)")
+        # reprlib: a client's 100 KB argument is not echoed back whole
+        raise InvalidParams(f"invalid argument 0: {reprlib.repr(tag)} is not a block number "
+                            f"or tag (latest, safe, finalized, earliest, pending)")
 
     def _state(self, number: int) -> ContractStorage | None:
         """The registry's storage as block `number` sees it: after it (what decides it was
