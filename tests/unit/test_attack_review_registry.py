@@ -12,11 +12,14 @@ decision is a strict xfail naming it; the rest are attacks that held.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import rlp
+from eth_utils import keccak
 
 from chain.blockchain import Blockchain
 from chain.genesis import Genesis, GenesisAccount
@@ -30,11 +33,14 @@ from chain.system_contracts import (
     SystemContractRevert,
 )
 from chain.txpool import PoolLimits
+from pbft_engine.core.params import EngineParams
 from pbft_engine.registry import (
     GET_VALIDATORS,
     REGISTRY_ADDRESS,
     REGISTRY_GAS,
     VOTES_BASE,
+    ValidatorRegistry,
+    encode_retract,
     encode_vote,
     read_changes,
     read_votes,
@@ -372,3 +378,79 @@ def test_a_votes_work_does_not_grow_with_the_other_validators_live_votes(
     writes.count = 0
     h.vote(A, outsider, True)  # the same vote again, beside 16 others
     assert writes.count == alone
+
+
+def authorization(signer: int, delegate: bytes, nonce: int) -> dict[str, Any]:
+    """An EIP-7702 authorization: `signer`'s account runs `delegate`'s code."""
+    digest = keccak(b"\x05" + rlp.encode([CHAIN_ID, delegate, nonce]))
+    signature = KEYS[signer].sign_msg_hash(digest)
+    return {"chain_id": CHAIN_ID, "address": delegate, "nonce": nonce,
+            "y_parity": signature.v, "r": signature.r, "s": signature.s}
+
+
+def test_a_validator_account_delegated_by_eip_7702_votes_through_its_delegate(
+        two_nodes: tuple[Harness, Blockchain]) -> None:
+    """Held, and documented: a call from a validator's account is its vote, whoever made the
+    account call. A validator that delegates its account (EIP-7702) to forwarding code lets
+    anyone vote as it (as anyone could spend its ether); nodes agree on it. Delegating to the
+    registry's address itself runs nothing (a delegation to a precompile executes no code)."""
+    h, validator = two_nodes
+    vote = encode_vote(NEWCOMER, True, 0)
+    nonce = h.nonces[OUTSIDER]
+    h.nonces[OUTSIDER] += 1
+    delegated = BUILDER.decode(BUILDER.new_unsigned_set_code_transaction(
+        chain_id=CHAIN_ID, nonce=nonce, max_priority_fee_per_gas=GWEI,
+        max_fee_per_gas=10 * GWEI, gas=1_000_000, to=ADDRESSES[A], value=0, data=vote,
+        access_list=(), authorization_list=(
+            authorization(A, FORWARDERS["call"][0], h.nonces[A]),
+            authorization(B, REGISTRY_ADDRESS, h.nonces[B]),
+        )).as_signed_transaction(KEYS[OUTSIDER]).encode())
+    executed = h.block(delegated, signed(h, OUTSIDER, ADDRESSES[B], vote))
+    assert [r.state_root for r in executed.receipts] == [b"\x01", b"\x01"]
+    assert [(v.voter, v.subject) for v in read_votes(registry_storage(h.chain))] == [
+        (ADDRESSES[A], NEWCOMER)]  # B's account ran nothing
+    replayed = validator.execute_block(validator.decode_block(executed.encode()))
+    assert replayed.state_root == executed.state_root
+
+
+def test_a_member_whose_addition_is_scheduled_cannot_vote_before_its_epoch(make: Any) -> None:
+    """Held: NEWCOMER is voted in (block 3: epoch 1 from block 11); until then it is no
+    member of the set deciding the block, so its vote and retraction revert."""
+    h = make(4, min_validators=1)
+    for voter in (A, B, C):
+        h.vote(voter, NEWCOMER, True)
+    newcomer = ADDRESSES.index(NEWCOMER)
+    assert "is not a validator of epoch 0" in h.refused(newcomer, encode_vote(ADDRESSES[6],
+                                                                               True, 0))
+    assert "is not a validator of epoch 0" in h.refused(newcomer, encode_retract(NEWCOMER, 1))
+
+
+def test_random_calls_raise_nothing_but_a_revert_and_keep_history_and_schedule_equal() -> None:
+    """Held: 800 random votes and retractions (members and not, right and wrong epochs, sets
+    of 1 to 7, floors, TTLs, checkpoint intervals): nothing but SystemContractRevert escapes
+    the registry (anything else would escape py-evm's computation and fail the block on
+    every node), and every recorded change is in the schedule every node rebuilds."""
+    rng = random.Random(31)
+    addresses = [bytes([i + 1]) * 20 for i in range(8)] + [bytes(20)]
+    changes = 0
+    for _ in range(20):
+        n = rng.randint(1, 7)
+        registry = ValidatorRegistry(EngineParams(
+            CHAIN_ID, tuple(addresses[:n]), checkpoint_interval=rng.choice([1, 2, 5]),
+            log_multiplier=2, max_in_flight=1, min_validators=rng.randint(1, n),
+            vote_ttl=rng.choice([1, 3, 100])))
+        storage, block = ScratchStorage(), 1
+        for _ in range(40):
+            block += rng.choice([0, 1, 3])
+            epoch = registry.schedule(storage).epoch_at(block).number + rng.choice([0, 0, 0, 1])
+            subject = rng.choice(addresses[max(0, n - 2):n + 2])  # a few members, a few not
+            data = (encode_vote(subject, rng.random() < 0.6, epoch) if rng.random() < 0.8
+                    else encode_retract(subject, epoch))
+            before = dict(storage.slots)
+            try:
+                registry.call(storage, rng.choice(addresses[:n + 1]), data, block)
+            except SystemContractRevert:
+                storage.slots = before  # the VM's undo
+        changes += len(read_changes(storage))
+        assert len(read_changes(storage)) == len(registry.schedule(storage).epochs) - 1
+    assert changes >= 10  # the calls did pass changes, not only revert
