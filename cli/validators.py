@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from typing import Any
 
@@ -115,14 +116,16 @@ def _print_epoch(epoch: dict[str, Any]) -> None:
 
 
 def _block(text: str) -> str:
-    """A block tag, or a number (decimal or 0x-hex) as the RPC's hex."""
+    """A block tag, or a number (decimal or 0x-hex) as the RPC's hex. Plain digits only:
+    int() would also take "-5", "1_000" and other scripts' digits."""
     if text in BLOCK_TAGS:
         return text
-    try:
-        return hex(int(text, 16 if text.lower().startswith("0x") else 10))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"want a block number or one of {', '.join(BLOCK_TAGS)}, got {text!r}") from None
+    if re.fullmatch(r"0[xX][0-9a-fA-F]+", text):
+        return hex(int(text, 16))
+    if re.fullmatch(r"[0-9]+", text):
+        return hex(int(text))
+    raise argparse.ArgumentTypeError(
+        f"want a block number or one of {', '.join(BLOCK_TAGS)}, got {text!r}")
 
 
 def add_validators_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]

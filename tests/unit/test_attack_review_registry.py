@@ -33,6 +33,7 @@ from chain.system_contracts import (
     SystemContractRevert,
 )
 from chain.txpool import PoolLimits
+from cli.node import build_parser
 from pbft_engine.core.params import EngineParams
 from pbft_engine.registry import (
     GET_VALIDATORS,
@@ -454,3 +455,16 @@ def test_random_calls_raise_nothing_but_a_revert_and_keep_history_and_schedule_e
         changes += len(read_changes(storage))
         assert len(read_changes(storage)) == len(registry.schedule(storage).epochs) - 1
     assert changes >= 10  # the calls did pass changes, not only revert
+
+
+@pytest.mark.parametrize("block", ["-5", "1_000", "\u0663", " 7", "0x", "0x-1"])
+def test_the_cli_refuses_a_block_that_is_not_a_plain_number_or_tag(
+        block: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Finding 6 (fixed; low): `--block -5` went to the node as "-0x5" (int() took it, as it
+    takes "1_000" and other scripts' digits), to be refused there; now the CLI refuses it
+    itself as a usage error (exit 2: the usage line and one error line), before any
+    request."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["validators", "list", "--block", block])
+    err = capsys.readouterr().err
+    assert (exited.value.code, err.count("\n"), "want a block number" in err) == (2, 2, True)
