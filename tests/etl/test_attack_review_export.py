@@ -85,14 +85,19 @@ def honest_answers(head: int = 9, view: int = 1) -> Answer:
     return answer
 
 
+def made_up_header(number: int) -> list[Any]:
+    """A header of height `number` the export only hashes and reads extraData of (its 13th
+    field, 0x: a chain built before the commitment to the next set)."""
+    return [number, b"made up", *[b""] * 11]
+
+
 def made_up_block(number: int) -> bytes:
-    """An RLP block [header, transactions, ommers] of height `number` (a header the export
-    only hashes: any RLP list)."""
-    return rlp.encode([[number, b"made up"], [], []])
+    """An RLP block [header, transactions, ommers] of height `number`."""
+    return rlp.encode([made_up_header(number), [], []])
 
 
 def block_hash(number: int) -> bytes:
-    return keccak(rlp.encode([number, b"made up"]))
+    return keccak(rlp.encode(made_up_header(number)))
 
 
 def certified_answers(head: int, signers: Validators, answers: Answer | None = None) -> Answer:

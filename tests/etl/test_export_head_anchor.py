@@ -120,7 +120,7 @@ def not_rlp(head: int) -> Answer:
     (lambda: too_few_commits(HEAD), "commit certificate: 2 signatures, quorum is 3"),
     (lambda: outsider_replica(HEAD), "replica index 4 is not in the validator set"),
     (lambda: another_header(HEAD), "commit certificate: a commit is for another block"),
-    (lambda: not_rlp(HEAD), "the block served at its head is not an RLP block"),
+    (lambda: not_rlp(HEAD), "the block served at 9 is not an RLP block"),
     (lambda: honest_answers(HEAD), "the certificate served is not the hex of at most"),
 ])
 def test_a_head_certificate_that_is_no_genesis_quorum_leaves_the_node_out(
