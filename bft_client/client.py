@@ -2,9 +2,12 @@
 
 The f+1 reply rule (docs/ARCHITECTURE.md, section 2): the client signs a transaction, submits
 it to one node, then polls every validator for its receipt until f+1 distinct validators
-(f = (N-1)//3) report the same (block hash, status, gas used); at most f validators are
-faulty, so at least one of them is correct and the transaction really committed in that
-block. If that does not
+(f = (N-1)//3) report the same (block hash, status, gas used, block number); at most f
+validators are faulty, so at least one of them is correct and the transaction really
+committed in that block. N is the set that decided that block: the agreeing validators' word
+about it is checked against the commitment of the block before (`block_set`), and if a set
+change made it another set than the configured one, f+1 of that set are needed (those of
+its members configured here). If that does not
 happen within `Timeouts.resend_after` seconds the raw transaction is re-sent to every validator
 (the node it went to may be down or faulty), again after twice as long, and so on, until
 `Timeouts.deadline`.
@@ -28,6 +31,7 @@ from eth_hash.auto import keccak
 from eth_keys.datatypes import PrivateKey
 from eth_utils import is_hex_address, to_canonical_address, to_checksum_address
 
+from bft_client.block_set import BlockSet, block_set, proven_set
 from bft_client.errors import (
     BftClientError,
     NoAgreement,
@@ -79,8 +83,8 @@ class ConfirmedReceipt:
     key: ReceiptKey
     agreeing: tuple[str, ...]  # validator addresses, in configured order
     disagreeing: dict[str, ReceiptKey]  # validators that reported a different receipt
-    validators: int  # N
-    needed: int  # f+1
+    validators: int  # N of the set that decided the block
+    needed: int  # its f+1
     resends: int  # how many times the transaction was re-sent to every validator
 
     @property
@@ -316,7 +320,7 @@ class BftClient:
                 raise outcome
         if agreed is None:
             raise NoAgreement(
-                f"no {self.needed} of {len(self.validators)} validators agreed on a receipt for "
+                f"no {tally.needed} of {len(tally.validators)} validators agreed on a receipt for "
                 f"{tx_hash} within {self.timeouts.deadline:g}s: {tally.describe()}"
             )
         return self._confirmed(tx_hash, tally, agreed, timer.count)
@@ -332,8 +336,9 @@ class BftClient:
     ) -> tuple[ReceiptKey, tuple[str, ...]] | None:
         """Re-count after every answer, re-send to all when the timer fires; None at the
         deadline. The re-sends join `tasks`."""
+        proven: dict[ReceiptKey, tuple[str, ...]] = {}
         for _ in range((len(self.validators) + 1) * self.timeouts.max_rounds()):
-            agreed = tally.agreement()
+            agreed = await self._settled(tally, proven, deadline)
             now = time.monotonic()
             if agreed is not None or now >= deadline:
                 return agreed
@@ -345,7 +350,46 @@ class BftClient:
             changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min(timer.due_at, deadline) - now)
-        return tally.agreement()
+        return await self._settled(tally, proven, deadline)
+
+    async def _settled(
+        self, tally: ReplyTally, proven: dict[ReceiptKey, tuple[str, ...]], deadline: float
+    ) -> tuple[ReceiptKey, tuple[str, ...]] | None:
+        """The receipt f+1 of the counted validators agree on, once they are the set that
+        decided its block (DESIGN.md section 10: a set change moves the count to the new
+        set). If another set decided it, its members are counted from now on (None)."""
+        agreed = tally.agreement()
+        if agreed is None:
+            return None
+        key, agreeing = agreed
+        if key not in proven:
+            decided = await self._deciding_set(key.block_number, agreeing, deadline)
+            if decided is None:
+                return None
+            proven[key] = decided
+        if set(proven[key]) == set(tally.validators):
+            return agreed
+        tally.count_among(proven[key])
+        return None
+
+    async def _deciding_set(
+        self, number: int, agreeing: tuple[str, ...], deadline: float
+    ) -> tuple[str, ...] | None:
+        """The set that decided block `number`, as the validators that agree on a receipt in
+        it all answer (`block_set`); None while one of them does not answer."""
+
+        async def ask(validator: str) -> BlockSet:
+            validators = await self._call(validator, "pbft_getValidatorsByBlockNumber",
+                                          [hex(number)], deadline)
+            parent = await self._call(validator, "eth_getBlockByNumber",
+                                      [hex(number - 1), False], deadline)
+            return block_set(number, validators, parent)
+
+        try:
+            answers = await asyncio.gather(*(ask(v) for v in agreeing))
+        except (RpcUnreachable, RpcReplyError):
+            return None
+        return proven_set(dict(zip(agreeing, answers, strict=True)), list(self.validators))
 
     async def _push_quietly(self, validator: str, raw: bytes, deadline: float) -> None:
         """A re-send: "already known", "nonce too low" or no answer do not matter, receipts do."""
@@ -397,7 +441,7 @@ class BftClient:
             key=key,
             agreeing=agreeing,
             disagreeing=tally.disagreeing(key),
-            validators=len(self.validators),
-            needed=self.needed,
+            validators=len(tally.validators),
+            needed=tally.needed,
             resends=resends,
         )

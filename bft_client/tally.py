@@ -32,6 +32,7 @@ class ReceiptKey:
     block_hash: str
     status: int
     gas_used: int
+    block_number: int  # which set decided the block depends on it (bft_client.block_set)
 
     def __str__(self) -> str:
         return f"block {self.block_hash} status {self.status} gas {self.gas_used}"
@@ -50,6 +51,7 @@ def receipt_key(receipt: Any, tx_hash: str) -> ReceiptKey:
         block_hash.lower(),
         quantity(receipt.get("status"), "receipt status"),
         quantity(receipt.get("gasUsed"), "receipt gasUsed"),
+        quantity(receipt.get("blockNumber"), "receipt blockNumber"),
     )
 
 
@@ -61,6 +63,12 @@ class ReplyTally:
         self.needed = needed
         self._receipts: dict[str, tuple[ReceiptKey, dict[str, Any]]] = {}
         self._notes: dict[str, str] = {}
+
+    def count_among(self, validators: Sequence[str]) -> None:
+        """Count only `validators` from now on, f+1 of them (the set that decided the block
+        of the receipt agreed on, when it is not the configured one)."""
+        self.validators = tuple(validators)
+        self.needed = fault_tolerance(len(self.validators)) + 1
 
     def record_receipt(self, validator: str, key: ReceiptKey, receipt: dict[str, Any]) -> None:
         self._receipts[validator] = (key, receipt)

@@ -28,6 +28,7 @@ from bft_client import (
     fault_tolerance,
     sign_transaction,
 )
+from bft_client.block_set import validators_hash
 from chain.blockchain import ChainVM
 
 ADDRESSES = [
@@ -36,8 +37,8 @@ ADDRESSES = [
 V0, V1, V2, V3 = ADDRESSES
 URLS = {address: f"http://127.0.0.1:{9000 + i}" for i, address in enumerate(ADDRESSES)}
 RAW = b"\x02 a signed transaction, as far as the client cares"
-B1 = ReceiptKey("0x" + "b1" * 32, 1, 21_000)
-B2 = ReceiptKey("0x" + "b2" * 32, 1, 21_000)
+B1 = ReceiptKey("0x" + "b1" * 32, 1, 21_000, 7)
+B2 = ReceiptKey("0x" + "b2" * 32, 1, 21_000, 7)
 FAST = Timeouts(
     request=0.5, poll_interval=0.01, max_poll_interval=0.02, resend_after=0.2, deadline=5.0
 )
@@ -54,6 +55,10 @@ class FakeValidator:
     reject: str | None = None  # eth_sendRawTransaction's error message
     wrong_hash: bool = False  # reports a receipt of another transaction
     validators: list[str] = field(default_factory=lambda: [a.lower() for a in ADDRESSES])
+    # pbft_getValidatorsByBlockNumber's answer, and the extraData of the block before (None:
+    # the commitment to that set)
+    block_validators: list[str] = field(default_factory=lambda: list(ADDRESSES))
+    parent_extra_data: str | None = None
     answers: dict[str, Any] = field(default_factory=dict)  # other methods' results
     received: list[float] = field(default_factory=list)  # when the transaction arrived
     calls: Counter[str] = field(default_factory=Counter)
@@ -65,6 +70,11 @@ class FakeValidator:
             return self._receive(params[0])
         if method == "eth_getTransactionReceipt":
             return self._receipt(params[0])
+        if method == "pbft_getValidatorsByBlockNumber":
+            return self.block_validators
+        if method == "eth_getBlockByNumber" and params[0] != "latest":
+            extra = self.parent_extra_data
+            return {"extraData": validators_hash(self.block_validators) if extra is None else extra}
         return self.answers[method]
 
     def _receive(self, raw: str) -> str:
@@ -80,7 +90,7 @@ class FakeValidator:
         return {
             "transactionHash": "0x" + "ee" * 32 if self.wrong_hash else tx_hash,
             "blockHash": self.key.block_hash,
-            "blockNumber": "0x7",
+            "blockNumber": hex(self.key.block_number),
             "status": hex(self.key.status),
             "gasUsed": hex(self.key.gas_used),
         }
@@ -159,8 +169,8 @@ def test_receipts_that_differ_in_block_status_or_gas_do_not_combine() -> None:
     nodes = network(
         v0=FakeValidator(B1),
         v1=FakeValidator(B2),
-        v2=FakeValidator(ReceiptKey(B1.block_hash, 0, B1.gas_used)),
-        v3=FakeValidator(ReceiptKey(B1.block_hash, 1, 42_000)),
+        v2=FakeValidator(ReceiptKey(B1.block_hash, 0, B1.gas_used, 7)),
+        v3=FakeValidator(ReceiptKey(B1.block_hash, 1, 42_000, 7)),
     )
     with pytest.raises(NoAgreement) as failure:
         send(nodes, timeouts=SHORT)
@@ -228,6 +238,48 @@ def test_a_rejection_by_the_submission_node_ends_the_send() -> None:
 def test_already_known_is_not_a_rejection() -> None:
     nodes = network(v1=FakeValidator(B1, reject="already known"), v2=FakeValidator(B1))
     assert send(nodes, via=V1).agreeing == (V1, V2)
+
+
+V4 = keys.PrivateKey(b"\x05" * 32).public_key.to_checksum_address()
+AFTER_CHANGE = [V1, V2, V3, V4]  # V0 voted out, V4 in: the set that decided block 7
+
+
+def test_the_set_of_the_block_is_checked_against_the_parent_s_commitment() -> None:
+    nodes = network(v0=FakeValidator(B1), v2=FakeValidator(B1))
+    assert send(nodes).validators == 4
+    # asked once, by each agreeing validator
+    assert [nodes[v].calls["pbft_getValidatorsByBlockNumber"] for v in ADDRESSES] == [1, 0, 1, 0]
+
+
+def test_a_chain_without_the_commitment_keeps_the_configured_set() -> None:
+    old = {"parent_extra_data": "0x"}
+    assert send(network(v0=FakeValidator(B1, **old), v2=FakeValidator(B1, **old))).needed == 2
+
+
+def test_after_a_set_change_f_plus_one_of_the_deciding_set_confirm() -> None:
+    """V0 (voted out before block 7) and V1 agree: not enough, V0 no longer counts; V2 (in
+    the new set too) makes f+1 of it."""
+    changed = {"block_validators": AFTER_CHANGE}
+    nodes = network(v0=FakeValidator(B1, **changed), v1=FakeValidator(B1, **changed),
+                    v2=FakeValidator(B1, needs_tx=True, **changed))
+    result = send(nodes, via=V0)
+    assert result.agreeing == (V1, V2) and (result.validators, result.needed) == (4, 2)
+    assert nodes[V2].received  # the re-send reached it: V0 and V1 alone did not confirm
+
+
+@pytest.mark.parametrize(("v0", "v2", "fragment"), [
+    # both serve a set that is not the one block 6 commits to
+    ({"block_validators": AFTER_CHANGE, "parent_extra_data": validators_hash(ADDRESSES)},
+     {"block_validators": AFTER_CHANGE, "parent_extra_data": validators_hash(ADDRESSES)},
+     "block 6 commits to"),
+    # one of them lies about the set
+    ({"block_validators": AFTER_CHANGE}, {}, "disagree about the set that decided its block"),
+])
+def test_a_set_the_agreeing_validators_do_not_prove_ends_the_send(
+    v0: dict[str, Any], v2: dict[str, Any], fragment: str,
+) -> None:
+    with pytest.raises(BftClientError, match=fragment):
+        send(network(v0=FakeValidator(B1, **v0), v2=FakeValidator(B1, **v2)))
 
 
 def test_the_first_reachable_node_checks_the_validator_set() -> None:
