@@ -5,11 +5,14 @@ retries, and the CLI's one-line errors and exit codes."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import re
 import subprocess
 from collections.abc import Iterator
+from contextlib import redirect_stdout
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -74,17 +77,53 @@ def exported(spark: SparkSession, test_chain: ServedChain,
     yield out
 
 
+@dataclasses.dataclass(frozen=True)
+class Audited:
+    """One `pbft-etl audit` of the module's export: exit status, stdout, JSON report, page."""
+
+    code: int
+    stdout: str
+    report: dict[str, Any]
+    page: Path
+
+
+def _audit(exported: Path, directory: Path, validators: list[str] | None = None) -> Audited:
+    """`pbft-etl audit --trust-node` of `exported` (and `--validators`, a file of these, if
+    given) with its `--report` and `--html`: both are written from the one audit."""
+    report, page = directory / "report.json", directory / "audit.html"
+    args = ["audit", "--data", str(exported), "--trust-node", "--report", str(report),
+            "--html", str(page)]
+    if validators is not None:
+        trusted = directory / "validators.txt"
+        trusted.write_text("\n".join(validators) + "\n")
+        args += ["--validators", str(trusted)]
+    with redirect_stdout(io.StringIO()) as stdout:  # capsys is a test's, not a module's
+        code = main(args)
+    return Audited(code, stdout.getvalue(), json.loads(report.read_text()), page)
+
+
+# The audits the tests below only read, each run once for all of them (~10 s of Spark each)
+@pytest.fixture(scope="module")
+def sound_audit(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Audited:
+    """The export audited against the validator set the nodes report."""
+    return _audit(exported, tmp_path_factory.mktemp("sound"))
+
+
+@pytest.fixture(scope="module")
+def unsound_audit(exported: Path, test_chain: ServedChain,
+                  tmp_path_factory: pytest.TempPathFactory) -> Audited:
+    """The export audited against another set: validator 3 replaced by an outsider."""
+    validators = [*test_chain.validators.addresses[:3], "0x" + "ee" * 20]
+    return _audit(exported, tmp_path_factory.mktemp("unsound"), validators)
+
+
 def test_export_of_two_nodes_writes_every_row_once_and_the_audit_passes(
-    spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
-    test_chain: ServedChain, exported: Path,
+    spark: SparkSession, test_chain: ServedChain, exported: Path, sound_audit: Audited,
 ) -> None:
     assert counts(spark, exported) == expected_counts(test_chain, nodes=2)
-    report = tmp_path / "report.json"
-    code, stdout, stderr = etl(capsys, "audit", "--data", str(exported), "--trust-node",
-                               "--report", str(report))
-    assert code == 0, stdout + stderr
-    assert "no violations" in stdout
-    result = json.loads(report.read_text())
+    assert sound_audit.code == 0, sound_audit.stdout
+    assert "no violations" in sound_audit.stdout
+    result = sound_audit.report
     assert result["ok"] is True and result["violations"] == []
     assert sorted(result["nodes"].values()) == [11, 11]
     # 33 COMMITs, 6 CHECKPOINTs, 3 VIEW-CHANGEs and a NEW-VIEW, each recovered once for both
@@ -110,18 +149,11 @@ def test_run_exports_and_audits_in_one_command(
 
 
 def test_audit_against_another_validator_set_fails_listing_each_violation(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, test_chain: ServedChain,
-    exported: Path,
+    unsound_audit: Audited,
 ) -> None:
-    validators = [*test_chain.validators.addresses[:3], "0x" + "ee" * 20]
-    trusted = tmp_path / "validators.txt"
-    trusted.write_text("\n".join(validators) + "\n")
-    report = tmp_path / "report.json"
-    code, stdout, _ = etl(capsys, "audit", "--data", str(exported), "--trust-node",
-                          "--validators", str(trusted), "--report", str(report))
-    assert code == 1
-    result = json.loads(report.read_text())
-    lines = stdout.splitlines()
+    assert unsound_audit.code == 1
+    result = unsound_audit.report
+    lines = unsound_audit.stdout.splitlines()
     assert f"{len(result['violations'])} violation(s)" in lines[1]
     assert len(lines) == 2 + len(result["violations"])
     assert {"certificate-non-validator", "certificate-signature"} <= set(
@@ -300,18 +332,13 @@ def _render(page: Path) -> tuple[str, list[str]]:
 
 @pytest.mark.parametrize("sound", [True, False])
 def test_the_html_report_renders_every_figure_with_no_console_error(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, test_chain: ServedChain,
-    exported: Path, sound: bool,
+    request: pytest.FixtureRequest, sound: bool,
 ) -> None:
     """`audit --html`: one self-contained page (no network: every script inline); verdict and
     violations first; in a real browser every figure draws and the console stays clean."""
-    page = tmp_path / "audit.html"
-    trusted = tmp_path / "validators.txt"
-    validators = list(test_chain.validators.addresses)
-    trusted.write_text("\n".join(validators if sound else [*validators[:3], "0x" + "ee" * 20]))
-    code, stdout, _ = etl(capsys, "audit", "--data", str(exported), "--trust-node",
-                          "--validators", str(trusted), "--html", str(page))
-    assert code == (0 if sound else 1)
+    audited: Audited = request.getfixturevalue("sound_audit" if sound else "unsound_audit")
+    assert audited.code == (0 if sound else 1)
+    page = audited.page
     text = page.read_text()
     assert not re.search(r"""<script[^>]+src=|<link[^>]+href=["']?https?:""", text)
     verdict = text.index("Sound: no violations" if sound else "Unsound: ")
