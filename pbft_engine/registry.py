@@ -25,10 +25,15 @@ only while their voter has been in every set since (voted out, its votes are voi
 The same set cannot be scheduled twice by changes passing in one block (the schedule would
 take the second for a replay of the first).
 
-Storage: slot 0 counts the changes; change i is an RLP blob at keccak("change", i); the live
-votes are one RLP blob at keccak("votes"), bounded (n live votes per voter, so n*n). Empty
-storage is "no change, no vote": the genesis state root is the same as without a registry.
-Pure: no I/O besides the ContractStorage it is handed.
+Storage: slot 0 counts the changes; change i is an RLP blob at keccak("change", i). Each vote
+is one word, kept twice: in its voter's list (at keccak("voter", voter)) and in its subject's
+(at keccak("subject", subject)), so a vote reads and writes two lists of at most about n words
+each, however many votes the others hold (a single blob of every vote made each vote's work
+n*n words for a fixed gas). A voter holds at most n live votes; its list drops its dead votes
+when it votes or retracts, from their subjects' lists too, and a subject's list drops its dead
+votes when it is voted on, so storage stays bounded. Empty storage is "no change, no vote":
+the genesis state root is the same as without a registry. Pure: no I/O besides the
+ContractStorage it is handed.
 """
 
 from __future__ import annotations
@@ -76,7 +81,14 @@ def _slot(*parts: bytes) -> int:
     return int.from_bytes(keccak(b"pbft.registry." + b".".join(parts)), "big")
 
 
-VOTES_BASE = _slot(b"votes")
+def voter_base(voter: bytes) -> int:
+    """Where `voter`'s list of votes is: its length, then one word per vote."""
+    return _slot(b"voter", voter)
+
+
+def subject_base(subject: bytes) -> int:
+    """Where the list of votes about `subject` is."""
+    return _slot(b"subject", subject)
 
 
 def change_base(index: int) -> int:
@@ -114,17 +126,81 @@ class Tally:
     expires_at: int  # the first block in which the oldest of them no longer counts
 
 
-def read_votes(storage: ContractStorage) -> tuple[Vote, ...]:
-    blob = read_blob(storage, VOTES_BASE)
-    if not blob:
-        return ()
-    return tuple(Vote(voter, subject, add == b"\x01", int.from_bytes(cast_at, "big"))
-                 for voter, subject, add, cast_at in rlp.decode(blob))
+# A vote's word: the other party's address (the subject in a voter's list, the voter in a
+# subject's), then the add flag, then the block it was cast in (a uint64).
+_CAST_BITS = 64
+_ADDRESS_SHIFT = _CAST_BITS + 32
 
 
-def _write_votes(storage: ContractStorage, votes: Sequence[Vote]) -> None:
-    items = [[v.voter, v.subject, b"\x01" if v.add else b"", v.cast_at] for v in votes]
-    write_blob(storage, VOTES_BASE, rlp.encode(items) if items else b"")
+def _pack(address: bytes, vote: Vote) -> int:
+    return (int.from_bytes(address, "big") << _ADDRESS_SHIFT | int(vote.add) << _CAST_BITS
+            | vote.cast_at)
+
+
+def _words(storage: ContractStorage, base: int) -> list[int]:
+    return [storage.get(base + 1 + i) for i in range(storage.get(base))]
+
+
+def _address_of(word: int) -> bytes:
+    return _address(word >> _ADDRESS_SHIFT)
+
+
+def _unpack(voter: bytes, subject: bytes, word: int) -> Vote:
+    return Vote(voter, subject, bool(word >> _CAST_BITS & 1), word & ((1 << _CAST_BITS) - 1))
+
+
+def votes_of(storage: ContractStorage, voter: bytes) -> list[Vote]:
+    """The votes `voter`'s list holds (live, or dead and not dropped yet)."""
+    return _Lists(storage).of(voter)
+
+
+def votes_about(storage: ContractStorage, subject: bytes) -> list[Vote]:
+    """The votes `subject`'s list holds (live, or dead and not dropped yet)."""
+    return _Lists(storage).about(subject)
+
+
+class _Lists:
+    """The voters' and subjects' lists one call reads and writes: each list is read once,
+    and a write sets only the words that changed (a vote replacing one rewrites one word of
+    each list)."""
+
+    def __init__(self, storage: ContractStorage) -> None:
+        self.storage = storage
+        self._read: dict[int, list[int]] = {}
+
+    def _get(self, base: int) -> list[int]:
+        if base not in self._read:
+            self._read[base] = _words(self.storage, base)
+        return self._read[base]
+
+    def _put(self, base: int, words: list[int]) -> None:
+        old = self._get(base)
+        if len(words) != len(old):
+            self.storage.set(base, len(words))
+        for i in range(max(len(old), len(words))):
+            word = words[i] if i < len(words) else 0  # cleared: as if never written
+            if i >= len(old) or old[i] != word:
+                self.storage.set(base + 1 + i, word)
+        self._read[base] = words
+
+    def of(self, voter: bytes) -> list[Vote]:
+        return [_unpack(voter, _address_of(w), w) for w in self._get(voter_base(voter))]
+
+    def about(self, subject: bytes) -> list[Vote]:
+        return [_unpack(_address_of(w), subject, w) for w in self._get(subject_base(subject))]
+
+    def put_of(self, voter: bytes, votes: Sequence[Vote]) -> None:
+        self._put(voter_base(voter), [_pack(v.subject, v) for v in votes])
+
+    def put_about(self, subject: bytes, votes: Sequence[Vote]) -> None:
+        self._put(subject_base(subject), [_pack(v.voter, v) for v in votes])
+
+
+def _in_place(votes: Sequence[Vote], cast: Vote, same: Callable[[Vote], bool]) -> list[Vote]:
+    """`votes` with `cast` in the place of the one it replaces (at the end if none): a
+    replaced vote keeps its word, so only that word is written."""
+    placed = [cast if same(v) else v for v in votes]
+    return placed if any(map(same, votes)) else [*placed, cast]
 
 
 def read_changes(storage: ContractStorage) -> tuple[Change, ...]:
@@ -176,29 +252,33 @@ class ValidatorRegistry(SystemContract):
     def schedule(self, storage: ContractStorage) -> EpochSchedule:
         return schedule_from(storage, self.genesis_schedule)
 
-    def live_votes(self, storage: ContractStorage, block_number: int,
-                   schedule: EpochSchedule) -> list[Vote]:
-        """The votes that count in block `block_number`: not expired, cast by a voter in
+    def counts(self, vote: Vote, block_number: int, schedule: EpochSchedule) -> bool:
+        """Whether `vote` counts in block `block_number`: not expired, cast by a voter in
         every set from the one it voted in to the one deciding this block (a removed
         validator's votes stop counting with it, and stay void if it is voted in again:
-        whether a later vote happened to rewrite the list in between must not matter)."""
+        whether a later vote happened to drop them in between must not matter). Once dead,
+        dead for good: the sets of blocks up to a change's are fixed before it passes."""
         now = schedule.epoch_at(block_number).number
-        return [v for v in read_votes(storage)
-                if block_number < v.expires_at(self.vote_ttl)
-                and all(v.voter in e.validators
-                        for e in schedule.epochs[schedule.epoch_at(v.cast_at).number:now + 1])]
+        return (block_number < vote.expires_at(self.vote_ttl)
+                and all(vote.voter in e.validators
+                        for e in schedule.epochs[schedule.epoch_at(vote.cast_at).number:now + 1]))
+
+    def live_votes(self, storage: ContractStorage, block_number: int) -> list[Vote]:
+        """The votes that count in block `block_number`, by voter in the order of its set:
+        a vote counts only while its voter is in the set, so the set's n lists hold them all."""
+        schedule = self.schedule(storage)
+        return [v for voter in schedule.set_at(block_number) for v in votes_of(storage, voter)
+                if self.counts(v, block_number, schedule)]
 
     def pending(self, storage: ContractStorage, block_number: int) -> list[Tally]:
         """The tally of every subject with live votes, as block `block_number` counts it."""
-        schedule = self.schedule(storage)
-        validators = schedule.set_at(block_number)
-        votes = self.live_votes(storage, block_number, schedule)
+        threshold = _threshold(self.schedule(storage).set_at(block_number))
+        votes = self.live_votes(storage, block_number)
         tallies = []
         for subject in dict.fromkeys(v.subject for v in votes):
             about = [v for v in votes if v.subject == subject]
             tallies.append(Tally(subject, about[0].add, tuple(v.voter for v in about),
-                                 _threshold(validators),
-                                 min(v.expires_at(self.vote_ttl) for v in about)))
+                                 threshold, min(v.expires_at(self.vote_ttl) for v in about)))
         return tallies
 
     # Calls.
@@ -231,15 +311,18 @@ class ValidatorRegistry(SystemContract):
                                        "is scheduled)")
         if not add:
             self._check_floor(subject, len(after) - 1)
-        votes = [v for v in self.live_votes(storage, block_number, schedule)
-                 if (v.voter, v.subject) != (sender, subject)]
-        mine = sum(v.voter == sender for v in votes)
-        if mine >= len(validators):  # n live votes per voter: n*n in all
-            raise SystemContractRevert(f"{_hex(sender)} has {mine} live votes, as many as "
-                                       "there are validators: retract one first")
-        votes.append(Vote(sender, subject, add, block_number))
-        voters = {v.voter for v in votes if v.subject == subject and v.add == add}
-        if len(voters) >= _threshold(validators):
+        lists = _Lists(storage)
+        recorded_mine = lists.of(sender)
+        mine = self._live(recorded_mine, block_number, schedule)
+        others = [v for v in mine if v.subject != subject]
+        if len(others) >= len(validators):  # n live votes per voter: n*n in all
+            raise SystemContractRevert(f"{_hex(sender)} has {len(others)} live votes, as many "
+                                       "as there are validators: retract one first")
+        cast = Vote(sender, subject, add, block_number)
+        recorded = lists.about(subject)
+        about = _in_place(self._live(recorded, block_number, schedule), cast,
+                          lambda v: v.voter == sender)
+        if len({v.voter for v in about if v.add == add}) >= _threshold(validators):
             changed = (*after, subject) if add else tuple(v for v in after if v != subject)
             if schedule.schedule(changed, passed_at=block_number) is schedule:
                 # the schedule takes the same set passing in the same block for a replay of
@@ -248,8 +331,14 @@ class ValidatorRegistry(SystemContract):
                     f"this change makes the set that was scheduled already in block "
                     f"{block_number}: one change to a set per block")
             _record_change(storage, Change(changed, block_number))
-            votes = [v for v in votes if v.subject != subject]
-        _write_votes(storage, votes)
+            self._drop_subject(lists, subject, recorded, sender)
+            lists.put_of(sender, others)
+        else:
+            lists.put_about(subject, about)
+            lists.put_of(sender, _in_place(mine, cast, lambda v: v.subject == subject))
+        # a dead vote of the sender's about `subject` is out of that list already
+        self._drop_dead(lists, [v for v in recorded_mine if v.subject != subject], mine,
+                        block_number, schedule)
         return b""
 
     def _retract(self, storage: ContractStorage, sender: bytes, args: bytes,
@@ -258,13 +347,42 @@ class ValidatorRegistry(SystemContract):
         subject = _address(subject_word)
         schedule = self.schedule(storage)
         self._check_voter(schedule, sender, epoch, block_number)
-        votes = self.live_votes(storage, block_number, schedule)
-        kept = [v for v in votes if (v.voter, v.subject) != (sender, subject)]
-        if len(kept) == len(votes):
+        lists = _Lists(storage)
+        recorded_mine = lists.of(sender)
+        mine = self._live(recorded_mine, block_number, schedule)
+        kept = [v for v in mine if v.subject != subject]
+        if len(kept) == len(mine):
             raise SystemContractRevert(f"{_hex(sender)} has no live vote about "
                                        f"{_hex(subject)} to retract")
-        _write_votes(storage, kept)
+        lists.put_about(subject, [v for v in self._live(lists.about(subject), block_number,
+                                                        schedule) if v.voter != sender])
+        lists.put_of(sender, kept)
+        self._drop_dead(lists, recorded_mine, mine, block_number, schedule)
         return b""
+
+    @staticmethod
+    def _drop_subject(lists: _Lists, subject: bytes, recorded: Sequence[Vote],
+                      sender: bytes) -> None:
+        """A change about `subject` passed: its votes are dropped from its list and from
+        their voters' (the sender's list is the caller's); at most one list per voter."""
+        lists.put_about(subject, [])
+        for voter in (v.voter for v in recorded if v.voter != sender):
+            lists.put_of(voter, [v for v in lists.of(voter) if v.subject != subject])
+
+    def _drop_dead(self, lists: _Lists, recorded: Sequence[Vote], live: Sequence[Vote],
+                   block_number: int, schedule: EpochSchedule) -> None:
+        """The dead votes of a voter's list as `recorded` (its list, just written, dropped
+        them) out of their subjects' lists too, with those lists' other dead votes, so no
+        dead vote stays in storage for good; each vote is dropped once (amortized, one
+        list per vote cast)."""
+        for dead in (v for v in recorded if v not in live):
+            lists.put_about(dead.subject, [
+                v for v in self._live(lists.about(dead.subject), block_number, schedule)
+                if v.voter != dead.voter])
+
+    def _live(self, votes: Sequence[Vote], block_number: int,
+              schedule: EpochSchedule) -> list[Vote]:
+        return [v for v in votes if self.counts(v, block_number, schedule)]
 
     def _get_validators(self, storage: ContractStorage, sender: bytes, args: bytes,
                         block_number: int) -> bytes:
