@@ -11,6 +11,7 @@ from pbft_engine.core.actions import (
     CommitBlock,
     FetchBlock,
     FetchCommitted,
+    LeftValidatorSet,
     Persist,
     Ready,
     RelayRequests,
@@ -32,20 +33,22 @@ from pbft_engine.core.events import (
     Refusal,
     RequestDropped,
     RequestReceived,
+    ScheduleChange,
     TimerFired,
     TimerKind,
 )
 from pbft_engine.core.params import EngineParams
 from pbft_engine.core.records import Delete, DeleteRange, Put, RecordReader, StoreName, StoreOp
-from pbft_engine.core.replica import ChainHead, Mode, Replica, ReplicaStatus
+from pbft_engine.core.replica import Replica
+from pbft_engine.core.status import ChainHead, Mode, ReplicaStatus
 
 __all__ = [
     "Action", "Alarm", "BlockBuilt", "BlockCommitted", "BlockReceived", "BlockValidated",
     "Broadcast", "BuildBlock", "CancelTimer", "ChainHead", "CommitBlock", "CommitRefused",
     "Delete", "DeleteRange",
     "EngineParams", "Event", "FetchBlock", "FetchCommitted", "FetchCompleted", "FetchFailed",
-    "MessageReceived", "Mode", "PeerCommitted", "Persist", "Put", "Ready", "RecordReader",
-    "Refusal", "Replica", "ReplicaStatus", "RelayRequests",
-    "RequestDropped", "RequestReceived", "SendTo", "SetTimer", "StoreName", "StoreOp",
-    "TimerFired", "TimerKind", "ValidateBlock",
+    "LeftValidatorSet", "MessageReceived", "Mode", "PeerCommitted", "Persist", "Put", "Ready",
+    "RecordReader", "Refusal", "Replica", "ReplicaStatus", "RelayRequests",
+    "RequestDropped", "RequestReceived", "ScheduleChange", "SendTo", "SetTimer", "StoreName",
+    "StoreOp", "TimerFired", "TimerKind", "ValidateBlock",
 ]

@@ -28,24 +28,30 @@ class Persist:
 
 @dataclass(frozen=True)
 class Broadcast:
-    """Send `data` (an encoded WireMessage) to every other validator."""
+    """Send `data` (an encoded WireMessage) to every other validator: the members of the
+    installed epoch and of every scheduled one (an added validator needs the old set's
+    CHECKPOINTs at its handover checkpoint, `Replica.join`)."""
 
     data: bytes
 
 
 @dataclass(frozen=True)
 class SendTo:
+    """Send `data` to replica `replica` of the installed epoch as the step ends
+    (`Replica.epochs.current`: route by its address there)."""
+
     replica: int
     data: bytes
 
 
 @dataclass(frozen=True)
 class RelayRequests:
-    """Send these waiting transactions from the pool to `replica`, the primary this backup
-    times (skipping any the pool no longer holds), when it starts timing and halfway. Gossip
-    delivers a transaction once; one it did not deliver to the primary (a link down, a full
-    queue) would otherwise cost a view change, or several: a backup relays what it waits
-    for, as a PBFT backup relays a client's request to the primary (Castro & Liskov, 4.1)."""
+    """Send these waiting transactions from the pool to `replica` (of the installed epoch,
+    as `SendTo`), the primary this backup times (skipping any the pool no longer holds),
+    when it starts timing and halfway. Gossip delivers a transaction once; one it did not
+    deliver to the primary (a link down, a full queue) would otherwise cost a view change,
+    or several: a backup relays what it waits for, as a PBFT backup relays a client's
+    request to the primary (Castro & Liskov, 4.1)."""
 
     replica: int
     tx_hashes: tuple[bytes, ...]
@@ -137,6 +143,17 @@ class Alarm:
     detail: str
 
 
+@dataclass(frozen=True)
+class LeftValidatorSet:
+    """This replica's address is not in the set of epoch `epoch`, which decides the heights
+    from `first_height` on: it voted up to the handover checkpoint first_height - 1 and sends
+    no consensus message any more (it takes no further step). The adapter follows the chain
+    as an observer from here (DESIGN.md section 10)."""
+
+    epoch: int
+    first_height: int
+
+
 Action = (
     Broadcast
     | SendTo
@@ -149,6 +166,7 @@ Action = (
     | FetchCommitted
     | FetchBlock
     | Alarm
+    | LeftValidatorSet
 )
 
 

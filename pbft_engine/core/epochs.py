@@ -256,6 +256,17 @@ class Membership:
             self._authenticators[epoch] = auth
         return auth
 
+    def index_at(self, height: int, address: bytes) -> int | None:
+        """`address`'s replica index in the set of `height`'s epoch (None: no member)."""
+        return self.schedule.epoch_at(height).index(address)
+
+    def address_of(self, body: Body) -> bytes | None:
+        """The member a message names as its sender: replica `body.replica` of the epoch of
+        its height (None: no such index there). The same index names another member in
+        another epoch, so a sender is recognised by this, never by its index alone."""
+        validators = self.schedule.epoch_at(message_height(body)).validators
+        return validators[body.replica] if body.replica < len(validators) else None
+
     def verify(self, signed: Signed[Body]) -> None:
         """The signer is the member of its height's epoch that the message claims to be;
         raises MessageError."""

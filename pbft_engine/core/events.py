@@ -157,6 +157,17 @@ class FetchFailed:
     reached: FetchCompleted | None = None
 
 
+@dataclass(frozen=True)
+class ScheduleChange:
+    """A validator-set change passed in committed block `passed_at` (the registry's record,
+    read from the state after that block by the adapter; on a restart the whole schedule is
+    given to `Replica.restore` instead). It takes effect after the handover checkpoint
+    (`core.epochs.handover_checkpoint`); a change already known changes nothing."""
+
+    validators: tuple[bytes, ...]
+    passed_at: int
+
+
 Event = (
     MessageReceived
     | RequestReceived
@@ -170,4 +181,5 @@ Event = (
     | FetchFailed
     | PeerCommitted
     | BlockReceived
+    | ScheduleChange
 )

@@ -45,12 +45,43 @@ from pbft_engine.messages import (
     PrePrepare,
     PrePreparedEntry,
     Signed,
+    WireMessage,
     decode_commit_certificate,
     decode_signed_bytes,
     signed_as,
 )
 
 V = TypeVar("V", Prepare, Commit)  # a vote
+FutureKey = tuple[int, int, int]  # (replica, type, seqNo)
+
+
+def hold_future(future: dict[FutureKey, WireMessage[PhaseMessage]],
+                wire: WireMessage[PhaseMessage], block_bytes: int) -> int:
+    """Keep a message for a view not yet entered (or a seqNo beyond the pipeline, or above
+    a handover checkpoint not yet stable) in `future`, bounded: one per replica, type and
+    seqNo, and blocks (only a PRE-PREPARE carries one) of at most `block_bytes` in all, the
+    oldest of the heaviest sender dropped first, so a byzantine replica's flood pushes out
+    only its own. Returns how many were dropped."""
+    body = wire.signed.body
+    key = (body.replica, body.TYPE, body.seq_no)
+    held = future.get(key)
+    if held is not None and held.signed.body.view >= body.view:
+        return 0  # the first copy stays: a relay sent after it must not replace its block
+    future.pop(key, None)
+    future[key] = wire  # the newest
+    if not wire.blocks:
+        return 0
+    # The other steps that shrink `future` replace it: its bytes are summed here.
+    senders: Counter[int] = Counter()
+    for message in future.values():
+        senders[message.signed.body.replica] += sum(map(len, message.blocks))
+    dropped = 0
+    while senders.total() > block_bytes:
+        [(heaviest, _)] = senders.most_common(1)
+        oldest = next(k for k, m in future.items() if m.blocks and k[0] == heaviest)
+        senders[heaviest] -= len(future.pop(oldest).blocks[0])
+        dropped += 1
+    return dropped
 
 
 class StoreWriter:
@@ -105,8 +136,9 @@ class MessageLog:
     not yet committed), the P and Q sets a VIEW-CHANGE reports, the commit certificates and
     what this replica signed."""
 
-    def __init__(self, me: int, writer: StoreWriter) -> None:
-        self.me = me
+    def __init__(self, membership: Membership, address: bytes, writer: StoreWriter) -> None:
+        self.membership = membership
+        self.address = address  # this replica's: its index is its place in each epoch's set
         self.writer = writer
         self.certs: dict[tuple[int, int], Slot] = {}  # certStore, by (view, seqNo)
         self.block_store: dict[int, tuple[int, bytes, bytes]] = {}  # seqNo -> view, digest, block
@@ -140,15 +172,16 @@ class MessageLog:
         if not isinstance(body, PhaseMessage):
             raise StoreError(f"the certStore holds a {body.TYPE.name}")
         slot = self.slot(body.view, body.seq_no)
+        own = body.replica == self.membership.index_at(body.seq_no, self.address)
         if (pre_prepare := signed_as(message, PrePrepare)) is not None:
             slot.pre_prepare = pre_prepare
-            slot.validated = body.replica == self.me
+            slot.validated = own
         elif (prepare := signed_as(message, Prepare)) is not None:
             slot.prepares[body.replica] = prepare
-            slot.validated |= body.replica == self.me
+            slot.validated |= own
         elif (commit := signed_as(message, Commit)) is not None:
             slot.commits[body.replica] = commit
-            slot.validated |= body.replica == self.me
+            slot.validated |= own
 
     # --- the certStore ----------------------------------------------------------------
 
@@ -282,11 +315,11 @@ class CheckpointTracker:
     """CHECKPOINT messages (4.3): those inside the window by seqNo and replica, the latest one
     above it from each replica, and the proof of each checkpoint that became stable. Each
     checkpoint is counted with the f and Q of its own height's epoch: the checkpoint at a
-    handover is the old set's."""
+    handover is the old set's, and so is this replica's own there (its index in that set)."""
 
-    def __init__(self, membership: Membership, me: int, writer: StoreWriter) -> None:
+    def __init__(self, membership: Membership, address: bytes, writer: StoreWriter) -> None:
         self.membership = membership
-        self.me = me
+        self.address = address
         self.writer = writer
         self.votes: dict[int, dict[int, Signed[Checkpoint]]] = {}  # seqNo -> replica -> it
         self.above_window: dict[int, Signed[Checkpoint]] = {}  # replica -> its latest above H
@@ -310,7 +343,7 @@ class CheckpointTracker:
         """f+1 replicas vouch for a value other than ours, or for two values: this replica or
         the cluster executed a different chain."""
         votes = self.votes[seq_no]
-        own = votes.get(self.me)
+        own = self._own(seq_no, votes)
         heavy = {value for value, count in Counter(c.body.value for c in votes.values()).items()
                  if count >= self.membership.schedule.epoch_at(seq_no).weak_quorum}
         return bool(own is not None and heavy - {own.body.value}) or len(heavy) > 1
@@ -318,9 +351,22 @@ class CheckpointTracker:
     def stable(self, seq_no: int) -> bool:
         """Q replicas, this one included, sent the same CHECKPOINT for seq_no."""
         votes = self.votes[seq_no]
-        own = votes.get(self.me)
+        own = self._own(seq_no, votes)
         matching = sum(c.body.value == own.body.value for c in votes.values()) if own else 0
         return matching >= self.membership.schedule.quorum_at(seq_no)
+
+    def _own(self, seq_no: int, votes: dict[int, Signed[Checkpoint]]
+             ) -> Signed[Checkpoint] | None:
+        index = self.membership.index_at(seq_no, self.address)
+        return None if index is None else votes.get(index)
+
+    def mine(self, seq_no: int) -> Signed[Checkpoint] | None:
+        """This replica's CHECKPOINT at seq_no, if held."""
+        return self._own(seq_no, self.votes.get(seq_no, {}))
+
+    def short_of_proof(self, seq_no: int) -> bool:
+        """Fewer than Q matching CHECKPOINTs held for seq_no (a replica that joined there)."""
+        return len(self.proof(seq_no)) < self.membership.quorum_at(seq_no)
 
     def proof(self, seq_no: int) -> tuple[Signed[Checkpoint], ...]:
         """C: the matching CHECKPOINTs of the most vouched-for value at seq_no."""
@@ -366,7 +412,8 @@ class CheckpointTracker:
         vouch for, in the window or above it: a correct replica executed that far."""
         held = [c for votes in self.votes.values() for c in votes.values()]
         return self._weak_top([c for c in [*held, *self.above_window.values()]
-                               if c.body.seq_no > seq_no and c.body.replica != self.me])
+                               if c.body.seq_no > seq_no
+                               and self.membership.address_of(c.body) != self.address])
 
     def ahead(self) -> tuple[int, bytes, bytes] | None:
         """(seqNo, block hash, state root) that f+1 replicas vouch for above the window: this

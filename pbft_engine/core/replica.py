@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
 from typing import assert_never, cast
 
 import rlp
@@ -48,10 +46,34 @@ from pbft_engine.core.events import (
     Refusal,
     RequestDropped,
     RequestReceived,
+    ScheduleChange,
     TimerFired,
     TimerKind,
 )
-from pbft_engine.core.log import CheckpointTracker, MessageLog, Slot, StoreWriter, V
+from pbft_engine.core.handover import (
+    adopt_view_change_checkpoint,
+    awaiting_handover,
+    before_installed,
+    beyond_handover,
+    complete_proof,
+    counts_toward_view,
+    high_watermark,
+    install,
+    joined,
+    joining_checkpoint,
+    left_action,
+    owes_block,
+    schedule_change,
+    take_installed,
+)
+from pbft_engine.core.log import (
+    CheckpointTracker,
+    MessageLog,
+    Slot,
+    StoreWriter,
+    V,
+    hold_future,
+)
 from pbft_engine.core.params import MAX_DOUBLINGS, EngineParams
 from pbft_engine.core.records import (
     META_NEW_VIEW,
@@ -65,7 +87,17 @@ from pbft_engine.core.records import (
     signed_key,
     u64,
 )
-from pbft_engine.core.signing_bound import SigningBound
+from pbft_engine.core.signing_bound import SigningBound, restored_bound
+from pbft_engine.core.status import (
+    FAIR_BLOCK_TRANSACTIONS,
+    MAX_PASSED_OVER,
+    MAX_RELAY_SEND,
+    RELAYED_REQUESTS,
+    BlockDigest,
+    ChainHead,
+    Mode,
+    ReplicaStatus,
+)
 from pbft_engine.core.view_change import (
     NewViewPlan,
     plan_new_view,
@@ -75,7 +107,6 @@ from pbft_engine.core.view_change import (
 )
 from pbft_engine.errors import (
     ConfigError,
-    LostRecordsError,
     MessageError,
     SafetyError,
     StoreError,
@@ -102,73 +133,15 @@ from pbft_engine.messages import (
     wire_as,
 )
 
-# The hash a block's bytes claim (its digest), or None for bytes that are no block. Blocks
-# travel unsigned: every copy taken from a message is checked against the digest it is for.
-BlockDigest = Callable[[bytes], bytes | None]
-
-
-@dataclass(frozen=True)
-class ChainHead:
-    """The last block imported into the chain (the last executed seqNo)."""
-
-    seq_no: int
-    block_hash: bytes
-
-
-# Commits that may pass over the oldest waiting request before they stop restarting the
-# request timer. Pools see transactions in different orders: in a burst, everything the
-# primary received before the oldest request reached it goes first, and that may be many
-# blocks' worth (an honest 600-transaction burst at N = 4 passed one over 15 times). So at
-# the fairness mark (a quarter of the request timeout after the oldest became the oldest:
-# it has reached the primary by then, by gossip or relayed by this backup) the backlog that
-# arrived here before it earns a grace of one commit per FAIR_BLOCK_TRANSACTIONS of it:
-# commits holding only that backlog count against the grace, every other commit (one with a
-# newer request, an empty one, or one of transactions this backup never held) against
-# MAX_PASSED_OVER. A primary that keeps leaving one out while it commits others, or serves
-# the backlog a transaction at a time, is censoring it, and the timer then runs out.
-MAX_PASSED_OVER = 8
-FAIR_BLOCK_TRANSACTIONS = 8
-# Waiting requests a backup relays to the primary when it starts timing it, and again halfway
-# (the oldest): enough for one account's run of nonces that gossip did not deliver there.
-RELAYED_REQUESTS = 4
-MAX_RELAY_SEND = 128  # a VIEW-CHANGE send after which its requests are relayed no more
-
-
-class Mode(Enum):
-    """What a replica is doing, as one value for status, metrics and logs. The state behind it
-    is not one value: a replica can catch up while it changes view (it fetches what a
-    NEW-VIEW's checkpoint proves, or what f+1 peers vouch for), so the view status (`active`)
-    and the catch-up target (`fetching`) stay apart, and the mode reports the first that
-    holds of halted, following, catching-up and view-change."""
-
-    NORMAL = "normal"
-    VIEW_CHANGE = "view-change"  # asked for view `view`, waiting for its NEW-VIEW
-    CATCHING_UP = "catching-up"  # fetching certified blocks up to `fetching`
-    FOLLOWING = "following"  # lost its records: votes only where it cannot contradict itself
-    HALTED = "halted"  # an alarm stopped it: it takes no step until an operator acts
-
-
-@dataclass(frozen=True)
-class ReplicaStatus:
-    view: int
-    active: bool
-    seq_no: int
-    low_watermark: int
-    high_watermark: int
-    primary: int
-    stable_checkpoint: int
-    last_executed: int
-    fetching: int | None
-    mode: Mode
-
 
 class Replica:
-    """One PBFT replica. Construct it fresh or with `restore`, call `start()`, then `step()`."""
+    """One PBFT replica. Construct it fresh, with `restore` or (an added validator) with
+    `join`, call `start()`, then `step()`."""
 
     def __init__(
         self,
         params: EngineParams,
-        replica: int,
+        replica: int | None,  # the index in the installed epoch, checked (None: not checked)
         signer: Signer,
         verifier: Verifier,
         head: ChainHead,
@@ -177,20 +150,25 @@ class Replica:
         schedule: EpochSchedule | None = None,  # (default: the genesis set, nothing scheduled)
     ) -> None:
         self.epochs = Membership.of(params, verifier, schedule)  # every set, quorum, primary
-        if signer.address != self.epochs.current.validators[replica]:
-            raise ConfigError(f"the signing key is not validator {replica}")
-        self.params, self.me, self.signer = params, replica, signer
+        # The identity is the address; the replica index is its place in the installed
+        # epoch's set (`me`; -1 and `left` while it is no member: `take_installed`).
+        self.params, self.signer, self.address = params, signer, signer.address
+        self.me, self.left, self.joined = -1, False, False
         self.block_digest = block_digest
         self.view = 0
         self.active = True  # False while changing to `self.view`
         self.seq_no = head.seq_no
         self.low_watermark = head.seq_no - head.seq_no % params.checkpoint_interval
         self.stable_checkpoint = 0
+        self.last_exec = head.seq_no
+        take_installed(self)
+        if (replica is not None and replica != self.me) or not any(
+                self.address in e.validators for e in self.epochs.schedule.epochs):
+            raise ConfigError(f"the signing key is not validator {replica}")
         # View changes since the last commit: each doubles the request timeout, and each
         # after the first the new-view timeout (Castro & Liskov, section 4.5.2); a commit
         # resets it.
         self.views_without_commit = 0
-        self.last_exec = head.seq_no
         self.last_exec_hash = head.block_hash
         self.executing: int | None = None
         self.building: int | None = None
@@ -218,10 +196,10 @@ class Replica:
         self.resend_armed = False
         self.resend_open: frozenset[int] = frozenset()
         self.writer = StoreWriter()  # this step's store operations, in order
-        self.log = MessageLog(replica, self.writer)
-        self.checkpoints = CheckpointTracker(self.epochs, replica, self.writer)
+        self.log = MessageLog(self.epochs, self.address, self.writer)
+        self.checkpoints = CheckpointTracker(self.epochs, self.address, self.writer)
         self.wanted: set[tuple[int, bytes]] = set()  # bodies asked of the peers (FetchBlock)
-        self.view_changes: dict[int, WireMessage[ViewChange]] = {}  # latest per replica
+        self.view_changes: dict[bytes, WireMessage[ViewChange]] = {}  # latest per member
         self.last_new_view: Signed[NewView] | None = None
         # (replica, type, seqNo)
         self.future: dict[tuple[int, int, int], WireMessage[PhaseMessage]] = {}
@@ -248,7 +226,7 @@ class Replica:
     def restore(
         cls,
         params: EngineParams,
-        replica: int,
+        replica: int | None,
         signer: Signer,
         verifier: Verifier,
         head: ChainHead,
@@ -263,38 +241,32 @@ class Replica:
 
         `signing_bound` is what the validator state file outside the store says (None: no
         file); `fresh_validator` is the operator's word that this validator never voted.
-        """
+        `schedule`: every epoch state knows, none installed (what is read back installs
+        them: `replica` None); one removed meanwhile restores as one that left (`start`)."""
         self = cls(params, replica, signer, verifier, head, block_digest=block_digest,
                    schedule=schedule)
         try:
             stored = self._load(records)
         except (MessageError, ValueError, IndexError, rlp.exceptions.RLPException) as exc:
             raise StoreError(f"cannot restore the consensus state: {exc}") from None
-        self._restore_signing_bound(stored, signing_bound, fresh_validator)
+        # (the store's bound: its view and window, written in the same step as the file)
+        known = SigningBound(self.view, self.low_watermark + params.log_size) if stored else None
+        self.signing_bound, self.amnesia = restored_bound(
+            signing_bound, known, fresh=fresh_validator, chain_height=self.last_exec,
+            amnesia=self.amnesia)
+        self._bound_raised = self.signing_bound != signing_bound  # (None: write it now)
+        take_installed(self)
         return self
 
-    def _restore_signing_bound(self, stored: bool, written: SigningBound | None,
-                               fresh: bool) -> None:
-        """Amnesia: an empty store, or one older than the bound (restored from a backup),
-        while the bound says this validator voted beyond what the store holds
-        (`core.signing_bound` has the rule and why it is safe). The bound is written at the
-        first start, so no bound at all on a chain past genesis means it cannot know."""
-        if written is None and not (stored or fresh or self.last_exec == 0):
-            raise LostRecordsError(
-                f"the consensus records are missing but the chain holds {self.last_exec} "
-                "blocks, and nothing says what this validator signed")
-        bound = written or SigningBound()
-        if stored:
-            # The bound never passes the view and high watermark of the store written in the
-            # same step (it is written first, then the store): beyond them, records are lost.
-            known = SigningBound(self.view, self.high_watermark)
-            if not known.covers(bound.view, bound.seq_no):
-                self.amnesia = bound if self.amnesia is None else self.amnesia.joined(bound)
-            bound = bound.joined(known)
-        elif not fresh and bound != SigningBound():
-            self.amnesia = bound
-        self.signing_bound = bound
-        self._bound_raised = bound != written  # (None: write it now)
+    @classmethod
+    def join(cls, params: EngineParams, signer: Signer, verifier: Verifier, head: ChainHead,
+             *, block_digest: BlockDigest, schedule: EpochSchedule, view: int = 0,
+             signing_bound: SigningBound | None = None) -> Replica:
+        """An added validator's replica, at the handover checkpoint that installs its
+        epoch, having followed the chain to `head` (`core.handover.joined`)."""
+        c = joining_checkpoint(schedule, signer.address, head.seq_no)
+        return joined(cls(params, None, signer, verifier, head, block_digest=block_digest,
+                          schedule=schedule.install(c)), c, view, signing_bound)
 
     def _load(self, records: RecordReader) -> bool:
         """Read the stores back; False if there was nothing to read (no consensus state)."""
@@ -329,7 +301,7 @@ class Replica:
 
     @property
     def high_watermark(self) -> int:
-        return self.low_watermark + self.params.log_size
+        return high_watermark(self.low_watermark, self.params.log_size, self.epochs.schedule)
 
     @property
     def primary(self) -> int:
@@ -344,6 +316,8 @@ class Replica:
 
     @property
     def mode(self) -> Mode:
+        if self.left:
+            return Mode.LEFT
         if self.halted:
             return Mode.HALTED
         if self.amnesia is not None:
@@ -354,6 +328,8 @@ class Replica:
 
     def start(self) -> Ready:
         """The first step after construction or restore: re-arm timers, resend, resume."""
+        if self.left:
+            return Ready(None, [left_action(self)])
         return self._run(self._resume)
 
     def step(self, event: Event) -> Ready:
@@ -385,13 +361,15 @@ class Replica:
                 self._on_peer_committed(event)
             case BlockReceived():
                 self._on_block_received(event)
+            case ScheduleChange():
+                schedule_change(self, event)
             case _:
                 assert_never(event)
 
     def _run(self, work: Callable[[], None]) -> Ready:
         self.writer.take()
         self._out = []
-        if not self.halted:
+        if not (self.halted or self.left):
             try:
                 work()
             except SafetyError as exc:
@@ -467,12 +445,23 @@ class Replica:
             self._bound_raised = True
 
     def _may_vote(self, view: int, seq_no: int) -> bool:
-        if seq_no > self._vote_limit():
+        """Within the vote limit, in the installed epoch (a member's heights), and beyond
+        what it may have signed before it lost its records."""
+        if seq_no > self._vote_limit() or self.left or (
+                self.epochs.schedule.epoch_at(seq_no) != self.epochs.current):
             return False
         return self.amnesia is None or self.amnesia.may_vote(view, seq_no)
 
     def _may_view_change(self, view: int) -> bool:
-        return self.amnesia is None or self.amnesia.may_view_change(view, self.stable_checkpoint)
+        """Not for a view it may have signed one for (a validator removed and added again
+        joins in the others' view), nor while it lacks the proof of its stable checkpoint
+        (it joined there), nor of an epoch other than the installed one (a removed one's at
+        its handover, `counts_toward_view`): nobody would take it, and it would wait alone."""
+        stable = self.stable_checkpoint
+        if view <= self.signing_bound.view or (stable and self.checkpoints.short_of_proof(
+                stable)) or self.epochs.schedule.epoch_at(stable + 1) != self.epochs.current:
+            return False
+        return self.amnesia is None or self.amnesia.may_view_change(view, stable)
 
     def _check_recovered(self) -> None:
         """Amnesia ends once nothing it may have signed can be contradicted any more."""
@@ -623,6 +612,8 @@ class Replica:
                 self._resend_view_change()
 
     def _resume(self) -> None:
+        if self.joined:  # (`join`: h, the stable checkpoint and the view, before any vote)
+            self._persist_meta()
         if self.params.empty_blocks:
             self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
         if not self.active:
@@ -650,21 +641,22 @@ class Replica:
         replica whose pool never held the block's transactions times nothing: the primary
         included. So what we sent for a slot that stays open a whole request timeout is sent
         again (the retransmission of Castro and Liskov's implementation, section 5.2)."""
-        if self.resend_armed or not self.active:
+        if self.resend_armed:
             return
-        self.resend_armed, self.resend_open = True, self._open_own_slots()
-        if self.resend_open:
+        self.resend_open = self._open_own_slots() if self.active else frozenset()
+        if self.resend_open or awaiting_handover(self) is not None:
+            self.resend_armed = True
             self._set_timer(TimerKind.RESEND, b"", self.params.escalated(
                 self.params.request_timeout_ms, self.views_without_commit))
-        else:
-            self.resend_armed = False
 
     def _on_resend_timer(self) -> None:
         self.resend_armed = False
-        if not self.active:
-            return
-        for seq_no in sorted(self.resend_open & self._open_own_slots()):
-            self._resend_own(self.log.certs[(self.view, seq_no)])
+        if self.active:
+            for seq_no in sorted(self.resend_open & self._open_own_slots()):
+                self._resend_own(self.log.certs[(self.view, seq_no)])
+        own = awaiting_handover(self)
+        if own is not None:
+            self._broadcast(own)
         self._arm_resend_timer()
 
     def _resend_own(self, slot: Slot) -> None:
@@ -696,6 +688,7 @@ class Replica:
         if top - self.last_exec >= self.params.max_in_flight:
             return
         waiting = len(self.requests) - self._in_flight_requests()
+        self.block_due |= owes_block(self.epochs.schedule, top)  # up to the handover
         if not (self.block_due or waiting > 0):
             return  # nothing waits that the blocks in flight do not hold
         if top + 1 > self._vote_limit():
@@ -813,7 +806,7 @@ class Replica:
         except MessageError as exc:
             self._drop(type(exc).__name__)
             return
-        if wire.signed.body.replica == self.me:
+        if self.epochs.address_of(wire.signed.body) == self.address:
             self._drop("own message")
             return
         self.received[wire.signed.body.TYPE.name.lower()] += 1
@@ -831,7 +824,10 @@ class Replica:
 
     def _on_phase_message(self, wire: WireMessage[PhaseMessage]) -> None:
         body = wire.signed.body
-        if not self._in_window(body.seq_no):
+        if beyond_handover(self.epochs.schedule, body.seq_no,
+                           self.low_watermark + self.params.log_size):
+            self._buffer_future(wire)  # the new set's: taken once its epoch is installed
+        elif not self._in_window(body.seq_no):
             self._drop("outside the watermarks")
         elif body.view > self.view or (body.view == self.view and not self.active):
             self._buffer_future(wire)
@@ -849,27 +845,7 @@ class Replica:
             self._on_vote(commit, self.log.slot(body.view, body.seq_no).commits)
 
     def _buffer_future(self, wire: WireMessage[PhaseMessage]) -> None:
-        """Keep messages for a view not yet entered (or a seqNo beyond the pipeline), bounded:
-        one per replica, type and seqNo, and blocks (only a PRE-PREPARE carries one) of at
-        most `future_block_bytes` in all, the oldest of the heaviest sender dropped first, so
-        a byzantine replica's flood pushes out only its own."""
-        body = wire.signed.body
-        key = (body.replica, body.TYPE, body.seq_no)
-        held = self.future.get(key)
-        if held is not None and held.signed.body.view >= body.view:
-            return  # the first copy stays: a relay sent after it must not replace its block
-        self.future.pop(key, None)
-        self.future[key] = wire  # the newest
-        if not wire.blocks:
-            return
-        # The other steps that shrink `future` replace it: its bytes are summed here.
-        senders: Counter[int] = Counter()
-        for message in self.future.values():
-            senders[message.signed.body.replica] += sum(map(len, message.blocks))
-        while senders.total() > self.params.future_block_bytes:
-            [(heaviest, _)] = senders.most_common(1)
-            oldest = next(k for k, m in self.future.items() if m.blocks and k[0] == heaviest)
-            senders[heaviest] -= len(self.future.pop(oldest).blocks[0])
+        for _ in range(hold_future(self.future, wire, self.params.future_block_bytes)):
             self._drop("future blocks over their bound")
 
     def _on_pre_prepare(self, wire: WireMessage[PrePrepare]) -> None:
@@ -1159,6 +1135,7 @@ class Replica:
     def _after_execution(self) -> None:
         """The head moved: take the PRE-PREPAREs held for it, go on, and fetch if peers
         proved we fell behind while we were busy."""
+        install(self)  # executed past a handover checkpoint
         if self.active:
             self._replay_future()
         self._advance()
@@ -1167,16 +1144,21 @@ class Replica:
     # --- checkpoints, watermarks, falling behind --------------------------------------
 
     def _send_checkpoint(self, seq_no: int, block_hash: bytes, state_root: bytes) -> None:
-        checkpoint = self._sign(Checkpoint(seq_no, block_hash, state_root, self.me))
+        index = self.epochs.index_at(seq_no, self.address)  # (a joiner's c is the old set's)
+        if index is None:
+            return
+        checkpoint = self._sign(Checkpoint(seq_no, block_hash, state_root, index))
         self._broadcast(checkpoint)
         self._store_checkpoint(checkpoint)
+        self._arm_resend_timer()  # (a lost CHECKPOINT at a handover would stop the chain)
 
     def _on_checkpoint(self, checkpoint: Signed[Checkpoint]) -> None:
         seq_no = checkpoint.body.seq_no
         # One at h still counts while h is not stable (a catch-up moved h to a checkpoint
         # this replica executed, whose proof it collects only now).
         if seq_no < self.low_watermark or seq_no <= self.stable_checkpoint:
-            self._drop("checkpoint below the low watermark")
+            if not complete_proof(self, seq_no, (checkpoint,)):
+                self._drop("checkpoint below the low watermark")
         elif seq_no > self.high_watermark:
             self._note_high_checkpoint(checkpoint)
         else:
@@ -1208,6 +1190,7 @@ class Replica:
         else:
             self._persist_meta()
         self._check_recovered()
+        install(self)
 
     def _move_watermarks(self, seq_no: int) -> None:
         """moveWatermarks: h = seq_no; forget the log at and below it, in memory and on disk.
@@ -1376,7 +1359,7 @@ class Replica:
         that asked alone (cut off when its timer ran out) may hold transactions whose gossip
         never reached the others, who stay in their view and would never commit them."""
         wire = self._own_view_change()
-        self.view_changes[self.me] = wire
+        self.view_changes[self.address] = wire
         self._send(wire)
         self.view_change_sends += 1
         oldest = tuple(itertools.islice(self.requests, RELAYED_REQUESTS))
@@ -1391,11 +1374,16 @@ class Replica:
     def _on_view_change(self, wire: WireMessage[ViewChange]) -> None:
         signed = wire.signed
         body = signed.body
+        counts = counts_toward_view(self.epochs, signed)
         if body.view < self.view or (body.view == self.view and self.active):
-            if self.last_new_view is not None:  # the sender missed our NEW-VIEW
+            if self.last_new_view is not None and counts:  # the sender missed our NEW-VIEW
                 self._send(self._new_view_wire(), to=body.replica)
             return
-        held = self.view_changes.get(body.replica)
+        if not adopt_view_change_checkpoint(self, signed):
+            self._drop("view-change of another epoch")
+            return
+        sender = self.epochs.current.validators[body.replica]  # (its signature verified)
+        held = self.view_changes.get(sender)
         if held is not None and held.signed.body.view >= body.view:
             if held.signed.body.view == body.view and held.signed.body != body:
                 self._record_evidence(held.signed, signed)
@@ -1408,9 +1396,10 @@ class Replica:
         except MessageError as exc:
             self._drop(f"view-change: {type(exc).__name__}")
             return
-        self.view_changes[body.replica] = wire
+        complete_proof(self, body.stable_seq_no, body.checkpoint_proof)
+        self.view_changes[sender] = wire
         higher = [w.signed.body.view for r, w in self.view_changes.items()
-                  if r != self.me and w.signed.body.view > self.view]
+                  if r != self.address and w.signed.body.view > self.view]
         if len(higher) >= self.epochs.current.weak_quorum:
             self._start_view_change(min(higher), "join")
         else:
@@ -1420,13 +1409,16 @@ class Replica:
         if self.active:
             return
         quorum = self.epochs.current.view_change_quorum
-        votes = [w.signed for w in self.view_changes.values() if w.signed.body.view == self.view]
+        # (ours too only if of the installed epoch: its checkpoint at or past the handover)
+        counted = [w.signed for w in self.view_changes.values()
+                   if counts_toward_view(self.epochs, w.signed)]
+        votes = [vc for vc in counted if vc.body.view == self.view]
         if self.me == self.primary and len(votes) >= quorum:
             self._send_new_view(votes)
             return
         # N-f replicas want at least this view: wait for NEW-VIEW, then move on. Counting
         # replicas that already moved further keeps a split (some at v, some at v+1) live.
-        at_least = sum(w.signed.body.view >= self.view for w in self.view_changes.values())
+        at_least = sum(vc.body.view >= self.view for vc in counted)
         if at_least >= quorum and not self.new_view_timer_armed:
             self.new_view_timer_armed = True
             self._set_timer(TimerKind.NEW_VIEW, u64(self.view), self.params.escalated(
@@ -1451,7 +1443,8 @@ class Replica:
     def _on_new_view(self, wire: WireMessage[NewView]) -> None:
         signed = wire.signed
         body = signed.body
-        if body.view < self.view or (body.view == self.view and self.active):
+        if body.view < self.view or (body.view == self.view and self.active) or (
+                before_installed(self.epochs, body)):  # the old set's, for heights done here
             self._drop("stale new-view")
             return
         try:
@@ -1473,6 +1466,8 @@ class Replica:
         self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
         self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())
         self._adopt_checkpoint(plan)
+        if self.left:  # its checkpoint installed an epoch without this replica
+            return
         # The NEW-VIEW names blocks by digest; the copies held here were checked against
         # theirs on arrival, and a body missing here is fetched when it is needed.
         kept = {(n, d): self.log.block_for(n, d) for n, d in plan.entries}
@@ -1497,12 +1492,16 @@ class Replica:
     def _adopt_checkpoint(self, plan: NewViewPlan) -> None:
         """min-s is proven stable by V: move there, and fetch it if we have not executed it."""
         if plan.min_s <= self.stable_checkpoint:
-            return
-        self.checkpoints.adopt(plan.min_s, plan.checkpoint_proof)
-        self._mark_stable(plan.min_s)
-        if self.last_exec < plan.min_s and self.fetching is None:
-            block_hash, state_root = plan.checkpoint_proof[0].body.value
-            self._fall_behind(plan.min_s, block_hash, state_root)
+            complete_proof(self, plan.min_s, plan.checkpoint_proof)
+        else:
+            self._adopt_stable(plan.min_s, plan.checkpoint_proof)
+
+    def _adopt_stable(self, seq_no: int, proof: tuple[Signed[Checkpoint], ...]) -> None:
+        self.checkpoints.adopt(seq_no, proof)
+        self._mark_stable(seq_no)
+        if self.last_exec < seq_no and self.fetching is None:
+            block_hash, state_root = proof[0].body.value
+            self._fall_behind(seq_no, block_hash, state_root)
 
     def _adopt_pre_prepare(self, pre_prepare: Signed[PrePrepare], block: bytes | None) -> None:
         body = pre_prepare.body

@@ -53,6 +53,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pbft_engine.errors import LostRecordsError
+
 
 @dataclass(frozen=True)
 class SigningBound:
@@ -78,3 +80,28 @@ class SigningBound:
     def passed(self, view: int, stable_checkpoint: int) -> bool:
         """From this view and stable checkpoint on, every vote is allowed: amnesia is over."""
         return view >= self.view and stable_checkpoint >= self.seq_no
+
+
+def restored_bound(written: SigningBound | None, known: SigningBound | None, *, fresh: bool,
+                   chain_height: int, amnesia: SigningBound | None
+                   ) -> tuple[SigningBound, SigningBound | None]:
+    """The bound a restarted replica holds, and its amnesia (None: it lost nothing), from the
+    file (`written`, None: no file) and the store (`known`: its view and high watermark,
+    None: an empty store). Amnesia: an empty store, or one older than the bound (restored
+    from a backup), while the bound says this validator voted beyond what the store holds.
+    The bound is written at the first start, so no bound at all on a chain past genesis
+    means it cannot know (unless the operator says it is `fresh`): LostRecordsError."""
+    if written is None and not (known is not None or fresh or chain_height == 0):
+        raise LostRecordsError(
+            f"the consensus records are missing but the chain holds {chain_height} "
+            "blocks, and nothing says what this validator signed")
+    bound = written or SigningBound()
+    if known is not None:
+        # The bound never passes the view and high watermark of the store written in the
+        # same step (it is written first, then the store): beyond them, records are lost.
+        if not known.covers(bound.view, bound.seq_no):
+            amnesia = bound if amnesia is None else amnesia.joined(bound)
+        return bound.joined(known), amnesia
+    if not fresh and bound != SigningBound():
+        return bound, bound
+    return bound, amnesia

@@ -76,8 +76,12 @@ def plan_new_view(view_changes: Sequence[ViewChange]) -> NewViewPlan:
 def select_view_changes(
     epoch: Epoch, view_changes: Sequence[Signed[ViewChange]]
 ) -> tuple[Signed[ViewChange], ...]:
-    """The V a new primary sends: the N-f messages of the lowest replica indices."""
-    ordered = sorted(view_changes, key=lambda s: s.body.replica)
+    """The V a new primary sends: the N-f messages of the lowest replica indices among
+    those of `epoch` (the installed one), which decides the heights above their checkpoints:
+    a lagging replica's, whose checkpoint is below the epoch's first height, is another
+    epoch's, and every replica refuses a NEW-VIEW that mixes them (`verify_new_view`)."""
+    ordered = sorted((vc for vc in view_changes if message_height(vc.body) >= epoch.first),
+                     key=lambda s: s.body.replica)
     return tuple(ordered[: epoch.view_change_quorum])
 
 

@@ -17,6 +17,13 @@ is answered from the chain, and a step writes its store batch, then the signing 
 sends. The world can be hostile (`ExecutorFaults`, `poisoners`, `fetch_failure`,
 `arm_crash`): an executor that raises, loses an answer or stalls, a primary whose blocks do
 not execute, fetches that fail part-way, and crashes between any two writes.
+
+The validator set can change (issue 31): `spare` nodes follow the chain as observers, a
+`vote` that passes in a committed block schedules a change on every node that commits it
+(`ScheduleChange`), a removed validator's replica leaves (`LeftValidatorSet`) and its node
+follows, and a follower that finds itself in the set of its next height joins there
+(`Replica.join`). Messages to one replica are routed by its address in the sender's
+installed epoch.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from pbft_engine.core import (
     FetchCommitted,
     FetchCompleted,
     FetchFailed,
+    LeftValidatorSet,
     MessageReceived,
     PeerCommitted,
     Ready,
@@ -58,19 +66,21 @@ from pbft_engine.core import (
     Replica,
     RequestDropped,
     RequestReceived,
+    ScheduleChange,
     SendTo,
     SetTimer,
     TimerFired,
     TimerKind,
     ValidateBlock,
 )
-from pbft_engine.core.epochs import Membership
+from pbft_engine.core.epochs import EpochSchedule, Membership
 from pbft_engine.core.params import DEFAULT_MAX_IN_FLIGHT
 from pbft_engine.core.records import META_NEW_VIEW, StoreName
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import MessageError
 from pbft_engine.messages import (
     Body,
+    Checkpoint,
     KeySigner,
     KeyVerifier,
     NewView,
@@ -111,6 +121,7 @@ FETCH_OVERHEAD_MS = 5
 BYZANTINE_FETCH_MS = 2_000  # how long a lying catch-up source may hold a fetch
 BLOCKS_PER_RANGE = 32  # pbft_engine.sync.MAX_BLOCKS_PER_REQUEST: a fetch commits a range at once
 MAX_EXECUTED = 64  # pbft_engine.engine.MAX_EXECUTED: executed blocks the adapter keeps
+HELD_CHECKPOINTS = 64  # CHECKPOINTs a follower keeps for the handover it may join at
 # The adapter's write order in a step (pbft_engine/engine.py `_persist`): the store batch, then
 # the validator state file. False is the order before issue 28 (the file first), kept so a test
 # can show that a crash between the two writes then restarts an amnesic replica.
@@ -128,6 +139,13 @@ def signed_part(data: bytes) -> Signed[Body]:
     carries (a PRE-PREPARE resent without the block it no longer holds is no valid wire
     message since the decoder wants exactly one)."""
     return decode_signed(rlp.decode(data)[:3])
+
+
+def _is_checkpoint(data: bytes) -> bool:
+    try:
+        return isinstance(WireMessage.decode(data).signed.body, Checkpoint)
+    except MessageError:
+        return False  # (a byzantine replica's garbage)
 
 
 class CachingVerifier(Verifier):
@@ -219,10 +237,21 @@ class Node:
     # digest, with their parent): a commit of one of them on that parent executes nothing.
     executed: dict[bytes, bytes] = field(default_factory=dict)
     restarts: int = 0  # restarts after a crash at a write point (`Cluster.arm_crash`)
+    # Membership (issue 31): the schedule its own chain's votes make (the registry in state),
+    # the changes committed here not yet fed to its replica, and while it runs no replica
+    # (a spare, or removed) it follows as an observer, keeping the CHECKPOINTs it hears.
+    schedule: EpochSchedule | None = None
+    unfed: list[ScheduleChange] = field(default_factory=list)
+    following: bool = False
+    held: deque[bytes] = field(default_factory=lambda: deque(maxlen=HELD_CHECKPOINTS))
 
     @property
     def up(self) -> bool:
         return self.replica is not None
+
+    @property
+    def address(self) -> bytes:
+        return self.signer.address
 
 
 @dataclass(frozen=True)
@@ -256,6 +285,11 @@ class _Poll:
 @dataclass(frozen=True)
 class _Status:
     peer: int
+
+
+@dataclass(frozen=True)
+class _Follow:
+    """A follower's block sync poll: import what a peer holds, join if its epoch came."""
 
 
 @dataclass(frozen=True)
@@ -334,13 +368,15 @@ class Cluster:
         gossip_delays: bool = False,
         block_padding: int = 0,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        spare: int = 0,
     ) -> None:
         self.rng = random.Random(seed)
         self.faults = faults or NetworkFaults()
-        signers = [KeySigner(keccak(b"validator %d" % i)) for i in range(n)]
+        # `spare` nodes beyond the n validators of genesis follow the chain, to be voted in.
+        signers = [KeySigner(keccak(b"validator %d" % i)) for i in range(n + spare)]
         self.params = EngineParams(
             chain_id=CHAIN_ID,
-            validators=tuple(s.address for s in signers),
+            validators=tuple(s.address for s in signers[:n]),
             checkpoint_interval=checkpoint_interval,
             log_multiplier=log_multiplier,
             request_timeout_ms=request_timeout_ms,
@@ -359,8 +395,12 @@ class Cluster:
         self.verifier = CachingVerifier()
         # The sets the simulator's adapter checks every certificate with: a height's own.
         self.epochs = Membership.of(self.params, self.verifier)
-        self.nodes = [Node(i, s, SimChain(self.market, self.registry))
-                      for i, s in enumerate(signers)]
+        self.nodes = [Node(i, s, SimChain(self.market, self.registry),
+                           schedule=self.epochs.schedule) for i, s in enumerate(signers)]
+        self.by_address = {s.address: i for i, s in enumerate(signers)}
+        # Simulated votes that pass: the transaction's hash -> (subject, add). A block that
+        # holds one schedules the change on every node that commits it, as state would.
+        self.votes: dict[bytes, tuple[bytes, bool]] = {}
         self.now = 0
         self._queue: list[tuple[int, int, int, int, Any]] = []
         self._sequence = 0
@@ -436,6 +476,9 @@ class Cluster:
             item.action()
             return
         node = self.nodes[index]
+        if node.following and node.epoch == epoch:
+            self._while_following(node, item)
+            return
         if not node.up or node.epoch != epoch:
             return
         if isinstance(item, tuple):  # a timer: fire only if still armed with this deadline
@@ -496,9 +539,12 @@ class Cluster:
                 case Broadcast():
                     self._send(node, None, action.data)
                 case SendTo():
-                    self._send(node, action.replica, action.data)
+                    self._send(node, self._node_of(node, action.replica), action.data)
                 case RelayRequests():
-                    self._relay(node, action.replica, action.tx_hashes)
+                    self._relay(node, self._node_of(node, action.replica), action.tx_hashes)
+                case LeftValidatorSet():
+                    self._leave(node)
+                    return  # (nothing else of the step is done: the replica is gone)
                 case SetTimer():
                     node.timers[(action.kind, action.key)] = self.now + action.duration_ms
                     self._schedule(action.duration_ms, node, (action.kind, action.key))
@@ -710,6 +756,7 @@ class Cluster:
             self._write_point(node, "chain")
             self.feed(node.index, BlockCommitted(action.seq_no, entry.block_hash,
                                                  entry.state_root, block_txs(action.block)))
+            self._feed_changes(node)
             self._refresh(node)  # after the commit: first BlockCommitted, then the deltas
 
         # Executed here on this head (validated, or built): only the import; else the
@@ -790,6 +837,7 @@ class Cluster:
             self.feed(node.index, reached)
         else:
             self.feed(node.index, FetchFailed(target, reached if imported else None))
+        self._feed_changes(node)
         self._refresh(node)
 
     def _forged_range(self, node: Node, source: Node, seq_no: int) -> None:
@@ -820,10 +868,143 @@ class Cluster:
     def _import(self, node: Node, block: bytes, certificate: bytes) -> ChainBlock:
         entry = node.chain.append(block, certificate)
         self._check_agreement(node, len(node.chain.blocks))
+        self._count_votes(node, block)
         for tx_hash in block_txs(block):
             self.commit_at.setdefault(tx_hash, {})[node.index] = self.now
         node.pool.prune(node.chain)
         return entry
+
+    # --- membership: votes in committed blocks, followers, joining and leaving -----------
+
+    def vote(self, subject: int, add: bool, to: int | None = None) -> bytes:
+        """A vote that passes, to add node `subject` to the set or remove it: a transaction
+        which, once committed in block b, schedules the change on every node (the registry's
+        rules are `pbft_engine.registry`'s; here only the outcome of a vote is simulated)."""
+        tx_hash = keccak(b"membership vote %d %d %d" % (len(self.votes), subject, add))
+        self.votes[tx_hash] = (self.nodes[subject].address, add)
+        return self.submit(tx_hash, to)
+
+    def _count_votes(self, node: Node, block: bytes) -> None:
+        """The changes block b passes, applied to this node's schedule (as its state's
+        registry would be): the set after every scheduled change, plus or minus the subject
+        (added at the end); a vote for what is already so, or one that would empty the set,
+        passes nothing."""
+        number = len(node.chain.blocks)
+        for tx_hash in block_txs(block):
+            if tx_hash not in self.votes:
+                continue
+            assert node.schedule is not None
+            subject, add = self.votes[tx_hash]
+            last = node.schedule.epochs[-1].validators
+            if add == (subject in last) or (not add and len(last) == 1):
+                continue
+            validators = (*last, subject) if add else tuple(v for v in last if v != subject)
+            node.schedule = node.schedule.schedule(validators, passed_at=number)
+            node.unfed.append(ScheduleChange(validators, number))
+            if len(node.schedule.epochs) > len(self.epochs.schedule.epochs):
+                self.epochs.schedule = node.schedule  # (honest chains agree: the same history)
+                self.seen["membership change"] += 1
+
+    def _feed_changes(self, node: Node) -> None:
+        """After the commit (or the catch-up) that passed them: ScheduleChange to the core."""
+        changes, node.unfed = node.unfed, []
+        for change in changes:
+            if node.replica is not None:
+                self.feed(node.index, change)
+
+    def _node_of(self, node: Node, replica: int) -> int:
+        """The node replica `replica` of this node's installed epoch runs on (route by
+        address: an index names another member in another epoch)."""
+        assert node.replica is not None
+        return self.by_address[node.replica.epochs.current.validators[replica]]
+
+    def _leave(self, node: Node) -> None:
+        """LeftValidatorSet: the replica is gone, the node follows as an observer."""
+        self.seen["left the set"] += 1
+        node.replica, node.timers = None, {}
+        node.jobs.clear()
+        node.busy = False
+        self._follow(node)
+
+    def _follow(self, node: Node) -> None:
+        node.following = True
+        self._schedule(self.poll_interval_ms, node, _Follow())
+
+    def _while_following(self, node: Node, item: Any) -> None:
+        """What reaches a follower: its poll, transactions to pool, and CHECKPOINTs (an
+        observer that may be voted in keeps the old set's, to prove the handover checkpoint
+        it joins at)."""
+        if isinstance(item, _Follow):
+            self._follow_poll(node)
+        elif isinstance(item, _Arrival):
+            self._gossip(node.index, item.tx)
+        elif isinstance(item, _Evict):
+            self._evict(node, item.tx_hash)
+        elif isinstance(item, MessageReceived) and _is_checkpoint(item.data):
+            node.held.append(item.data)
+
+    def _follow_poll(self, node: Node) -> None:
+        """Block sync as an observer does it: the certified blocks a connected peer holds
+        beyond this node's head, a range at a time (every certificate checked with its
+        height's set); then, if the set of the next height has this node in it, it joins."""
+        peers = [p for p in self.nodes if p is not node and (p.up or p.following)
+                 and self._connected(node.index, p.index)]
+        source = max(peers, key=lambda p: len(p.chain.blocks), default=None)
+        first = len(node.chain.blocks) + 1
+        if source is not None and self.rng.random() >= self.faults.drop:
+            last = min(len(source.chain.blocks), first + self.range_blocks - 1)
+            for seq_no in range(first, last + 1):
+                entry = source.chain.blocks[seq_no - 1]
+                self.epochs.verify_certificate(entry.certificate, seq_no, entry.block_hash)
+                assert node.chain.valid(seq_no, entry.block_hash, entry.block)
+                self._import(node, entry.block, entry.certificate)
+            node.unfed.clear()  # (no replica: the schedule is given whole when it joins)
+        self._forward(node)
+        if not self._maybe_join(node):
+            self._schedule(self.poll_interval_ms, node, _Follow())
+
+    def _forward(self, node: Node) -> None:
+        """An observer forwards the transactions it holds to the validators, again each
+        poll until they are committed (research/membership.md 8.5)."""
+        for entry in list(node.pool.by_hash.values()):
+            for peer in self.nodes:
+                if peer.up and self._connected(node.index, peer.index) and (
+                        entry.tx.hash not in peer.pool):
+                    self._schedule(self._delay(), peer, _Arrival(entry.tx))
+
+    def _maybe_join(self, node: Node) -> bool:
+        """Voted in and at (or past) the handover checkpoint of its epoch: `Replica.join`, in
+        the view of the head's certificate, then the CHECKPOINTs it kept."""
+        assert node.schedule is not None
+        head = node.chain.head
+        if node.address not in node.schedule.epoch_at(head.seq_no + 1).validators:
+            return False
+        view = decode_commit_certificate(node.chain.blocks[-1].certificate)[0].body.view
+        node.replica = Replica.join(self.params, node.signer, self.verifier, head,
+                                    block_digest=block_digest, schedule=node.schedule,
+                                    view=view, signing_bound=node.signing_bound)
+        node.following = False
+        self.seen["joined the set"] += 1
+        node.last_view = max(node.last_view, view)
+        self.perform(node, node.replica.start())
+        for data in node.held:
+            if node.replica is not None:
+                self.feed(node.index, MessageReceived(data))
+        node.held.clear()
+        node.ready = {}
+        self._refresh(node)
+        node.last_progress = -1
+        self._schedule(self.poll_interval_ms, node, _Poll())
+        return True
+
+    def check_certificates(self) -> None:
+        """Every block of every honest chain carries Q signatures of its own height's set."""
+        for node in self.honest():
+            for seq_no, entry in enumerate(node.chain.blocks, start=1):
+                try:
+                    self.epochs.verify_certificate(entry.certificate, seq_no, entry.block_hash)
+                except MessageError as exc:
+                    raise SafetyViolation(f"block {seq_no} on node {node.index}: {exc}") from None
 
     # --- readiness: what the core is told about the pool --------------------------------
 
@@ -1072,7 +1253,7 @@ class Cluster:
         node = self.nodes[index]
         if node.replica is not None:
             node.amnesic = node.replica.amnesia is not None
-        node.replica = None
+        node.replica, node.following = None, False
         node.epoch += 1
         node.timers.clear()
         node.jobs.clear()
@@ -1131,9 +1312,14 @@ class Cluster:
         node.jobs.clear()
         node.busy = False
         node.executed.clear()  # the adapter's memory
-        node.replica = Replica.restore(self.params, index, node.signer, self.verifier,
+        node.unfed.clear()  # (the schedule its chain's state says is given whole)
+        if node.signing_bound is None and node.address not in self.params.validators:
+            self._follow(node)  # a spare that never voted: it follows until voted in
+            return
+        node.replica = Replica.restore(self.params, None, node.signer, self.verifier,
                                        node.chain.head, node.store, block_digest=block_digest,
-                                       signing_bound=node.signing_bound)
+                                       signing_bound=node.signing_bound,
+                                       schedule=node.schedule)
         if node.replica.amnesia is not None and not node.amnesic:
             raise RestartAmnesia(
                 f"replica {index} lost no records and restarted amnesic (bound "
@@ -1142,6 +1328,8 @@ class Cluster:
                 f"{self.write_crashes[-3:]}")
         node.last_view = max(node.last_view, node.replica.view)
         self.perform(node, node.replica.start())
+        if node.replica is None:  # removed from the set: it follows
+            return
         node.ready = {}  # a new replica knows nothing: report the whole executable set
         self._refresh(node)
         node.last_progress = -1

@@ -8,9 +8,10 @@
     .venv/bin/python -m tests.simulation.run --seed 31 --n 6 --calm   # without its hostile world
     .venv/bin/python -m tests.simulation.run --seeds 100 --world      # what the worlds did
 
-Each seed belongs to one class (`scenario.kind_of`): chaos, honest, gapped, slow or censor, and
-draws a hostile world (`hostile.py`: failing executors, poisoned blocks, fetches that fail
-part-way, crashes between writes, slow replicas), named in its failure message.
+Each seed belongs to one class (`scenario.kind_of`): chaos, membership, honest, gapped, slow
+or censor, and draws a hostile world (`hostile.py`: failing executors, poisoned blocks,
+fetches that fail part-way, crashes between writes, slow replicas), named in its failure
+message (the membership class draws none: its faults are the chaos class's).
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ slow    rounds longer than the request timeout even within the block budget (val
         commit everywhere.
 censor  the first primary builds blocks without one account's transactions while others keep
         coming: it must be replaced, and the censored transactions commit within a bound.
+membership  validator-set changes (issue 31) voted in committed blocks while transactions
+        flow, with the chaos class's faults (within f of every set they pass through): adds
+        of followers, removals (the first primary's too), a removal and an add in a row. No
+        two chains differ at a height, every certificate verifies with its own height's set;
+        after healing every change is installed on every member, the removed follow, and
+        new transactions commit.
 
 The latency bound (`invariants.check_latency`): a transaction that became executable at time
 t, with `ahead` others executable by then (give or take the gossip spread) and not yet
@@ -100,9 +106,12 @@ VIEW_CHANGE_LIES = ("genuine", "omit", "overclaim", "invent", "future_q", "stale
                     "stale_prepared")
 NEW_VIEW_LIES = ("genuine", "drop_o", "drop_first", "below_min_s", "extra_o", "few_v")
 HISTORY = 8  # genuine VIEW-CHANGEs a liar keeps, to replay their stale proofs
-# seed % 10 -> class; half the seeds stay chaos seeds
-KINDS = ("chaos", "honest", "gapped", "slow", "censor")
-_KIND_BY_RESIDUE = ("chaos",) * 5 + ("honest", "honest", "gapped", "slow", "censor")
+# seed % 10 -> class; four in ten are chaos seeds
+KINDS = ("chaos", "honest", "gapped", "slow", "censor", "membership")
+_KIND_BY_RESIDUE = ("chaos", "chaos", "membership", "chaos", "chaos", "honest", "honest",
+                    "gapped", "slow", "censor")
+SPARE = 2  # nodes beyond genesis in the membership class, following until voted in
+MEMBERSHIP_CHAOS_MS = 4_000
 # Transactions per burst account, by cluster size: the CI time goes mostly to the larger
 # clusters' rounds.
 _BURST_SIZE = {1: 40, 2: 32, 3: 28, 4: 24, 5: 18, 6: 14, 7: 12, 8: 10, 9: 9, 10: 8}
@@ -660,7 +669,141 @@ def run_censor(seed: int, n: int, rng: random.Random) -> Cluster:
     return cluster
 
 
+# --- membership: validator-set changes under faults -----------------------------------------
+
+
+def _membership_plan(rng: random.Random, n: int
+                     ) -> tuple[list[tuple[int, bool]], list[tuple[int, ...]]]:
+    """One to three changes, (subject, add), and the sets they pass through: an add of a
+    follower (or of a validator removed before), a removal (the first primary's in some),
+    or a removal and an add in a row."""
+    members, outside = list(range(n)), list(range(n, n + SPARE))
+    changes: list[tuple[int, bool]] = []
+    sets = [tuple(members)]
+    for _ in range(rng.randint(1, 3)):
+        kinds = ["add"] * bool(outside) + ["remove"] * (len(members) > 1)
+        kinds += ["swap"] * (bool(outside) and len(members) > 1)
+        kind = rng.choice(kinds)
+        if kind in ("remove", "swap"):
+            subject = members[0] if rng.random() < 0.3 else rng.choice(members)
+            members.remove(subject)
+            outside.append(subject)
+            changes.append((subject, False))
+            sets.append(tuple(members))
+        if kind in ("add", "swap"):
+            subject = rng.choice(outside)
+            outside.remove(subject)
+            members.append(subject)
+            changes.append((subject, True))
+            sets.append(tuple(members))
+    return changes, sets
+
+
+def run_membership(seed: int, n: int, rng: random.Random) -> Cluster:
+    """Votes pass at random times while clients send transactions; faults (byzantine
+    members that stay in every set, crashes, a partition) within the smallest f, healed
+    after MEMBERSHIP_CHAOS_MS; see the module's doc."""
+    faults = NetworkFaults(min_delay_ms=1, max_delay_ms=rng.randint(5, 40),
+                           drop=rng.choice((0.0, 0.02)), duplicate=rng.choice((0.0, 0.05)))
+    econ = economy(rng, tuple(rng.uniform(1.0, 2.0) for _ in range(n + SPARE)),
+                   rng.choice((0, 500)))
+    cluster = _cluster(n, seed, econ, faults, spare=SPARE)
+    changes, sets = _membership_plan(rng, n)
+    f = min((len(members) - 1) // 3 for members in sets)
+    stay = [i for i in range(n) if all(i in members for members in sets)]
+    faulty = rng.sample(stay, min(len(stay), rng.randint(0, f)))
+    timeline: list[tuple[int, Callable[[], None]]] = []
+    for index in faulty:
+        behaviour = rng.choice(BEHAVIOURS)
+        if behaviour == "crash":
+            timeline.append((rng.randrange(MEMBERSHIP_CHAOS_MS),
+                             lambda i=index: cluster.crash(i)))
+        else:
+            cluster.byzantine.add(index)
+            cluster.outgoing[index] = Byzantine(cluster, index, behaviour, rng)
+    survivors = [i for i in range(n) if i not in faulty]
+    for index in rng.sample(survivors, min(len(survivors), rng.randint(0, 1))):
+        down = rng.randrange(MEMBERSHIP_CHAOS_MS - 500)
+        timeline.append((down, lambda i=index: cluster.crash(i)))
+        timeline.append((down + rng.randint(50, 1500), lambda i=index: cluster.restart(i)))
+    if n > 1 and rng.random() < 0.3:
+        side = set(rng.sample(range(n + SPARE), rng.randint(1, n + SPARE - 1)))
+        start = rng.randrange(MEMBERSHIP_CHAOS_MS - 500)
+
+        def split(side: set[int] = side) -> None:
+            cluster.partition = [side, set(range(n + SPARE)) - side]
+
+        timeline.append((start, split))
+    clients = Workload(cluster, rng, econ.fees, econ.max_gas)
+    timeline += _chaos_clients(clients, rng)
+    for when, (subject, add) in zip(sorted(rng.sample(range(0, MEMBERSHIP_CHAOS_MS, 50),
+                                                      len(changes))), changes, strict=True):
+        timeline.append((when, partial(cluster.vote, subject, add)))
+
+    def heal() -> None:
+        cluster.partition = None
+        cluster.faults = NetworkFaults(1, faults.max_delay_ms)
+        for node in cluster.nodes:
+            if not (node.up or node.following) and node.index not in faulty:
+                cluster.restart(node.index)
+
+    timeline.append((MEMBERSHIP_CHAOS_MS, heal))
+    for when, action in sorted(timeline, key=lambda item: item[0]):
+        cluster.run_for(max(0, when - cluster.now))
+        action()
+    cluster.check_safety()
+    _check_membership_settles(cluster, clients, econ.fees, rng, faulty)
+    cluster.check_safety()
+    cluster.check_certificates()
+    return cluster
+
+
+def _check_membership_settles(cluster: Cluster, clients: Workload, fees: Fees,
+                              rng: random.Random, faulty: list[int]) -> None:
+    """Every change voted in passed (each vote was committed), the last set is installed on
+    every honest member, the others follow, and new transactions commit on every member."""
+    voted = len(cluster.votes)
+    schedule = cluster.epochs.schedule
+    if not cluster.run_until(lambda: len(cluster.epochs.schedule.epochs) > voted
+                             or all(v in _committed_votes(cluster) for v in cluster.votes),
+                             LIVENESS_LIMIT_MS):
+        raise LivenessFailure(f"votes not committed: heights {cluster.heights()}, views "
+                              f"{cluster.views()}")
+    schedule = cluster.epochs.schedule
+    final = schedule.epochs[-1].validators
+    correct = [node for node in cluster.honest() if node.index not in faulty]
+    members = [node for node in correct if node.address in final]
+
+    def installed() -> bool:
+        return all(node.replica is not None and node.replica.epochs.current.validators == final
+                   for node in members)
+
+    fresh = [cluster.submit(clients.tx(clients.account(), fees.rich(rng))) for _ in range(3)]
+    done = cluster.run_until(lambda: installed() and cluster.all_committed(fresh, members),
+                             LIVENESS_LIMIT_MS)
+    cluster.check_safety()
+    if not done:
+        raise LivenessFailure(
+            f"membership: the set {[cluster.by_address[v] for v in final]} not installed or "
+            f"new transactions not committed within {LIVENESS_LIMIT_MS} ms: heights "
+            f"{cluster.heights()}, views {cluster.views()}, installed "
+            f"{[n.replica.epochs.current.number if n.replica else None for n in cluster.nodes]}"
+            f", faulty {faulty}")
+    # A removed validator leaves once it sees the handover (the stable checkpoint at c, or a
+    # block above c: one that missed the old set's CHECKPOINTs learns it from the next block).
+    removed = [node for node in correct if node.address not in final]
+    cluster.submit(clients.tx(clients.account(), fees.rich(rng)))
+    if not cluster.run_until(lambda: all(node.replica is None for node in removed),
+                             LIVENESS_LIMIT_MS):
+        raise LivenessFailure(f"removed validators still run a replica: "
+                              f"{[node.index for node in removed if node.replica is not None]}")
+
+
+def _committed_votes(cluster: Cluster) -> set[bytes]:
+    return {h for h in cluster.votes if cluster.committed(h)}
+
+
 _RUNNERS: dict[str, Callable[[int, int, random.Random], Cluster]] = {
     "chaos": run_chaos, "honest": run_honest, "gapped": run_gapped, "slow": run_slow,
-    "censor": run_censor,
+    "censor": run_censor, "membership": run_membership,
 }

@@ -1,8 +1,9 @@
 """The seeded simulator: 700 seeds across N = 1..10 in CI; `--seeds K` runs K per size.
 
-Seeds fall into classes by `scenario.kind_of` (half chaos, the rest honest, gapped, slow and
-censor), and every seed draws a hostile world (`hostile.py`); a failure names its class, its
-world and the command that replays it. Below the random seeds: one seed per hostile world
+Seeds fall into classes by `scenario.kind_of` (four in ten chaos, the rest membership,
+honest, gapped, slow and censor), and every seed draws a hostile world (`hostile.py`; the
+membership class the chaos class's faults); a failure names its class, its world and the
+command that replays it. Below the random seeds: one seed per hostile world
 that must fail when the engine handles it the old way (each old way put back by a
 monkeypatch), and the gaps the simulator found (xfail, strict: they pass once fixed).
 """

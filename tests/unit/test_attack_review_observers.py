@@ -307,14 +307,10 @@ def test_replaying_every_scheduled_change_leaves_the_schedule_as_it_is() -> None
     assert scheduled.schedule(five, passed_at=3) is scheduled
 
 
-# Finding 7: a primary's NEW-VIEW across the handover mixes epochs, and every replica refuses it.
+# Finding 7 (fixed: `select_view_changes` takes only the installed epoch's): a primary's
+# NEW-VIEW across the handover mixed epochs, and every replica refused it.
 
 
-@pytest.mark.xfail(strict=True, reason="finding 7: select_view_changes takes the N-f "
-                   "VIEW-CHANGEs of the lowest replica indices whatever their epoch, while "
-                   "verify_new_view refuses a NEW-VIEW whose VIEW-CHANGEs are not all of one "
-                   "epoch: one lagging replica of a low index (its stable checkpoint below "
-                   "the handover) makes every primary's NEW-VIEW invalid, view after view")
 def test_the_new_view_a_primary_builds_across_the_handover_is_valid() -> None:
     """Five validators after the handover at 10 (epoch 1 installed). The new primary of view
     1 has the VIEW-CHANGEs of all five: four with the handover checkpoint stable (epoch 1),
@@ -333,15 +329,10 @@ def test_the_new_view_a_primary_builds_across_the_handover_is_valid() -> None:
     verify_new_view(added, 40, new_view)  # what every replica checks before following it
 
 
-# Finding 8: a removed validator still moves the replicas of the new set into view changes.
+# Finding 8 (fixed: `handover.counts_toward_view`): a removed validator moved the replicas of
+# the new set into view changes.
 
 
-@pytest.mark.xfail(strict=True, reason="finding 8: a VIEW-CHANGE is verified with the set of "
-                   "the epoch of its stable checkpoint + 1, chosen by its sender, and counted "
-                   "by replica index toward the installed epoch's f+1 join and N-f quorums: a "
-                   "removed validator signing one with stable checkpoint 0 under its old index "
-                   "(another member's index in the new set) forces every replica of the new "
-                   "set into a view change, view after view")
 def test_a_removed_validator_cannot_move_the_new_set_to_another_view() -> None:
     """After the handover at 10 to the set without V0[0] (three validators: f = 0, so one
     VIEW-CHANGE from a member is enough to join), V0[0] is a stranger to the set deciding

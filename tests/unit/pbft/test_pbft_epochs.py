@@ -234,7 +234,7 @@ def test_checkpoints_are_counted_with_their_own_height_s_quorum() -> None:
     Q of the new set (4 of 5)."""
     added = membership(ADDED)
     added.schedule = added.schedule.install(10)
-    tracker = CheckpointTracker(added, 0, StoreWriter())
+    tracker = CheckpointTracker(added, V0[0], StoreWriter())
     for height, epoch_set in ((10, V0), (20, ADDED)):
         for replica in range(3):
             tracker.add(signed(Checkpoint(height, DIGEST, DIGEST, replica), epoch_set))

@@ -1,0 +1,208 @@
+"""The handover between epochs: the rules a replica follows while a validator-set change is
+scheduled and when it takes effect (DESIGN.md section 10; research/membership.md sections
+8.3 and 8.4, items R2 and R4).
+
+A change that passed in committed block b takes effect after the handover checkpoint c
+(`epochs.handover_checkpoint`). Until the checkpoint at c is stable with a quorum of the OLD
+set, the high watermark stops at c: nothing above it is pre-prepared, prepared or committed,
+and the messages for heights above it are held (in the replica's bounded buffer of messages
+it cannot take yet) and taken once the new epoch is installed. The primary proposes blocks up
+to c even with nothing to order, so the boundary is always reached (besu#7873: a Besu chain
+with empty blocks off never reached the block at which its vote took effect). Each replica
+is a member by its address; its index is its place in each epoch's set, so a removed
+validator stops at c and an added one starts there (`Replica.join`). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pbft_engine.core.actions import LeftValidatorSet, RelayRequests, SendTo
+from pbft_engine.core.epochs import EpochSchedule, Membership, message_height
+from pbft_engine.core.events import ScheduleChange
+from pbft_engine.core.signing_bound import SigningBound
+from pbft_engine.core.view_change import verify_view_change
+from pbft_engine.errors import ConfigError, MessageError
+from pbft_engine.messages import Body, Checkpoint, Signed, ViewChange
+
+if TYPE_CHECKING:
+    from pbft_engine.core.replica import Replica
+
+
+def high_watermark(low_watermark: int, log_size: int, schedule: EpochSchedule) -> int:
+    """H = h + L, stopped at the handover checkpoint c while a change is scheduled (R2)."""
+    top, cap = low_watermark + log_size, schedule.high_watermark_cap()
+    return top if cap is None else min(top, cap)
+
+
+def beyond_handover(schedule: EpochSchedule, seq_no: int, window_top: int) -> bool:
+    """A message for a height above c that the window h + L would hold without the cap:
+    kept until the new epoch is installed (then taken as any other), not dropped."""
+    cap = schedule.high_watermark_cap()
+    return cap is not None and cap < seq_no <= window_top
+
+
+def installed_by(schedule: EpochSchedule, stable_checkpoint: int, last_executed: int,
+                 address: bytes) -> EpochSchedule:
+    """What this replica's progress installs: a stable checkpoint at or above c (its own,
+    or one a NEW-VIEW proves), or a block above c executed here (fetched or committed on a
+    peer's certificate): a quorum of the new set committed that block, and a correct member
+    of it votes above c only once the checkpoint at c was stable there. A removed validator
+    leaves only on such a block: until then some member may still lack its CHECKPOINT at c,
+    which it sends again (`awaiting_handover`; the handover needs Q of the OLD set, and
+    Sawtooth PBFT warns against shutting a removed node down early)."""
+    by_execution = schedule.install(last_executed - 1)
+    installed = by_execution.install(stable_checkpoint)
+    return installed if address in installed.current.validators else by_execution
+
+
+def owes_block(schedule: EpochSchedule, top: int) -> bool:
+    """While a change is scheduled, the primary proposes (empty if need be) every block up
+    to c, whatever `empty_blocks` says: nothing else makes the boundary come (R4); and then
+    the new set's first block, c + 1, which proves the handover to every replica that
+    missed it (a block above c installs the new set) and lets a removed validator leave."""
+    cap = schedule.high_watermark_cap()
+    end = cap if cap is not None else schedule.current.first if schedule.current.number else 0
+    return top < end
+
+
+def joining_checkpoint(schedule: EpochSchedule, address: bytes, head: int) -> int:
+    """The handover checkpoint at which a validator that followed the chain up to `head`
+    joins: that of the epoch deciding head + 1, which must count `address` among its
+    members (0 for the genesis set)."""
+    epoch = schedule.epoch_at(head + 1)
+    if epoch.index(address) is None:
+        raise ConfigError(f"0x{address.hex()} is not in the set of epoch {epoch.number}, "
+                          f"which decides block {head + 1}")
+    return epoch.first - 1
+
+
+def counts_toward_view(membership: Membership, signed: Signed[ViewChange]) -> bool:
+    """A VIEW-CHANGE counts (toward f+1 to join, N-f to change view, and a NEW-VIEW's V)
+    only if it is of the installed epoch: the heights above its checkpoint are decided by
+    the installed set, so its signer is a member of it. A removed validator's, or a lagging
+    replica's whose checkpoint is below c, belongs to the old epoch, and its replica index
+    there names another member (or none) here (the attacker's review, findings 7 and 8)."""
+    return membership.schedule.epoch_at(message_height(signed.body)) == membership.current
+
+
+def before_installed(membership: Membership, body: Body) -> bool:
+    """A message for heights of an epoch before the installed one (a NEW-VIEW of the old
+    set's view changes): those heights are done here."""
+    return membership.schedule.epoch_at(message_height(body)).number < membership.current.number
+
+
+# --- the replica's steps at a handover ---------------------------------------------------
+# Functions of the replica (`core.replica` calls them): its state is the replica's, the rules
+# are here, beside the ones above.
+
+
+def schedule_change(replica: Replica, event: ScheduleChange) -> None:
+    """A change passed in a block committed here: scheduled (once), the watermark capped."""
+    try:
+        replica.epochs.schedule = replica.epochs.schedule.schedule(
+            event.validators, passed_at=event.passed_at)
+    except ConfigError as exc:  # the adapter read another history than the one fed
+        replica._alarm("schedule", str(exc))
+        return
+    install(replica)  # a catch-up may have executed past its handover already
+    replica._maybe_propose()  # the primary's blocks up to the handover
+
+
+def take_installed(replica: Replica) -> bool:
+    """Install what the stable checkpoint and the head install; who this replica is in
+    the installed epoch. True if an epoch was installed."""
+    schedule = installed_by(replica.epochs.schedule, replica.stable_checkpoint,
+                            replica.last_exec, replica.address)
+    installed, replica.epochs.schedule = schedule is not replica.epochs.schedule, schedule
+    index = schedule.current.index(replica.address)
+    replica.left, replica.me = index is None, -1 if index is None else index
+    return installed
+
+
+def install(replica: Replica) -> None:
+    """A new epoch is installed here: its set decides everything above h, which moves
+    to its handover checkpoint at least (the old epoch's heights are done here); the
+    messages held for its heights are taken. A replica outside its set leaves."""
+    if not take_installed(replica):
+        return
+    # Messages to one replica name it by its index in the installed epoch as the step ends
+    # (`SendTo`): those of this step went to members of the old one (relays to its primary,
+    # a NEW-VIEW to a sender of its VIEW-CHANGE), which the new indices no longer name.
+    replica._out = [a for a in replica._out if not isinstance(a, SendTo | RelayRequests)]
+    if replica.left:
+        replica._out.append(left_action(replica))
+        return
+    replica.view_changes = {a: w for a, w in replica.view_changes.items()
+                            if counts_toward_view(replica.epochs, w.signed)}
+    replica.relayed = set()  # the primary of this view may be another member now
+    replica._move_watermarks(max(replica.low_watermark, replica.epochs.current.first - 1))
+    if not replica.active and replica.address not in replica.view_changes:
+        # Its VIEW-CHANGE for this view is the old epoch's, which the new set does not
+        # count, and it never signs two for one view: it asks for the next one instead.
+        replica._start_view_change(replica.view + 1, "handover")
+    replica._restart_request_timer()
+    if replica.active:
+        replica._replay_future()
+    replica._advance()
+
+
+def awaiting_handover(replica: Replica) -> Signed[Checkpoint] | None:
+    """Our CHECKPOINT at the last handover checkpoint c while c is the last block executed
+    here: sent again every request timeout (`Replica._arm_resend_timer`). Checkpoints are
+    not retransmitted otherwise (the next one makes up for a lost one), but nothing comes
+    after this one until Q of the old set hold it stable (a removed validator too: it
+    leaves only once a block above c is committed)."""
+    schedule = replica.epochs.schedule
+    cap = schedule.high_watermark_cap()
+    c = cap if cap is not None else schedule.current.first - 1
+    return replica.checkpoints.mine(c) if c > 0 and replica.last_exec == c else None
+
+
+def left_action(replica: Replica) -> LeftValidatorSet:
+    return LeftValidatorSet(replica.epochs.current.number, replica.epochs.current.first)
+
+
+def complete_proof(replica: Replica, seq_no: int, proof: tuple[Signed[Checkpoint], ...]) -> bool:
+    """A replica that joined at c holds c stable without its proof (the old set's Q
+    CHECKPOINTs, which its VIEW-CHANGE carries): it takes them as they come."""
+    if not (seq_no == replica.stable_checkpoint > 0
+            and replica.checkpoints.short_of_proof(seq_no)):
+        return False
+    replica.checkpoints.adopt(seq_no, proof)
+    return True
+
+
+def adopt_view_change_checkpoint(replica: Replica, signed: Signed[ViewChange]) -> bool:
+    """Whether a VIEW-CHANGE counts here, once its checkpoint is adopted if this replica
+    needs it: a VIEW-CHANGE proves its checkpoint stable (Q CHECKPOINTs), and a replica
+    that missed the handover checkpoint (it was down, or behind), or whose own stable
+    checkpoint is below the installed epoch (it caught up past c: its own VIEW-CHANGE
+    would be the old epoch's) adopts a later one, which installs the epoch it is of."""
+    body, epochs = signed.body, replica.epochs
+    behind = epochs.schedule.epoch_at(replica.stable_checkpoint + 1) != epochs.current
+    if body.stable_seq_no > replica.stable_checkpoint and not before_installed(epochs, body) and (
+            behind or not counts_toward_view(epochs, signed)):
+        try:
+            verify_view_change(epochs, signed, replica.params.log_size)
+        except MessageError:
+            return False
+        replica._adopt_stable(body.stable_seq_no, body.checkpoint_proof)
+    return not replica.left and counts_toward_view(epochs, signed)
+
+
+def joined(replica: Replica, c: int, view: int, signing_bound: SigningBound | None) -> Replica:
+    """`Replica.join`: a validator added by a change starts at the handover checkpoint c
+    that installs its epoch, having followed the chain (as an observer) to c or past it:
+    h and its stable checkpoint are c, its P and Q sets empty, its view `view` (that of c's
+    commit certificate: views stay monotonic across epochs; a later one comes by NEW-VIEW or
+    f+1 VIEW-CHANGEs, as for any replica). It votes from c + 1. The proof of its stable
+    checkpoint (Q CHECKPOINTs of the old set at c) is taken from those CHECKPOINTs (the
+    adapter feeds the ones it kept while it followed), or a VIEW-CHANGE or NEW-VIEW that
+    holds it, as they reach it; until then it sends no VIEW-CHANGE (nobody would take it).
+    `signing_bound`: the validator state file, if this address voted on this chain before
+    (removed, then added again). Restarted later, it is restored (`Replica.restore`)."""
+    replica.view, replica.stable_checkpoint, replica.joined = view, c, True
+    replica.signing_bound = (signing_bound or SigningBound()).joined(SigningBound(view, c))
+    replica._bound_raised = True
+    return replica
