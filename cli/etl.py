@@ -309,7 +309,8 @@ def _audit_data(args: argparse.Namespace, location: str, trust: Trust,
     spark = spark_session(args.master, record_classes=True)  # while block 0 is built
     genesis = trust.genesis_set()  # a genesis the chain refuses is a usage error, data or not
     data = Dataset.read(spark, location)
-    validators = resolve_validators(data.export_manifest, trust.addresses, genesis)
+    validators = resolve_validators(data.export_manifest, trust.addresses, genesis,
+                                    data.epochs)
     result = run_audit(data, validators, RULES + state)
     print(result.summary(), end="")
     if args.html is not None:

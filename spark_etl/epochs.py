@@ -33,6 +33,7 @@ from pbft_engine.messages import (
     verify_commit_certificate,
 )
 from pbft_engine.quorum import max_faulty, quorum
+from spark_etl.audit.context import validators_hash
 from spark_etl.audit.signatures import VERIFIER
 from spark_etl.audit.validators import ADDRESS
 from spark_etl.errors import ExtractError
@@ -53,12 +54,6 @@ EXTRA_DATA_FIELD = 12  # a header's fields: parentHash, ommersHash, coinbase, ..
 
 class UnprovenEpoch(ExtractError):
     """A set change a node claims that the certified headers do not prove."""
-
-
-def validators_hash(addresses: tuple[str, ...]) -> str:
-    """keccak256(rlp(sorted 20-byte addresses)): what the block before an epoch's first holds
-    in extraData (the chain's definition: `pbft_engine.epoch_feed.validators_hash`)."""
-    return to_hex(keccak(rlp.encode(sorted(from_hex(a) for a in addresses))))
 
 
 @dataclass(frozen=True)
@@ -205,6 +200,32 @@ def _next_epoch(client: JsonRpcClient, epoch: Epoch, boundary: int, chain_id: in
                             f"{validators_hash(validators)}; block {boundary} commits to "
                             f"{committed}")
     return Epoch(epoch.number + 1, boundary + 1, validators)
+
+
+def epoch_row(node: str, epoch: Epoch) -> tuple[Any, ...]:
+    """A row of the `epochs` table (`schemas.EPOCHS`, node last)."""
+    return (epoch.number, epoch.first_block, epoch.last_block, list(epoch.validators),
+            epoch.validators_hash, epoch.n, epoch.f, epoch.quorum, node)
+
+
+def claimed_epochs(client: JsonRpcClient, last: int) -> list[Epoch]:
+    """The epochs the node says decide blocks 1..`last` (pbft_getEpoch at each epoch's first
+    block; one request per epoch), unproven: the audit checks them against the certified
+    headers. None from a node without pbft_getEpoch (built before set changes)."""
+    epochs: list[Epoch] = []
+    first = 1
+    while True:
+        try:
+            answer = client.call("pbft_getEpoch", hex(first))
+        except MethodNotFound:
+            return []
+        claimed = answer.get("validators") if isinstance(answer, dict) else None
+        epoch = Epoch(len(epochs), first, _addresses(claimed, f"pbft_getEpoch({first})"))
+        end = _last_block(answer, epoch)
+        epochs.append(replace(epoch, last_block=end))
+        if end is None or end >= last:
+            return epochs
+        first = end + 1
 
 
 def walk_epochs(client: JsonRpcClient, genesis: tuple[str, ...], chain_id: int,

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from spark_etl import schemas
 from spark_etl.audit.context import ValidatorSet
+from spark_etl.epochs import claimed_epochs, epoch_row
 from spark_etl.errors import EtlError, ExtractError, UsageError
 from spark_etl.head_anchor import check_head
 from spark_etl.hexcodec import long
@@ -603,6 +604,25 @@ def record_nodes_without_blocks(spark: SparkSession, options: ExportOptions,
                     schemas.EXPORT_MANIFEST)
 
 
+def export_epochs(spark: SparkSession, options: ExportOptions, infos: list[NodeInfo],
+                  last: int, progress: Progress) -> None:
+    """epochs: the sets each node says decide blocks 1..`last` (a few requests per node, on
+    the driver). A node that does not answer them is left out of the table with a warning:
+    the audit counts with the sets the other nodes report, checked against every block."""
+    rows = []
+    for info in infos:
+        try:
+            with JsonRpcClient(info.url, options.policy) as client:
+                epochs = claimed_epochs(client, min(last, info.head))
+        except EtlError as exc:
+            progress(f"warning: {info.url}: its validator-set epochs are left out ({exc})")
+            continue
+        rows.extend(epoch_row(info.url, epoch) for epoch in epochs)
+    if rows:
+        write_table(local_frame(spark, rows, schemas.EPOCHS.schema), options.out,
+                    schemas.EPOCHS)
+
+
 def export_consensus_records(spark: SparkSession, options: ExportOptions,
                              infos: list[NodeInfo]) -> None:
     """view_changes and evidence: each node's whole record, one task per node."""
@@ -649,5 +669,6 @@ def export(spark: SparkSession, options: ExportOptions, progress: Progress) -> E
     stops.fail_if_no_node_served(plan)
     record_nodes_without_blocks(spark, options, by_url, (first, last), done, summary.nodes)
     export_consensus_records(spark, options, infos)
+    export_epochs(spark, options, infos, last, progress)
     summary.seconds = time.monotonic() - started
     return summary

@@ -235,6 +235,24 @@ EVIDENCE = _table(
     by_range=False,
 )
 
+EPOCHS = _table(
+    "epochs",
+    "one row per validator-set epoch a node reported (`pbft_getEpoch` from block 1 on, up "
+    "to the last block asked); the audit counts each height's signatures with the set of "
+    "its epoch and checks every block's extraData against these sets",
+    Column("epoch", LONG, "epoch number (0: the genesis set)"),
+    Column("first_block", LONG, "first block the set decides"),
+    Column("last_block", LONG, "last block it decides (the handover checkpoint); null while "
+                               "no change after it is scheduled"),
+    Column("validators", ArrayType(STRING), "the set, in replica order"),
+    Column("validators_hash", STRING, "keccak256 of the RLP list of the sorted addresses: "
+                                      "what the block before first_block has in extraData"),
+    Column("n", LONG, "validators in the set"),
+    Column("f", LONG, "faulty validators it tolerates, (n-1)//3"),
+    Column("quorum", LONG, "Q = (n+f+2)//2 signatures of the set certify a block"),
+    by_range=False,
+)
+
 EXPORT_MANIFEST = _table(
     "export_manifest",
     "one row per exported block range and node: what the export wrote (resume reads it)",
@@ -270,7 +288,7 @@ BUNDLE = StructType(
     ]
 )
 
-TABLES = (*BLOCK_TABLES, VIEW_CHANGES, EVIDENCE, EXPORT_MANIFEST)
+TABLES = (*BLOCK_TABLES, VIEW_CHANGES, EVIDENCE, EPOCHS, EXPORT_MANIFEST)
 BY_NAME = {table.name: table for table in TABLES}
 
 VIOLATIONS = StructType(

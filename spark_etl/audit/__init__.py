@@ -38,6 +38,7 @@ from spark_etl.audit.consensus_rules import (
     view_changes,
 )
 from spark_etl.audit.context import Audit, ValidatorSet, tagged_union, union_all
+from spark_etl.audit.epoch_rules import extra_data
 from spark_etl.audit.export_rules import export_manifest, node_agreement
 from spark_etl.audit.records_rules import (
     checkpoint_missing,
@@ -77,6 +78,7 @@ RULES: tuple[Rule, ...] = (
     validator_set,
     block_range,
     node_behind,
+    extra_data,
     signer_columns,
     record_fields,
     evidence_false,

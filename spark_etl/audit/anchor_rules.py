@@ -50,9 +50,11 @@ def chain_id(audit: Audit) -> DataFrame:
 
 def validator_set(audit: Audit) -> DataFrame:
     """validator-set: every node reported the trusted validator set, in replica order
-    (pbft_getValidators), to the export."""
-    trusted = F.array(*(F.lit(a) for a in audit.validators.addresses))
-    reported = audit.data.export_manifest.select("node", "validators").distinct()
+    (pbft_getValidators: the set of the block after its head), to the export."""
+    reported = (audit.data.export_manifest.select("node", "validators", "node_head").distinct()
+                .withColumn("trusted", audit.validators.array_at(
+                    F.coalesce(F.col("node_head"), F.lit(0)) + 1)))
+    trusted = F.col("trusted")
     return violations(
         reported.where(~F.col("validators").eqNullSafe(trusted)),
         "validator-set",
@@ -134,7 +136,7 @@ def quorum_commits(audit: Audit) -> DataFrame:
         .join(commits, "message")
         .groupBy("seq_no", "digest")
         .agg(F.countDistinct("signer").alias("signers"))
-        .where(F.col("signers") >= audit.validators.quorum)
+        .where(F.col("signers") >= audit.validators.quorum_at(F.col("seq_no")))
     )
 
 

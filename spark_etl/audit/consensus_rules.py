@@ -43,14 +43,15 @@ def certificates(audit: Audit) -> DataFrame:
         "certificate-signature",
         F.concat_ws(": ", who, "problem"),
     )
-    size = audit.validators.size
+    height = F.col("block_number")
+    size = audit.validators.size_at(height)
     outside = F.coalesce((F.col("c_replica") < 0) | (F.col("c_replica") >= size), F.lit(False))
-    named = F.col("signer").isNotNull() & ~audit.validators.contains(F.col("signer"))
+    named = F.col("signer").isNotNull() & ~audit.validators.contains(F.col("signer"), height)
     outsider = violations(
         rows.where(outside | named),
         "certificate-non-validator",
         F.format_string("%s names signer %s: not one of the %d validators", who,
-                        F.coalesce("signer", F.lit("?")), F.lit(size)),
+                        F.coalesce("signer", F.lit("?")), size),
     )
     wrong_block = violations(
         rows.where(F.col("c_error").isNull() & ~F.coalesce("for_block", F.lit(False))),
@@ -81,7 +82,7 @@ def certificates(audit: Audit) -> DataFrame:
         F.format_string("%s signed %d COMMITs in one certificate (counted once)",
                         "c_signer", "count"),
     )
-    quorum = audit.validators.quorum
+    quorum = audit.validators.quorum_at(F.col("block_number"))
     counted = blocks.where(F.col("block_number") > 0).join(
         per_block, ["node", "block_number"], "left"
     )
@@ -90,7 +91,7 @@ def certificates(audit: Audit) -> DataFrame:
         "certificate-quorum",
         F.when(F.col("signers").isNull(), F.lit("no commit certificate")).otherwise(
             F.format_string("%d distinct valid validator signatures, quorum is %d",
-                            "signers", F.lit(quorum))
+                            "signers", quorum)
         ),
     )
     return union_all(bad_signature, outsider, wrong_block, views, duplicates, short)
@@ -108,7 +109,7 @@ def conflicting_certificates(audit: Audit) -> DataFrame:
     certified = (
         valid.groupBy("seq_no", "digest")
         .agg(F.countDistinct("signer").alias("signers"))
-        .where(F.col("signers") >= audit.validators.quorum)
+        .where(F.col("signers") >= audit.validators.quorum_at(F.col("seq_no")))
     )
     conflicts = (
         certified.groupBy("seq_no")
@@ -192,7 +193,7 @@ def checkpoints(audit: Audit) -> DataFrame:
         F.format_string("replica %s's CHECKPOINT: %s",
                         F.coalesce(F.col("p_replica").cast("string"), F.lit("?")), "problem"),
     )
-    quorum = audit.validators.quorum
+    quorum = audit.validators.quorum_at(F.col("block_number"))
     proofs = rows.groupBy("node", "block_number", "stable").agg(
         F.countDistinct(F.when(F.col("matching"), F.col("p_signer"))).alias("signers"),
         F.count("message").alias("messages"),
@@ -202,7 +203,7 @@ def checkpoints(audit: Audit) -> DataFrame:
         proofs.where(F.col("stable") & ~genesis & (F.col("signers") < quorum)),
         "checkpoint-proof",
         F.format_string("stable, but %d distinct validators signed matching CHECKPOINTs; "
-                        "quorum is %d", "signers", F.lit(quorum)),
+                        "quorum is %d", "signers", quorum),
     )
     blocks = audit.data.blocks.select(
         "node", F.col("number").alias("block_number"), F.col("hash").alias("chain_hash"),
@@ -228,7 +229,7 @@ def view_changes(audit: Audit) -> DataFrame:
     VIEW-CHANGE messages for it from distinct validators."""
     new_views, votes = view_change_records(audit)
     counted = installed_views(audit)
-    needed = audit.validators.view_change_quorum
+    needed = audit.validators.view_change_quorum_at(F.col("height"))
     detail = F.format_string("view %d: %s", "view", "problem")
     return union_all(
         violations(new_views.where(F.col("problem").isNotNull()), "view-change", detail,
@@ -239,7 +240,7 @@ def view_changes(audit: Audit) -> DataFrame:
             counted.where(F.col("senders") < needed),
             "view-change",
             F.format_string("view %d: %d valid VIEW-CHANGE messages, %d needed",
-                            "view", "senders", F.lit(needed)),
+                            "view", "senders", needed),
             block=F.lit(None),
         ),
     )

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import rlp
+from eth_hash.auto import keccak
 from pyspark.accumulators import Accumulator
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
@@ -16,18 +18,31 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from pbft_engine.quorum import max_faulty, quorum, view_change_quorum
+from spark_etl.hexcodec import from_hex, to_hex
 from spark_etl.tables import Dataset, to_record_batch
+
+
+def validators_hash(addresses: Iterable[str]) -> str:
+    """keccak256(rlp(sorted 20-byte addresses)), 0x hex: what block n's extraData holds for
+    the set that decides n+1 (the chain's definition: `pbft_engine.epoch_feed.validators_hash`)."""
+    return to_hex(keccak(rlp.encode(sorted(from_hex(a) for a in addresses))))
+
+
+Change = tuple[int, tuple[str, ...]]  # a set change: the first block it decides, the set
 
 
 @dataclass(frozen=True)
 class ValidatorSet:
     """The validators in replica order (lower-case 0x addresses) and the chain they sign for;
-    from a genesis file also its checkpoint interval K and the hash its block 0 must have."""
+    from a genesis file also its checkpoint interval K and the hash its block 0 must have.
+    `changes`: the sets voted in after genesis, by first block (the epochs table's), each
+    counted only for the heights it decides: the `*_at` columns take a height column."""
 
     addresses: tuple[str, ...]
     chain_id: int
     checkpoint_interval: int | None = None  # K: None when the set was not read from genesis
     genesis_hash: str | None = None  # lower-case 0x hash of block 0 built from the genesis
+    changes: tuple[Change, ...] = ()
 
     @property
     def size(self) -> int:
@@ -45,14 +60,65 @@ class ValidatorSet:
     def view_change_quorum(self) -> int:
         return view_change_quorum(self.size)
 
-    def address_of(self, replica: Column) -> Column:
-        """validators[replica], or null for an index outside the set."""
-        addresses = F.array(*(F.lit(a) for a in self.addresses))
-        inside = (replica >= 0) & (replica < self.size)
-        return F.when(inside, F.element_at(addresses, (replica + 1).cast("int")))
+    def epochs(self) -> list[Change]:
+        """(first block, set) of every epoch, the genesis set's first."""
+        return [(1, self.addresses), *self.changes]
 
-    def contains(self, address: Column) -> Column:
-        return address.isin(list(self.addresses))
+    def epoch_table(self) -> list[dict[str, Any]]:
+        """Every epoch as the report shows it (the columns of the epochs table)."""
+        epochs = self.epochs()
+        return [{"epoch": number, "first_block": first,
+                 "last_block": epochs[number + 1][0] - 1 if number + 1 < len(epochs) else None,
+                 "validators": list(addresses), "validators_hash": validators_hash(addresses),
+                 "n": len(addresses), "f": max_faulty(len(addresses)),
+                 "quorum": quorum(len(addresses))}
+                for number, (first, addresses) in enumerate(epochs)]
+
+    def members(self) -> tuple[str, ...]:
+        """Every address of any epoch, in order of first appearance."""
+        return tuple(dict.fromkeys(a for _, s in self.epochs() for a in s))
+
+    def set_at(self, height: int) -> tuple[str, ...]:
+        return [s for first, s in self.epochs() if first <= max(height, 1)][-1]
+
+    def _at(self, height: Column | None, value: Callable[[tuple[str, ...]], Column]) -> Column:
+        """`value` of the set that decides `height` (None: the genesis set)."""
+        column = value(self.addresses)
+        if height is None:
+            return column
+        for first, addresses in self.changes:  # the latest change is tested first
+            column = F.when(height >= first, value(addresses)).otherwise(column)
+        return column
+
+    def size_at(self, height: Column) -> Column:
+        return self._at(height, lambda s: F.lit(len(s)))
+
+    def quorum_at(self, height: Column) -> Column:
+        return self._at(height, lambda s: F.lit(quorum(len(s))))
+
+    def view_change_quorum_at(self, height: Column) -> Column:
+        return self._at(height, lambda s: F.lit(view_change_quorum(len(s))))
+
+    def hash_at(self, height: Column) -> Column:
+        """The validators_hash of the set that decides `height`."""
+        return self._at(height, lambda s: F.lit(validators_hash(s)))
+
+    def address_of(self, replica: Column, height: Column | None = None) -> Column:
+        """validators[replica] of `height`'s set, or null for an index outside it."""
+
+        def of(addresses: tuple[str, ...]) -> Column:
+            array = F.array(*(F.lit(a) for a in addresses))
+            inside = (replica >= 0) & (replica < len(addresses))
+            return F.when(inside, F.element_at(array, (replica + 1).cast("int")))
+
+        return self._at(height, of)
+
+    def array_at(self, height: Column) -> Column:
+        """The set that decides `height`, as an array column in replica order."""
+        return self._at(height, lambda s: F.array(*(F.lit(a) for a in s)))
+
+    def contains(self, address: Column, height: Column | None = None) -> Column:
+        return self._at(height, lambda s: address.isin(list(s)))
 
 
 # Up to this many bytes of exported tables (Parquet, as Spark's planner estimates them: the

@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from spark_etl.audit.context import Audit
 from spark_etl.audit.records_rules import consensus_figures
-from spark_etl.audit.report import AuditResult, ConsensusFigures
+from spark_etl.audit.report import AuditResult, ConsensusFigures, epochs_note
 from spark_etl.errors import UsageError
 from spark_etl.tables import Dataset
 
@@ -41,9 +41,9 @@ def write_html_report(data: Dataset, result: AuditResult, path: Path) -> None:
     consensus = result.figures or consensus_figures(Audit(data, result.validators))
     figures = [
         _blocks_over_time(blocks), _block_intervals(blocks), _view_changes(consensus),
-        _validator_shares(consensus, result.validators.addresses), _signatures(data, result),
+        _validator_shares(consensus, result.validators.members()), _signatures(data, result),
     ]
-    body = [_verdict(result)]
+    body = [_verdict(result) + _epochs(result)]
     for index, figure in enumerate(figures):
         body.append(figure.to_html(full_html=False, include_plotlyjs=False,
                                    div_id=f"figure-{index}", default_height="420px"))
@@ -64,7 +64,7 @@ def _verdict(result: AuditResult) -> str:
     scope = (f"{sum(result.blocks.values())} blocks from {len(result.blocks)} node(s), "
              f"{result.transactions} transactions, {result.signatures} signed messages "
              f"verified (N = {v.size}, f = {v.max_faulty}, Q = {v.quorum}, chain id "
-             f"{v.chain_id})")
+             f"{v.chain_id}{epochs_note(v)})")
     if result.ok:
         return (f'<h1 class="sound">Sound: no violations</h1><p>{html.escape(scope)}: the '
                 "chain and its certificates are sound.</p>")
@@ -77,6 +77,19 @@ def _verdict(result: AuditResult) -> str:
     return (f'<h1 class="unsound">Unsound: {len(result.violations)} violation(s)</h1>'
             f"<p>{html.escape(scope)}. By rule: {counts}.</p><table><tr><th>rule</th>"
             f"<th>block</th><th>node</th><th>evidence</th></tr>{rows}</table>")
+
+
+def _epochs(result: AuditResult) -> str:
+    """The validator-set epochs the audit counted with, as a table."""
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in (
+            e["epoch"], e["first_block"], "-" if e["last_block"] is None else e["last_block"],
+            e["n"], e["f"], e["quorum"], ", ".join(e["validators"]), e["validators_hash"]))
+        + "</tr>"
+        for e in result.validators.epoch_table())
+    return ("<h2>Validator-set epochs</h2><table><tr><th>epoch</th><th>first block</th>"
+            "<th>last block</th><th>N</th><th>f</th><th>Q</th><th>validators</th>"
+            f"<th>validators hash</th></tr>{rows}</table>")
 
 
 def _one_node_blocks(data: Dataset) -> list[tuple[int, int, int]]:

@@ -33,7 +33,7 @@ def view_change_records(audit: Audit) -> tuple[DataFrame, DataFrame]:
     """(NEW-VIEWs, VIEW-CHANGEs) of the view_changes table, each checked (`problem`): the
     NEW-VIEW is the view's, from its primary; each VIEW-CHANGE is for the view."""
     validators = audit.validators
-    size = validators.size
+    size = validators.size_at(F.col("n_height"))
     installs = audit.data.view_changes
     new_views = checked(
         audit,
@@ -43,7 +43,8 @@ def view_change_records(audit: Audit) -> tuple[DataFrame, DataFrame]:
         F.when(F.col("n_view") != F.col("view"), F.lit("NEW-VIEW for another view")),
         F.when(F.col("n_replica") != F.col("view") % size,
                F.lit("NEW-VIEW not from the view's primary")),
-        F.when(F.col("primary") != validators.address_of(F.col("view") % size),
+        F.when(F.col("primary") != validators.address_of(F.col("view") % size,
+                                                          F.col("n_height")),
                F.lit("primary is not validators[view mod N]")),
     )
     votes = checked(
@@ -60,7 +61,8 @@ def installed_views(audit: Audit) -> DataFrame:
     """Per node and view served: `primary` (the NEW-VIEW's recovered signer, null unless it
     is a valid NEW-VIEW for the view from its primary), `senders` (distinct validators with a
     valid VIEW-CHANGE for it), `stable_seq_no` (the highest the senders name) and `complete`
-    (a valid NEW-VIEW and N-f VIEW-CHANGEs: the view was installed)."""
+    (a valid NEW-VIEW and N-f VIEW-CHANGEs: the view was installed), `height` (the first
+    block the view decides: above the senders' stable checkpoint; its epoch counts them)."""
     new_views, votes = view_change_records(audit)
     valid_new_view = F.col("problem").isNull() & F.col("n_signer").isNotNull()
     primaries = new_views.groupBy("node", "view").agg(
@@ -73,8 +75,10 @@ def installed_views(audit: Audit) -> DataFrame:
     return (
         primaries.join(senders, ["node", "view"], "full")
         .fillna(0, ["senders"])
+        .withColumn("height", F.coalesce(F.col("stable_seq_no"), F.lit(0)) + 1)
         .withColumn("complete", F.col("primary").isNotNull()
-                    & (F.col("senders") >= audit.validators.view_change_quorum))
+                    & (F.col("senders") >= audit.validators.view_change_quorum_at(
+                        F.col("height"))))
     )
 
 
@@ -96,7 +100,7 @@ def view_change_missing(audit: Audit) -> DataFrame:
         F.min("block_number").alias("block_number"),
         F.array_join(F.sort_array(F.collect_set("source")), " and ").alias("sources"),
     )
-    needed = audit.validators.view_change_quorum
+    needed = audit.validators.view_change_quorum_at(F.coalesce(F.col("height"), F.lit(1)))
     rows = named.join(installed_views(audit), ["node", "view"], "left").where(
         ~F.coalesce(F.col("complete"), F.lit(False))
     )
@@ -104,7 +108,7 @@ def view_change_missing(audit: Audit) -> DataFrame:
         "only part of it is served: %s, %d of the %d valid VIEW-CHANGEs needed",
         F.when(F.col("primary").isNull(), F.lit("no valid NEW-VIEW from its primary"))
         .otherwise(F.lit("a valid NEW-VIEW")),
-        F.coalesce(F.col("senders"), F.lit(0)), F.lit(needed),
+        F.coalesce(F.col("senders"), F.lit(0)), needed,
     )
     return violations(
         rows,
@@ -133,7 +137,7 @@ def _quorum_of_checkpoints(audit: Audit, votes: DataFrame, by: list[str]) -> Dat
     """(`by`..., block_number): seqNos with Q validators' matching CHECKPOINTs in `votes`."""
     return (
         votes.groupBy(*by, "seq_no", "digest").agg(F.countDistinct("signer").alias("signers"))
-        .where(F.col("signers") >= audit.validators.quorum)
+        .where(F.col("signers") >= audit.validators.quorum_at(F.col("seq_no")))
         .select(*by, F.col("seq_no").alias("block_number")).distinct()
     )
 
@@ -220,13 +224,14 @@ def signer_columns(audit: Audit) -> DataFrame:
     address its signed message recovers to."""
     data = audit.data
     replica = F.col("replica")
+    replica_address = audit.validators.address_of(replica, F.col("seq_no"))
     named = audit.union(
         _named(data.commit_certificates, "commit_certificates.signer", F.col("signer"),
                F.col("block_number")),
-        _named(data.checkpoints, "checkpoints.replica", audit.validators.address_of(replica),
+        _named(data.checkpoints, "checkpoints.replica", replica_address,
                F.col("seq_no"), served=F.format_string(
                    "%s (%s)", replica.cast("string"),
-                   F.coalesce(audit.validators.address_of(replica), F.lit("outside the set")))),
+                   F.coalesce(replica_address, F.lit("outside the set")))),
         _named(data.view_changes, "view_changes.signer", F.col("signer"), F.lit(None)),
         _named(data.view_changes.select("node", "primary", "new_view").distinct(),
                "view_changes.primary", F.col("primary"), F.lit(None), message="new_view"),
@@ -313,7 +318,7 @@ def verified_evidence(audit: Audit) -> DataFrame:
     # honest validator signs: a replayed COMMIT must never accuse its signer.
     lone_fault = (
         ((F.col("type") == "prepare")
-         & (F.col("a_replica") == F.col("view") % audit.validators.size))
+         & (F.col("a_replica") == F.col("view") % audit.validators.size_at(F.col("a_height"))))
         | ((F.col("type") == "pre-prepare") & F.col("q_digest").isNull())
     )
     problem = F.coalesce(

@@ -68,6 +68,15 @@ class ConsensusFigures:
         }
 
 
+def epochs_note(validators: ValidatorSet) -> str:
+    """What the summary adds when the set changed: how many epochs, each counted with its
+    own set."""
+    if not validators.changes:
+        return ""
+    return (f"; {len(validators.changes) + 1} validator-set epochs, each block counted with "
+            "its own")
+
+
 @dataclass(frozen=True)
 class AuditResult:
     validators: ValidatorSet
@@ -96,6 +105,7 @@ class AuditResult:
             "chain_id": self.validators.chain_id,
             "validators": list(self.validators.addresses),
             "quorum": self.validators.quorum,
+            "epochs": self.validators.epoch_table(),
             "nodes": self.blocks,
             "transactions": self.transactions,
             "signatures": self.signatures,
@@ -103,7 +113,7 @@ class AuditResult:
             "signatures_per_cpu_second":
                 round(self.signatures / max(self.recovery_cpu_seconds, 1e-9)),
             "seconds": round(self.seconds, 3),
-            **({"consensus": self.figures.to_json(self.validators.addresses)}
+            **({"consensus": self.figures.to_json(self.validators.members())}
                if self.figures else {}),
             "violations_by_rule": self.by_rule(),
             "violations": [asdict(x) for x in self.violations],
@@ -117,8 +127,8 @@ class AuditResult:
         lines = [
             f"audited {sum(self.blocks.values())} blocks from {len(self.blocks)} node(s), "
             f"{self.transactions} transactions, {self.signatures} signed messages "
-            f"(N = {v.size}, f = {v.max_faulty}, Q = {v.quorum}, chain id {v.chain_id}) "
-            f"in {self.seconds:.1f} s",
+            f"(N = {v.size}, f = {v.max_faulty}, Q = {v.quorum}, chain id {v.chain_id}"
+            f"{epochs_note(v)}) in {self.seconds:.1f} s",
         ]
         if self.ok:
             lines.append("no violations: the chain and its certificates are sound")

@@ -6,13 +6,15 @@ and the evidence) is decoded with `pbft_engine.messages`, its signing hash recom
 chain id (domain-separated), and its signer recovered with libsecp256k1 (coincurve). The
 result, `signatures`, has one row per distinct message:
 
-    message, type, view, seq_no, digest, replica, signer (recovered), error, malformed, valid
+    message, type, view, seq_no, digest, replica, height, signer (recovered), error,
+    malformed, valid
 
 `digest` is what two messages of one (signer, type, view, seqNo) must agree on: the block
 hash of a phase message, block hash || state root of a CHECKPOINT, the keccak256 of the body
 of a VIEW-CHANGE or NEW-VIEW (a VIEW-CHANGE's `seq_no` is the stable checkpoint it
-names). `valid` means the recovered signer is the validator at the
-claimed replica index; `malformed` that the bytes are not a signed message at all (not RLP,
+names). `height` is the block whose validator set counts the message (`message_height`).
+`valid` means the recovered signer is the validator at the claimed replica index of that
+height's set; `malformed` that the bytes are not a signed message at all (not RLP,
 not canonical, an unknown type, a signature of the wrong length): the `malformed-value` rule
 reports those. `recovered` and `checked` join a table's message column to these rows.
 """
@@ -75,6 +77,7 @@ RECOVERED = StructType(
         StructField("seq_no", LongType()),
         StructField("digest", StringType()),
         StructField("replica", LongType()),
+        StructField("height", LongType()),
         StructField("signer", StringType()),
         StructField("error", StringType()),
         StructField("malformed", BooleanType()),
@@ -107,6 +110,18 @@ def _key(body: Any) -> tuple[int | None, int | None, bytes]:
     return body.view, seq_no, keccak(rlp.encode(body.fields()))
 
 
+def message_height(body: Any) -> int:
+    """The block whose set counts a message (DESIGN.md section 10; the engine's own rule:
+    `pbft_engine.core.epochs.message_height`): a phase message's or CHECKPOINT's seqNo; for
+    a VIEW-CHANGE the first block above its stable checkpoint; for a NEW-VIEW that of its
+    highest VIEW-CHANGE."""
+    if isinstance(body, ViewChange):
+        return body.stable_seq_no + 1
+    if isinstance(body, NewView):
+        return max((vc.body.stable_seq_no for vc in body.view_changes), default=0) + 1
+    return int(body.seq_no)
+
+
 def encoded_signing_hash(encoded: bytes, body: Any, chain_id: int) -> bytes:
     """`messages.signing_hash(body, chain_id)` of a canonically encoded signed message
     [type, body, signature], hashing the body's RLP as it stands in `encoded` instead of
@@ -125,11 +140,12 @@ def recover(encoded: bytes, chain_id: int, verifier: Verifier) -> tuple[Any, ...
     try:
         signed = decode_signed_bytes(encoded)  # canonical, or refused
     except (MessageError, ValueError) as exc:
-        return (message, None, None, None, None, None, None, f"undecodable message: {exc}",
-                True)
+        return (message, None, None, None, None, None, None, None,
+                f"undecodable message: {exc}", True)
     body = signed.body
     view, seq_no, digest = _key(body)
-    head = (message, TYPE_NAMES[type(body).__name__], view, seq_no, to_hex(digest), body.replica)
+    head = (message, TYPE_NAMES[type(body).__name__], view, seq_no, to_hex(digest), body.replica,
+            message_height(body))
     try:
         signer = verifier.recover(encoded_signing_hash(encoded, body, chain_id),
                                   signed.signature)
@@ -213,7 +229,7 @@ def signatures(audit: Audit) -> DataFrame:
                     cpu_seconds=audit.recovery_cpu_seconds),
             RECOVERED,
         )
-        claimed = audit.validators.address_of(F.col("replica"))
+        claimed = audit.validators.address_of(F.col("replica"), F.col("height"))
         return recovered.withColumn(
             "valid", F.coalesce(F.col("signer") == claimed, F.lit(False))
         )
@@ -243,7 +259,7 @@ def signature_problem(audit: Audit, prefix: str, expected_type: str) -> Column:
                             F.lit(expected_type)),
         )
         .when(
-            ~audit.validators.contains(signer),
+            ~audit.validators.contains(signer, F.col(f"{prefix}_height")),
             F.format_string("the signature recovers to %s, not a validator", signer),
         )
         .when(

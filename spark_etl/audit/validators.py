@@ -9,12 +9,13 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame
 
-from spark_etl.audit.context import ValidatorSet
+from spark_etl.audit.context import Change, ValidatorSet
 from spark_etl.errors import DataError, UsageError
 
 ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -102,14 +103,49 @@ def _reported(manifest: DataFrame) -> tuple[tuple[str, ...], int]:
     return min(votes, key=lambda value: (-votes[value], first_node[value]))
 
 
+def _claimed(epochs: DataFrame | None) -> tuple[Change, ...]:
+    """The epochs (first block, set) the most nodes reported in the epochs table (a tie: the
+    first node's by URL), epoch 0's first; none if no node reported well-formed ones. Their
+    word: the audit checks every block's extraData against them (`extra-data`)."""
+    rows = [] if epochs is None else epochs.select(
+        "node", "epoch", "first_block", "validators").collect()
+    per_node: dict[str, list[Change]] = {}
+    for row in sorted(rows, key=lambda r: (r["node"], r["epoch"] if r["epoch"] is not None
+                                           else -1)):
+        validators = tuple(str(a).lower() for a in row["validators"] or ())
+        per_node.setdefault(row["node"], []).append((row["first_block"], validators))
+    claims = [(node, tuple(claim)) for node, claim in per_node.items() if _well_formed(claim)]
+    if not claims:
+        return ()
+    votes = Counter(claim for _, claim in claims)
+    first_node: dict[tuple[Change, ...], str] = {}
+    for node, claim in claims:
+        first_node.setdefault(claim, node)
+    return min(votes, key=lambda claim: (-votes[claim], first_node[claim]))
+
+
+def _well_formed(claim: list[Change]) -> bool:
+    firsts = [first for first, _ in claim]
+    return (bool(claim) and firsts[0] == 1 and firsts == sorted(set(firsts))
+            and all(s and all(isinstance(a, str) and ADDRESS.match(a) for a in s)
+                    and len(set(s)) == len(s) for _, s in claim))
+
+
 def resolve_validators(
-    manifest: DataFrame, addresses: tuple[str, ...] | None, genesis: ValidatorSet | None
+    manifest: DataFrame, addresses: tuple[str, ...] | None, genesis: ValidatorSet | None,
+    epochs: DataFrame | None = None,
 ) -> ValidatorSet:
     """The genesis's set, else (trusting the nodes) the given addresses with the chain id the
-    most nodes reported, else the set and chain id the most nodes reported."""
+    most nodes reported, else the genesis set the most nodes reported in `epochs` (or, from
+    an export without one, their pbft_getValidators) and their chain id; with the set
+    changes after genesis the most nodes reported (`_claimed`)."""
+    claimed = _claimed(epochs)
+    changes = claimed[1:]
     if genesis is not None:
-        return genesis
+        return replace(genesis, changes=changes)
     reported, chain_id = _reported(manifest)
     if addresses is not None:
-        return ValidatorSet(addresses, chain_id)
+        return ValidatorSet(addresses, chain_id, changes=changes)
+    if claimed:
+        return ValidatorSet(claimed[0][1], chain_id, changes=changes)
     return ValidatorSet(parse_addresses(reported, "the export manifest"), chain_id)

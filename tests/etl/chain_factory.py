@@ -8,6 +8,7 @@ change), stable checkpoints every K blocks, and the VIEW-CHANGE / NEW-VIEW of vi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from pbft_engine.messages import (
     ViewChange,
     encode_commit_certificate,
 )
+from pbft_engine.quorum import quorum
+from spark_etl.epochs import Epoch, epoch_row
 from spark_etl.rows import BlockPayload
 from tests.integration.conftest import load_contract
 
@@ -147,13 +150,17 @@ def certificate_json(validators: Validators, commits: list[Signed[Commit]]) -> d
 
 def commits_for(validators: Validators, number: int, digest: bytes) -> list[Signed[Commit]]:
     view = 0 if number <= VIEW_CHANGE_AFTER else 1
-    replicas = (0, 1, 2, 3) if number % 3 == 0 else (0, 1, 2) if view == 0 else (1, 2, 3)
+    replicas: Iterable[int] = (
+        (0, 1, 2, 3) if number % 3 == 0 else (0, 1, 2) if view == 0 else (1, 2, 3))
+    if len(validators.signers) != 4:  # a set voted in: its first Q
+        replicas = range(quorum(len(validators.signers)))
     return [validators.sign(Commit(view, number, digest, r)) for r in replicas]
 
 
 def checkpoint_proof(validators: Validators, number: int, block_hash: bytes,
                      state_root: bytes) -> list[Signed[Checkpoint]]:
-    return [validators.sign(Checkpoint(number, block_hash, state_root, r)) for r in (0, 1, 2)]
+    return [validators.sign(Checkpoint(number, block_hash, state_root, r))
+            for r in range(quorum(len(validators.signers)))]
 
 
 def checkpoint_json(number: int, block_hash: bytes, state_root: bytes,
@@ -186,14 +193,32 @@ def view_change_json(validators: Validators, proof: list[Signed[Checkpoint]]) ->
     }
 
 
+Schedule = list[tuple[int, Validators]]  # (first block, set) of each epoch, genesis first
+
+
 @dataclass
 class ServedChain:
-    """What a node of this chain serves: per block, and its consensus records."""
+    """What a node of this chain serves: per block, and its consensus records. `validators`
+    is the genesis set; `schedule` every epoch's (set changes voted in)."""
 
     validators: Validators
     payloads: list[BlockPayload]
     view_changes: list[dict[str, Any]]
     evidence: list[dict[str, Any]] = field(default_factory=list)
+    schedule: Schedule = field(default_factory=list)
+
+    def set_at(self, number: int) -> Validators:
+        return [v for first, v in self.schedule or [(1, self.validators)]
+                if first <= max(number, 1)][-1]
+
+    def epoch_of(self, number: int) -> dict[str, Any]:
+        """pbft_getEpoch's answer for block `number` (the fields the ETL reads)."""
+        schedule = self.schedule or [(1, self.validators)]
+        index = max(i for i, (first, _) in enumerate(schedule) if first <= max(number, 1))
+        later = schedule[index + 1:]
+        return {"epoch": hex(index), "firstBlock": hex(schedule[index][0]),
+                "validators": schedule[index][1].addresses,
+                "lastBlock": hex(later[0][0] - 1) if later else None}
 
     @property
     def head(self) -> int:
@@ -204,10 +229,28 @@ class ServedChain:
         return self.payloads[0].block["hash"]
 
 
-def build_chain(directory: Path) -> ServedChain:
+def epoch_rows(chain: ServedChain, node: str) -> list[tuple[Any, ...]]:
+    """The epochs table's rows of `node` of a chain with a schedule (none without one: a
+    node built before set changes does not serve pbft_getEpoch)."""
+    return [epoch_row(node, Epoch(i, first, tuple(v.addresses),
+                                  later[0][0] - 1 if (later := chain.schedule[i + 1:]) else None))
+            for i, (first, v) in enumerate(chain.schedule)]
+
+
+def commitment(validators: Validators) -> bytes:
+    """What block n's extraData holds for the set that decides n+1 (pbft_engine.epoch_feed)."""
+    return keccak(rlp.encode(sorted(s.address for s in validators.signers)))
+
+
+def build_chain(directory: Path, schedule: Schedule | None = None,
+                empty_blocks: int = 0) -> ServedChain:
+    """The chain of `block_batches` and `empty_blocks` more, certified by the genesis set or,
+    with a `schedule`, by each height's set, every block's extraData committing to the next
+    height's (without one: 0x, a chain built before the commitment)."""
     from storage import Database
 
-    validators = Validators()
+    validators = schedule[0][1] if schedule else Validators()
+    served_chain = ServedChain(validators, [], [], schedule=schedule or [])
     genesis = Genesis(
         chain_id=CHAIN_ID,
         engine="dev",
@@ -217,10 +260,11 @@ def build_chain(directory: Path) -> ServedChain:
     )
     with Database(directory / "chaindata") as db:
         chain = Blockchain(db, genesis)
-        for number, batch in enumerate(block_batches(), start=1):
+        for number, batch in enumerate(block_batches() + [[]] * empty_blocks, start=1):
             proposer = validators.signers[(number - 1) % 4].address
+            extra = commitment(served_chain.set_at(number + 1)) if schedule else b""
             executed, left_out = chain.build_block(
-                batch, timestamp=1_700_000_000 + number, coinbase=proposer
+                batch, timestamp=1_700_000_000 + number, coinbase=proposer, extra_data=extra
             )
             assert not left_out
             chain.commit(executed)
@@ -228,16 +272,17 @@ def build_chain(directory: Path) -> ServedChain:
                   for n in range(chain.head().block_number + 1)]
         served = ServedBlocks(chain)
         served_blocks = [served.block(b.header) for b in blocks]
-    payloads, view_changes = [], []
+    payloads, view_changes = served_chain.payloads, served_chain.view_changes
     for block, served_block in zip(blocks, served_blocks, strict=True):
         number, header = block.number, block.header
+        signers = served_chain.set_at(number)
         certificate = (
-            certificate_json(validators, commits_for(validators, number, block.hash))
+            certificate_json(signers, commits_for(signers, number, block.hash))
             if number else None
         )
         checkpoints = []
         if number and number % CHECKPOINT_INTERVAL == 0:
-            proof = checkpoint_proof(validators, number, block.hash, header.state_root)
+            proof = checkpoint_proof(signers, number, block.hash, header.state_root)
             checkpoints.append(checkpoint_json(number, block.hash, header.state_root, proof))
             if number == CHECKPOINT_INTERVAL:
                 view_changes.append(view_change_json(validators, proof))
@@ -250,4 +295,4 @@ def build_chain(directory: Path) -> ServedChain:
                 checkpoints=checkpoints,
             )
         )
-    return ServedChain(validators, payloads, view_changes)
+    return served_chain

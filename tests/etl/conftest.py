@@ -17,7 +17,7 @@ from spark_etl.export import NodeInfo, manifest_rows
 from spark_etl.rows import bundle_row, evidence_row, view_change_rows
 from spark_etl.session import spark_session
 from spark_etl.tables import Dataset
-from tests.etl.chain_factory import CHAIN_ID, ServedChain, build_chain
+from tests.etl.chain_factory import CHAIN_ID, ServedChain, build_chain, epoch_rows
 
 NODE_A = "http://node-a:8545"
 NODE_B = "http://node-b:8545"
@@ -40,8 +40,8 @@ def test_chain(tmp_path_factory: pytest.TempPathFactory) -> ServedChain:
 
 
 def node_info(chain: ServedChain, url: str) -> NodeInfo:
-    return NodeInfo(url, CHAIN_ID, chain.genesis_hash, tuple(chain.validators.addresses),
-                    chain.head, view=1)
+    return NodeInfo(url, CHAIN_ID, chain.genesis_hash,
+                    tuple(chain.set_at(chain.head + 1).addresses), chain.head, view=1)
 
 
 def export_rows(chain: ServedChain, nodes: tuple[str, ...]) -> Tables:
@@ -67,6 +67,7 @@ def export_rows(chain: ServedChain, nodes: tuple[str, ...]) -> Tables:
         tables["evidence"] += as_dicts(
             schemas.EVIDENCE, [evidence_row(node, e) for e in chain.evidence]
         )
+        tables["epochs"] += as_dicts(schemas.EPOCHS, epoch_rows(chain, node))
     infos = {node: node_info(chain, node) for node in nodes}
     tables["export_manifest"] = as_dicts(
         schemas.EXPORT_MANIFEST, manifest_rows(list(counts.values()), infos, RANGE_SIZE)

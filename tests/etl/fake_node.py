@@ -58,7 +58,9 @@ class FakeNode:
                 c for n in self._in_range(a, b) if n <= chain.head
                 for c in chain.payloads[n].checkpoints
             ],
-            "pbft_getValidators": lambda: chain.validators.addresses,
+            "pbft_getValidators": lambda: chain.set_at(chain.head + 1).addresses,
+            "pbft_getEpoch": lambda n: chain.epoch_of(int(n, 16)),
+            "pbft_getValidatorsByBlockNumber": lambda n: chain.set_at(int(n, 16)).addresses,
             "pbft_status": lambda: {"engine": "pbft", "view": 1, "mode": "normal"},
             "pbft_getViewChanges": lambda a, b: [
                 v for v in chain.view_changes if int(v["view"], 16) in self._in_range(a, b)

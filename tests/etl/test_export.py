@@ -60,6 +60,7 @@ def expected_counts(chain: ServedChain, nodes: int) -> dict[str, int]:
         "checkpoints": sum(len(c["proof"]) for p in payloads for c in p.checkpoints),
         "view_changes": sum(len(v["viewChanges"]) for v in chain.view_changes),
         "evidence": len(chain.evidence),
+        "epochs": 1,  # the genesis set's, no change scheduled
         "export_manifest": 6,  # ranges of 2 blocks: 0-1 .. 10
     }
     return {name: count * nodes for name, count in per_node.items()}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pbft_engine.core.epochs import message_height as engine_message_height
 from pbft_engine.messages import (
     Checkpoint,
     Commit,
@@ -22,6 +23,7 @@ from pbft_engine.messages import (
 from spark_etl.audit.signatures import (
     VERIFIER,
     encoded_signing_hash,
+    message_height,
     nested_messages,
     recover,
 )
@@ -56,18 +58,25 @@ def test_signing_hash_of_the_encoding_is_the_protocols(index: int) -> None:
     )
 
 
+@pytest.mark.parametrize("index", range(7))
+def test_the_height_whose_set_counts_a_message_is_the_engine_s(index: int) -> None:
+    body = messages(Validators())[index].body
+    assert message_height(body) == engine_message_height(body)
+
+
 def test_recover_names_the_signer_or_the_problem() -> None:
     validators = Validators()
     commit = validators.sign(Commit(3, 9, DIGEST, 2))
     row = recover(commit.encode(), CHAIN_ID, VERIFIER)
-    assert row[1:] == ("commit", 3, 9, to_hex(DIGEST), 2, validators.addresses[2], None, False)
+    assert row[1:] == ("commit", 3, 9, to_hex(DIGEST), 2, 9, validators.addresses[2], None,
+                       False)
     other_chain = recover(commit.encode(), CHAIN_ID + 1, VERIFIER)
-    assert other_chain[6] != validators.addresses[2]  # the domain binds the chain id
+    assert other_chain[7] != validators.addresses[2]  # the domain binds the chain id
     bad_v = Signed(commit.body, commit.signature[:64] + b"\x05")
-    assert "v in {0, 1}" in recover(bad_v.encode(), CHAIN_ID, VERIFIER)[7]
-    assert recover(bad_v.encode(), CHAIN_ID, VERIFIER)[8] is False  # decodes: a bad signature
+    assert "v in {0, 1}" in recover(bad_v.encode(), CHAIN_ID, VERIFIER)[8]
+    assert recover(bad_v.encode(), CHAIN_ID, VERIFIER)[9] is False  # decodes: a bad signature
     undecodable = recover(b"\xc0", CHAIN_ID, VERIFIER)
-    assert "undecodable" in undecodable[7] and undecodable[8]  # malformed, not a bad signature
+    assert "undecodable" in undecodable[8] and undecodable[9]  # malformed, not a bad signature
 
 
 def test_nested_messages_reach_every_signed_message_inside() -> None:

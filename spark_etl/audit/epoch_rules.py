@@ -1,0 +1,36 @@
+"""The rule that ties the validator-set epochs the audit counts signatures with to the
+certified headers: extra-data (DESIGN.md section 10)."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from spark_etl.audit.context import Audit, violations
+
+NO_COMMITMENT = "0x"  # extraData of a chain built before the commitment to the next set
+
+
+def extra_data(audit: Audit) -> DataFrame:
+    """extra-data: every block after genesis commits in its extraData to the set that
+    decides the next block, as the audit's epochs say. Each block's certificate is checked
+    with its own epoch's set, so the certified headers prove every set change from the
+    genesis set: the epochs table (a node's word) is believed only through this rule. A
+    chain built before the commitment has 0x at every block: accepted only while no set
+    change is counted and that node's every block has 0x (never mixed)."""
+    blocks = audit.data.blocks.where(F.col("number") > 0).select(
+        "node", F.col("number").alias("block_number"), "extra_data")
+    expected = audit.validators.hash_at(F.col("block_number") + 1)
+    wrong = ~F.col("extra_data").eqNullSafe(expected)
+    if not audit.validators.changes:
+        committing = blocks.groupBy("node").agg(
+            F.max(~F.col("extra_data").eqNullSafe(NO_COMMITMENT)).alias("committing"))
+        blocks = blocks.join(committing, "node")
+        wrong = wrong & (F.col("committing") | ~F.col("extra_data").eqNullSafe(NO_COMMITMENT))
+    return violations(
+        blocks.where(wrong),
+        "extra-data",
+        F.format_string("extraData %s does not commit to the set that decides block %d "
+                        "(its hash is %s)", F.coalesce("extra_data", F.lit("null")),
+                        F.col("block_number") + 1, expected),
+    )

@@ -1,0 +1,133 @@
+"""The audit across validator-set changes: a real chain whose validators vote a fifth member
+in (it decides from block 11) and then a genesis member out (from block 16), every block
+certified by its own height's set and committing in extraData to the next height's. Honest:
+sound, the epochs reported. Lies: a node's epochs that the headers do not commit to, a
+certificate of the old set above the handover, a change hidden from the epochs table."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import json
+from contextlib import redirect_stdout
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from cli.etl import main
+from pbft_engine.messages import KeySigner
+from spark_etl.audit import Audit, ValidatorSet, find_violations
+from spark_etl.audit.consensus_rules import certificates
+from spark_etl.audit.epoch_rules import extra_data
+from spark_etl.audit.validators import resolve_validators
+from spark_etl.tables import Dataset
+from tests.etl.chain_factory import (
+    CHAIN_ID,
+    CHECKPOINT_INTERVAL,
+    ServedChain,
+    Validators,
+    build_chain,
+    certificate_json,
+    commits_for,
+)
+from tests.etl.conftest import NODE_A, Tables, dataset, export_rows
+from tests.etl.fake_node import serving
+
+GENESIS = Validators()
+ADDED = KeySigner(b"\x05" * 32)
+SECOND = Validators([*GENESIS.signers, ADDED])  # N = 5: f = 1, Q = 4
+THIRD = Validators([*GENESIS.signers[1:], ADDED])  # validator 0 voted out
+SCHEDULE = [(1, GENESIS), (11, SECOND), (16, THIRD)]
+OUTSIDERS = Validators([KeySigner(bytes([0x70 + i]) * 32) for i in range(5)])
+GENESIS_SET = ValidatorSet(tuple(GENESIS.addresses), CHAIN_ID, CHECKPOINT_INTERVAL)
+
+
+@pytest.fixture(scope="module")
+def epoch_chain(tmp_path_factory: pytest.TempPathFactory) -> ServedChain:
+    return build_chain(tmp_path_factory.mktemp("epochs"), SCHEDULE, empty_blocks=7)
+
+
+def trusted(data: Dataset) -> ValidatorSet:
+    """The genesis set with the changes the export's epochs table reports."""
+    return resolve_validators(data.export_manifest, None, GENESIS_SET, data.epochs)
+
+
+def found(spark: SparkSession, tables: Tables) -> set[tuple[str, int | None]]:
+    """(rule, block) of the violations of the rules a set change touches (a whole audit is
+    the honest chain's)."""
+    data = dataset(spark, tables)
+    violations = find_violations(Audit(data, trusted(data)), (certificates, extra_data))
+    return {(v.rule, v.block_number) for v in violations}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """`pbft-etl run --trust-node` of a node serving the chain: status, report, page."""
+
+    code: int
+    report: dict[str, Any]
+    page: str
+
+
+@pytest.fixture(scope="module")
+def honest(spark: SparkSession, epoch_chain: ServedChain,
+           tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """Exported from a node (its epochs too) and audited, in one command."""
+    directory = tmp_path_factory.mktemp("run")
+    report, page = directory / "report.json", directory / "audit.html"
+    with serving(epoch_chain) as node, redirect_stdout(io.StringIO()):
+        code = main(["run", "--rpc", node.url, "--out", str(directory / "out"),
+                     "--trust-node", "--report", str(report), "--html", str(page)])
+    return Run(code, json.loads(report.read_text()), page.read_text())
+
+
+def test_an_honest_chain_across_two_set_changes_is_sound(honest: Run) -> None:
+    assert honest.code == 0, honest.report["violations"]
+    assert [(e["epoch"], e["first_block"], e["last_block"], e["n"], e["quorum"])
+            for e in honest.report["epochs"]] == [(0, 1, 10, 4, 3), (1, 11, 15, 5, 4),
+                                                  (2, 16, None, 4, 3)]
+    # each epoch's members are counted: the added validator signed from block 11 on
+    shares = honest.report["consensus"]["per_validator"]
+    assert shares["0x" + ADDED.address.hex()]["commits"] > 0
+    assert "Validator-set epochs" in honest.page
+    assert "0x" + ADDED.address.hex() in honest.page
+
+
+def test_epochs_the_headers_do_not_commit_to_and_an_old_set_above_the_handover_are_caught(
+    spark: SparkSession, epoch_chain: ServedChain,
+) -> None:
+    """The node's epochs table names outsiders for epoch 1 (blocks 11-15), and block 17
+    carries a certificate of the genesis set (validator 0 left at 15)."""
+    payloads = list(epoch_chain.payloads)
+    block = payloads[17]
+    old = certificate_json(GENESIS, commits_for(GENESIS, 17, bytes.fromhex(
+        block.block["hash"][2:])))
+    payloads[17] = dataclasses.replace(block, certificate=old)
+    tables = export_rows(dataclasses.replace(epoch_chain, payloads=payloads), (NODE_A,))
+    for row in tables["epochs"]:
+        if row["epoch"] == 1:
+            row["validators"] = OUTSIDERS.addresses
+    caught = found(spark, tables)
+    # blocks 10-14 commit to the real second set, not the outsiders; no outsider signed
+    assert {("extra-data", 10), ("certificate-quorum", 11), ("certificate-quorum", 15),
+            ("certificate-signature", 17), ("certificate-quorum", 17)} <= caught
+    assert {b for rule, b in caught if rule == "extra-data"} == set(range(10, 15))
+    assert not {b for rule, b in caught if rule.startswith("certificate")} - {*range(11, 16), 17}
+
+
+def test_a_change_hidden_from_the_epochs_table_is_caught_at_the_committing_block(
+    spark: SparkSession, epoch_chain: ServedChain,
+) -> None:
+    """The node reports no removal: the second set going on after block 15."""
+    tables = copy.deepcopy(export_rows(epoch_chain, (NODE_A,)))
+    tables["epochs"] = [row for row in tables["epochs"] if row["epoch"] != 2]
+    for row in tables["epochs"]:
+        if row["epoch"] == 1:
+            row["last_block"] = None
+    caught = found(spark, tables)
+    # block 15 commits to the third set, and so do 16 and 17; the third set's certificates
+    # do not count for the second
+    assert {b for rule, b in caught if rule == "extra-data"} == {15, 16, 17}
+    assert {("certificate-quorum", 16), ("certificate-quorum", 17)} <= caught
