@@ -49,6 +49,10 @@ MAX_COMMIT_BYTES = len(
            bytes(SIGNATURE_SIZE)).encode()
 )
 MAX_LIST_PREFIX = 9  # an RLP list's prefix: 1 byte and up to 8 of length
+# A node's epochs, at most: every change is a vote and an epoch of at least K blocks, so a
+# real chain has a handful; a node claiming epochs of one block up to a head of 2**63 must
+# not cost the export 2**63 requests
+MAX_EPOCHS = 10_000
 EXTRA_DATA_FIELD = 12  # a header's fields: parentHash, ommersHash, coinbase, ..., extraData
 
 
@@ -214,7 +218,7 @@ def claimed_epochs(client: JsonRpcClient, last: int) -> list[Epoch]:
     headers. None from a node without pbft_getEpoch (built before set changes)."""
     epochs: list[Epoch] = []
     first = 1
-    while True:
+    while len(epochs) < MAX_EPOCHS:
         try:
             answer = client.call("pbft_getEpoch", hex(first))
         except MethodNotFound:
@@ -226,6 +230,7 @@ def claimed_epochs(client: JsonRpcClient, last: int) -> list[Epoch]:
         if end is None or end >= last:
             return epochs
         first = end + 1
+    raise UnprovenEpoch(f"more than {MAX_EPOCHS} epochs claimed")
 
 
 def walk_epochs(client: JsonRpcClient, genesis: tuple[str, ...], chain_id: int,

@@ -18,7 +18,7 @@ from pbft_engine.epoch_feed import validators_hash as chain_validators_hash
 from pbft_engine.messages import Commit, KeySigner
 from pbft_engine.quorum import quorum
 from spark_etl.audit.context import ValidatorSet
-from spark_etl.epochs import UnprovenEpoch, validators_hash, walk_epochs
+from spark_etl.epochs import UnprovenEpoch, claimed_epochs, validators_hash, walk_epochs
 from spark_etl.export import ExportOptions, probe_all
 from spark_etl.hexcodec import from_hex
 from spark_etl.rpc import JsonRpcClient
@@ -190,3 +190,23 @@ def test_a_boundary_that_commits_to_no_set_is_not_proven() -> None:
     with rpc_server(Uncommitted().answers()) as url, JsonRpcClient(url, FAST) as client, \
             pytest.raises(UnprovenEpoch, match="block 10 commits to no next validator set"):
         walk_epochs(client, GENESIS_SET.addresses, CHAIN_ID, HEAD)
+
+
+def test_a_node_claiming_endless_one_block_epochs_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """claimed_epochs (what the export writes) stops at MAX_EPOCHS requests."""
+    monkeypatch.setattr("spark_etl.epochs.MAX_EPOCHS", 5)
+    endless = lying(CHAIN.answers(), "pbft_getEpoch", lambda n: {
+        **CHAIN.epoch_of(1), "firstBlock": hex(n), "lastBlock": hex(n)})
+    asked: Counter[str] = Counter()
+    with rpc_server(counted(endless, asked)) as url, JsonRpcClient(url, FAST) as client, \
+            pytest.raises(UnprovenEpoch, match="more than 5 epochs claimed"):
+        claimed_epochs(client, 2**63 - 1)
+    assert asked["pbft_getEpoch"] == 5
+
+
+def test_the_claimed_epochs_are_the_node_s_word_up_to_the_last_block() -> None:
+    with rpc_server(EpochChain().answers()) as url, JsonRpcClient(url, FAST) as client:
+        assert [(e.first_block, e.last_block) for e in claimed_epochs(client, 12)] == [
+            (1, 10), (11, 20)]
