@@ -36,6 +36,9 @@ from pbft_engine.core import (
     Event,
     FetchBlock,
     FetchCommitted,
+    FetchCompleted,
+    FetchFailed,
+    LeftValidatorSet,
     MessageReceived,
     Persist,
     Ready,
@@ -44,20 +47,24 @@ from pbft_engine.core import (
     Replica,
     RequestDropped,
     RequestReceived,
+    ScheduleChange,
     SendTo,
     SetTimer,
     TimerFired,
     TimerKind,
     ValidateBlock,
 )
+from pbft_engine.core.epochs import EpochSchedule
+from pbft_engine.core.records import StoreName, u64
 from pbft_engine.core.signing_bound import SigningBound
-from pbft_engine.errors import LostRecordsError, PbftError, StoreError
-from pbft_engine.messages import KeySigner, KeyVerifier
+from pbft_engine.epoch_feed import EpochFeed
+from pbft_engine.errors import ConfigError, LostRecordsError, PbftError, StoreError
+from pbft_engine.messages import KeySigner, KeyVerifier, decode_commit_certificate
 from pbft_engine.metrics import PbftMetrics
 from pbft_engine.observer import Observer, forwarding_shortfall
 from pbft_engine.peer_budget import GOSSIP, MESSAGES, PeerBudget
 from pbft_engine.record_store import LevelDBConsensusStore
-from pbft_engine.registry import ValidatorRegistry
+from pbft_engine.registry import REGISTRY_ADDRESS, ValidatorRegistry, schedule_from
 from pbft_engine.rpc_records import MAX_RANGE, ConsensusRecords
 from pbft_engine.sync import BlockSync
 from pbft_engine.tasks import BackgroundTasks
@@ -75,6 +82,14 @@ _LOCAL_FAILURES = (StorageFailure, asyncio.CancelledError)
 class _AncestorFailed(PbftError):
     """A block validated here before failed when executed again: the chain moved under it."""
 
+
+class _SetUnknown(PbftError):
+    """The set that decides the block after this one is not known here yet (this replica
+    has not committed far enough): nobody's fault, asked again later."""
+
+
+# Events after which the head may have moved: committed state may have scheduled a change.
+_AFTER_IMPORT = (BlockCommitted, FetchCompleted, FetchFailed)
 
 # Blocks executed and not committed that the adapter keeps: the pipeline's, and some of the
 # views that did not survive (two full windows of the default checkpoint interval).
@@ -108,7 +123,6 @@ class PbftEngine(ConsensusEngine):
         self._executed: dict[bytes, ExecutedBlock] = {}  # digest -> block executed here
         self._tasks = BackgroundTasks()
         self._chain_lock = asyncio.Lock()  # one block import at a time (commit or catch-up)
-        self.records = ConsensusRecords(self.store, self.engine_params)
         self.metrics = PbftMetrics(context.metrics, lambda: self.replica)
         self.log = ConsensusLog(log, lambda: self.replica)
         self.sync: BlockSync | None = None
@@ -116,6 +130,9 @@ class PbftEngine(ConsensusEngine):
         self.state_file: ValidatorStateFile | None = None  # known once the key is
         self.alarms: list[Alarm] = []
         self.budget = PeerBudget(time.monotonic)
+        self.feed = EpochFeed(EpochSchedule.genesis(self.engine_params), self._read_schedule)
+        self._joining = False  # an observer's switch to validator is under way
+        self.records = ConsensusRecords(self.store, lambda: self.feed.schedule)
 
     @staticmethod
     def _params(chain_id: int, params: Mapping[str, Any]) -> EngineParams:
@@ -137,17 +154,18 @@ class PbftEngine(ConsensusEngine):
     # Lifecycle.
 
     async def start(self) -> None:
+        head = self.context.head()
+        self.feed.refresh(head.block_number, head.hash)
         key = self.context.validator_key
         address = key.public_key.to_canonical_address() if key is not None else None
-        if key is None or address not in self.engine_params.validators:
+        if key is None or address not in self.feed.schedule.set_at(head.block_number + 1):
             self._start_observer(address)
             return
-        head = self.context.head()
         self.state_file = ValidatorStateFile(self.context.datadir, address)
         try:
-            self.replica = Replica.restore(
+            replica = Replica.restore(
                 self.engine_params,
-                self.engine_params.validators.index(address),
+                None,
                 KeySigner(key.to_bytes()),
                 KeyVerifier(),
                 ChainHead(head.block_number, head.hash),
@@ -155,43 +173,129 @@ class PbftEngine(ConsensusEngine):
                 block_digest=block_hash_of,
                 signing_bound=self.state_file.read(),
                 fresh_validator=self.context.fresh_validator,
+                schedule=self.feed.schedule,
             )
         except LostRecordsError as exc:
             raise EngineError(
                 f"{exc}: restore {self.state_file.path} from a backup; only if this validator "
                 "never voted on this chain, start it once with --fresh-validator") from None
-        except StoreError as exc:
+        except (StoreError, ConfigError) as exc:
             raise EngineError(str(exc)) from None
-        if self.replica.amnesia is not None:
+        if replica.amnesia is not None:
             self.log.warning(
                 "this validator's consensus records are gone: it follows the cluster and votes "
                 "again once its stable checkpoint reaches %d and its view reaches %d (%s)",
-                self.replica.amnesia.seq_no, self.replica.amnesia.view, self.state_file.path)
+                replica.amnesia.seq_no, replica.amnesia.view, self.state_file.path)
+        self._run_replica(replica)
+
+    def _run_replica(self, replica: Replica) -> None:
+        """Vote with `replica` from here (at start, or when an observer joins the set)."""
+        self.replica = replica
         self.sync = BlockSync(
-            self.context, self.store, self.engine_params.validators,
-            deliver=self._step, replica_status=self.replica.status,
-            held_block=self.replica.block_for,
+            self.context, self.store, self.feed,
+            deliver=self._step, replica_status=replica.status,
+            held_block=replica.block_for,
             chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
             on_peer_fault=self.metrics.peer_fault, sources=self._connected_validators,
         )
         self.sync.start()
-        self._perform(self.replica.start())
+        self._perform(replica.start())
+
+    async def _join(self) -> None:
+        """This observer's address decides the next height: the handover checkpoint c that
+        installed its epoch is committed here, so it votes from c + 1 (`Replica.join`), in
+        the view of c's commit certificate (views stay monotonic across epochs)."""
+        key = self.context.validator_key
+        assert key is not None and self.observer is not None
+        address = key.public_key.to_canonical_address()
+        await self.observer.stop()
+        self.observer = None
+        head = self.context.head()
+        self.state_file = ValidatorStateFile(self.context.datadir, address)
+        certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(head.block_number))
+        view = decode_commit_certificate(certificate)[0].body.view if certificate else 0
+        replica = Replica.join(
+            self.engine_params, KeySigner(key.to_bytes()), KeyVerifier(),
+            ChainHead(head.block_number, head.hash), block_digest=block_hash_of,
+            schedule=self.feed.schedule, view=view, signing_bound=self.state_file.read())
+        self.log.info("joined the validator set of epoch %d at block %d, as validator 0x%s",
+                      replica.epochs.current.number, head.block_number + 1, address.hex())
+        self._run_replica(replica)
+
+    def _joins_now(self) -> bool:
+        """An observer whose key is in the set that decides the block after its head."""
+        key = self.context.validator_key
+        if self.observer is None or key is None or self._joining:
+            return False
+        head = self.context.head()
+        self.feed.refresh(head.block_number, head.hash)
+        return (key.public_key.to_canonical_address()
+                in self.feed.schedule.set_at(head.block_number + 1))
+
+    def _on_observer_progress(self) -> None:
+        if self._joins_now():
+            self._joining = True
+            self._tasks.spawn(self._join_once(), "joining the validator set")
+
+    async def _join_once(self) -> None:
+        try:
+            await self._join()
+        finally:
+            self._joining = False
+
+    async def _leave(self, action: LeftValidatorSet) -> None:
+        """Voted out: this replica voted up to the handover checkpoint and sends nothing any
+        more; the node follows the chain as an observer from here."""
+        self.log.info("left the validator set: epoch %d decides from block %d without this "
+                      "node; following the chain as an observer", action.epoch,
+                      action.first_height)
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        self.replica = None
+        sync, self.sync = self.sync, None
+        if sync is not None:
+            await sync.stop()
+        key = self.context.validator_key
+        self._start_observer(None if key is None else key.public_key.to_canonical_address())
+
+    def _feed_schedule(self) -> None:
+        """After a commit: the changes committed state scheduled that the core has not heard
+        of (the registry's record, read from the new head's state)."""
+        head = self.context.head()
+        self.feed.refresh(head.block_number, head.hash)
+        replica = self.replica
+        if replica is None:
+            return
+        for epoch in self.feed.schedule.epochs[len(replica.epochs.schedule.epochs):]:
+            assert epoch.passed_at is not None
+            self.log.info("validator-set change passed in block %d: epoch %d (%d validators) "
+                          "decides from block %d", epoch.passed_at, epoch.number, epoch.n,
+                          epoch.first)
+            self._perform(replica.step(ScheduleChange(epoch.validators, epoch.passed_at)))
+
+    def _read_schedule(self, block_hash: bytes) -> EpochSchedule:
+        """The schedule the registry's state after canonical block `block_hash` implies."""
+        genesis = EpochSchedule.genesis(self.engine_params)
+        storage = self.context.system_storage(block_hash, REGISTRY_ADDRESS)
+        return genesis if storage is None else schedule_from(storage, genesis)
 
     def _connected_validators(self) -> frozenset[bytes]:
-        return self.context.peers() & frozenset(self.engine_params.validators)
+        return self.context.peers() & self.feed.members()
 
     def _start_observer(self, address: bytes | None) -> None:
         """Not a validator: follow the certified chain, vote on nothing (`observer`)."""
         self.observer = Observer(
-            self.context, self.store, self.engine_params.validators,
+            self.context, self.store, self.feed,
             chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
-            on_peer_fault=self.metrics.peer_fault)
+            on_peer_fault=self.metrics.peer_fault, on_progress=self._on_observer_progress)
         self.sync = self.observer.sync
         self.observer.start()
         who = f"0x{address.hex()}" if address is not None else "without a node key"
         self.log.info("observer %s: not in config.pbft.validators, following the chain "
                       "(no votes)", who)
-        shortfall = forwarding_shortfall(self.context.dialed_peers, self.engine_params.validators)
+        shortfall = forwarding_shortfall(self.context.dialed_peers,
+                                         self.feed.schedule.set_at(self.feed.head + 1))
         if shortfall is not None:
             self.log.warning(shortfall)
 
@@ -220,7 +324,7 @@ class PbftEngine(ConsensusEngine):
             self._step(RequestDropped(tx_hash))
 
     def on_message(self, sender: bytes, payload: bytes) -> None:
-        if sender not in self.engine_params.validators:
+        if sender not in self.feed.members():
             return  # an observer's (or anyone's): never part of a decision, not even decoded
         if self.budget.allows(sender):
             self._step(MessageReceived(payload), sender)
@@ -261,6 +365,8 @@ class PbftEngine(ConsensusEngine):
         replica = self.replica
         if replica is None:
             return
+        if isinstance(event, _AFTER_IMPORT):
+            self._feed_schedule()  # the core hears of a change before it moves past it
         before = (replica.view, replica.active, replica.fetching)
         started = time.perf_counter()
         ready = replica.step(event)
@@ -297,11 +403,15 @@ class PbftEngine(ConsensusEngine):
         match action:
             case Broadcast():
                 self.context.broadcast(action.data)
+                for peer in self._members_dialing_in():
+                    self.context.send(peer, action.data)
             case SendTo():
-                self.context.send(self.engine_params.validators[action.replica], action.data)
+                self.context.send(self._installed_member(action.replica), action.data)
             case RelayRequests():
-                self.context.relay_transactions(self.engine_params.validators[action.replica],
+                self.context.relay_transactions(self._installed_member(action.replica),
                                                 action.tx_hashes)
+            case LeftValidatorSet():
+                self._tasks.spawn(self._leave(action), "leaving the validator set")
             case SetTimer():
                 self._set_timer(action)
             case CancelTimer():
@@ -360,9 +470,9 @@ class PbftEngine(ConsensusEngine):
         try:
             parent = await self._parent(action.ancestors)
             executed = await self.context.build_block(
-                coinbase=self._coinbase(), time_budget=action.time_budget_ms / 1000,
-                parent=parent)
-        except BlockValidationError as exc:
+                coinbase=self._coinbase(), extra_data=self._extra_data(action.seq_no),
+                time_budget=action.time_budget_ms / 1000, parent=parent)
+        except (BlockValidationError, _SetUnknown) as exc:
             self.log.warning("cannot build block %d: %s", action.seq_no, exc)
         except _LOCAL_FAILURES:
             raise
@@ -386,19 +496,20 @@ class PbftEngine(ConsensusEngine):
                 parent = await self._parent(action.ancestors)
                 executed = await self.context.validate_block(action.block, parent)
             if executed.hash == action.digest and executed.number == action.seq_no:
+                self._check_extra_data(executed)
                 self._keep_executed(executed)
             else:
                 refusal = Refusal.FALSE_COPY
-        except (FalseBodyError, StaleParentError, _AncestorFailed) as exc:
-            refusal = Refusal.UNAVAILABLE if not isinstance(exc, FalseBodyError) else (
-                Refusal.FALSE_COPY)
+        except (FalseBodyError, StaleParentError, _AncestorFailed, _SetUnknown) as exc:
+            refusal = Refusal.FALSE_COPY if isinstance(exc, FalseBodyError) else (
+                Refusal.UNAVAILABLE)
             self.log.info("block %d not validated here (%s): %s", action.seq_no,
                           refusal.value, exc)
         except BlockValidationError as exc:
             refusal = Refusal.INVALID
             self.log.warning("block %d 0x%s proposed by validator 0x%s refused: %s",
                              action.seq_no, action.digest.hex()[:12],
-                             self.engine_params.validators[action.proposer].hex(), exc)
+                             self._member_at(action.seq_no, action.proposer).hex(), exc)
         except _LOCAL_FAILURES:
             raise
         except Exception:
@@ -502,9 +613,43 @@ class PbftEngine(ConsensusEngine):
             outcome = self.sync.failed(action.target_seq_no)
         self._step(outcome)
 
+    def _extra_data(self, seq_no: int) -> bytes:
+        """Block n's extraData: the hash of the set that decides n+1 (`epoch_feed`). A
+        primary builds n only with n - max_in_flight committed, which fixes that set."""
+        committed = self.feed.next_set_hash(seq_no)
+        if committed is None:
+            raise _SetUnknown(f"the set after block {seq_no} is not known yet")
+        return committed
+
+    def _check_extra_data(self, executed: ExecutedBlock) -> None:
+        """A proposed block commits to the set that decides the next height, or is invalid."""
+        expected = self._extra_data(executed.number)
+        if executed.block.header.extra_data != expected:
+            raise BlockValidationError(
+                f"extraData 0x{executed.block.header.extra_data.hex()} does not commit to the "
+                f"validator set of block {executed.number + 1} (0x{expected.hex()})")
+
     def _coinbase(self) -> bytes:
         assert self.replica is not None
-        return self.engine_params.validators[self.replica.me]
+        return self.replica.address
+
+    def _members_dialing_in(self) -> frozenset[bytes]:
+        """Validators added by a vote that this node was configured to let in as observers:
+        the transport's broadcast reaches only the peers it dials, so they are sent to one
+        by one (those of the installed epoch and of every scheduled one)."""
+        if self.replica is None:
+            return frozenset()
+        schedule = self.replica.epochs.schedule
+        members = {v for e in schedule.epochs[schedule.installed:] for v in e.validators}
+        return (frozenset(members) & self.context.peers()) - self.context.dialed_peers - {
+            self.replica.address}
+
+    def _installed_member(self, index: int) -> bytes:
+        assert self.replica is not None
+        return self.replica.epochs.current.validators[index]
+
+    def _member_at(self, height: int, index: int) -> bytes:
+        return self.feed.schedule.set_at(height)[index]
 
     # Observability.
 
@@ -519,6 +664,7 @@ class PbftEngine(ConsensusEngine):
                 "checkpointInterval": self.engine_params.checkpoint_interval,
                 "peers": len(self.context.peers()),
                 **self.observer.describe(),
+                **self._epoch_status(),
             }
         if self.replica is None:
             return {"engine": self.name, "mode": "stopped"}
@@ -530,15 +676,30 @@ class PbftEngine(ConsensusEngine):
             "seqNo": status.seq_no,
             "h": status.low_watermark,
             "H": status.high_watermark,
-            "primary": "0x" + self.engine_params.validators[status.primary].hex(),
+            "primary": "0x" + self._installed_member(status.primary).hex(),
             "stableCheckpoint": status.stable_checkpoint,
             "lastExecuted": status.last_executed,
             "checkpointInterval": self.engine_params.checkpoint_interval,
-            "validator": "0x" + self.engine_params.validators[self.replica.me].hex(),
+            "validator": "0x" + self.replica.address.hex(),
+            **self._epoch_status(),
             "peers": len(self._connected_validators()),
             "observers": len(self.context.peers() - self._connected_validators()),
             "mode": status.mode.value,
             "misbehaviour": self.metrics.misbehaviour(),
+        }
+
+    def _epoch_status(self) -> dict[str, Any]:
+        """pbft_status's epoch fields: the epoch installed here and the change scheduled."""
+        schedule = self.replica.epochs.schedule if self.replica else self.feed.schedule
+        epoch = (schedule.current if self.replica
+                 else schedule.epoch_at(self.context.head().block_number + 1))
+        later = schedule.epochs[epoch.number + 1:]
+        return {
+            "epoch": epoch.number,
+            "validators": len(epoch.validators),
+            "scheduled": None if not later else {
+                "epoch": later[0].number, "firstBlock": later[0].first,
+                "validators": ["0x" + v.hex() for v in later[0].validators]},
         }
 
     def rpc_methods(self) -> dict[str, RpcHandler]:
@@ -548,7 +709,7 @@ class PbftEngine(ConsensusEngine):
             return self.status()
 
         async def pbft_getValidators() -> list[str]:  # noqa: N802
-            return ["0x" + v.hex() for v in self.engine_params.validators]
+            return ["0x" + v.hex() for v in self.feed.schedule.set_at(self.feed.head + 1)]
 
         async def pbft_getCommitCertificate(block_number: Any) -> dict[str, Any] | None:  # noqa: N802
             return records.commit_certificate(_seq_no(block_number, "block number"))

@@ -4,9 +4,12 @@ It has no replica: it casts no vote and sends no consensus message. It learns of
 from the validators' announcements (each commit, `BlockSync.announce`) and, on a quiet chain
 or when announcements are lost, from asking its peers' heads each poll interval; either way a
 head counts only with a commit certificate of a quorum of the validator set, and every block
-is fetched with its certificate, verified, executed and imported by `BlockSync.fetch`, the
-catch-up path validators use. One fetch at a time, towards the highest certified head heard
-of: the work is bounded by the chain's own growth, whatever peers claim.
+is fetched with its certificate, verified with the set of its own height (`EpochFeed`: as
+committed state says, so a set change is followed from the blocks that made it), executed
+and imported by `BlockSync.fetch`, the catch-up path validators use. One fetch at a time,
+towards the highest certified head heard of: the work is bounded by the chain's own growth,
+whatever peers claim. When the set that decides the next height holds this node's key, the
+engine turns it into a validator (`PbftEngine._join`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pbft_engine.core import (
     PeerCommitted,
     ReplicaStatus,
 )
+from pbft_engine.epoch_feed import EpochFeed
 from pbft_engine.quorum import max_faulty
 from pbft_engine.record_store import LevelDBConsensusStore
 from pbft_engine.sync import BlockSync
@@ -56,18 +60,20 @@ class Observer:
         self,
         context: EngineContext,
         store: LevelDBConsensusStore,
-        validators: tuple[bytes, ...],
+        feed: EpochFeed,
         *,
         chain_lock: asyncio.Lock,
         poll_interval: float,
         on_peer_fault: Callable[[bytes, str], None],
+        on_progress: Callable[[], None] = lambda: None,
     ) -> None:
         self.context = context
+        self.on_progress = on_progress  # after each fetch: the head moved (or tried to)
         self._target: tuple[int, bytes] | None = None  # the highest certified head heard of
         self._fetching: int | None = None
         self._tasks = BackgroundTasks()
         self.sync = BlockSync(
-            context, store, validators, deliver=self._on_event, replica_status=self.status,
+            context, store, feed, deliver=self._on_event, replica_status=self.status,
             held_block=lambda seq_no, digest: None, chain_lock=chain_lock,
             poll_interval=poll_interval, on_peer_fault=on_peer_fault, observer=True,
         )
@@ -116,6 +122,7 @@ class Observer:
             self._fetching = None
         if isinstance(outcome, FetchFailed) and self._target == (target, block_hash):
             self._target = None  # asked again at the next announcement or poll
+        self.on_progress()
         self._fetch_next()
 
     def describe(self) -> dict[str, Any]:

@@ -1,15 +1,18 @@
 """The consensus records as JSON-RPC results (`pbft_*`): commit certificates, checkpoints,
 view changes and equivocation evidence, each with the signed messages themselves, so anyone
-holding only the validator set can verify them (`pbft_engine.messages`)."""
+holding only the validator set can verify them (`pbft_engine.messages`). A signer's replica
+index names a member of the set of its message's height (`core.epochs.message_height`)."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import rlp
 
-from pbft_engine.core import EngineParams, RecordReader, StoreName
+from pbft_engine.core import RecordReader, StoreName
+from pbft_engine.core.epochs import EpochSchedule, message_height
 from pbft_engine.core.records import read_u64, u64, up_to
 from pbft_engine.messages import (
     Checkpoint,
@@ -28,12 +31,14 @@ def _hex(data: bytes) -> str:
 
 
 class ConsensusRecords:
-    def __init__(self, store: RecordReader, params: EngineParams) -> None:
+    def __init__(self, store: RecordReader, schedule: Callable[[], EpochSchedule]) -> None:
         self.store = store
-        self.validators = params.validators
+        self.schedule = schedule  # every epoch committed state knows
 
-    def _address(self, replica: int) -> str:
-        return _hex(self.validators[replica])
+    def _address(self, replica: int, height: int) -> str | None:
+        """Replica `replica` of the set of `height` (None: no such member)."""
+        validators = self.schedule().set_at(height)
+        return _hex(validators[replica]) if replica < len(validators) else None
 
     def commit_certificate(self, block_number: int) -> dict[str, Any] | None:
         """The permanent commit certificate of a block and its signers."""
@@ -45,7 +50,8 @@ class ConsensusRecords:
             "blockNumber": hex(block_number),
             "blockHash": _hex(commits[0].body.digest),
             "view": hex(commits[0].body.view),
-            "signers": [self._address(c.body.replica) for c in commits],
+            "epoch": hex(self.schedule().epoch_at(block_number).number),
+            "signers": [self._address(c.body.replica, block_number) for c in commits],
             "certificate": _hex(certificate),
         }
 
@@ -86,11 +92,12 @@ class ConsensusRecords:
             new_view = decode_signed_bytes(value, NewView)
             result.append({
                 "view": hex(new_view.body.view),
-                "primary": self._address(new_view.body.replica),
+                "primary": self._address(new_view.body.replica,
+                                         message_height(new_view.body)),
                 "newView": _hex(value),
                 "viewChanges": [
                     {
-                        "signer": self._address(vc.body.replica),
+                        "signer": self._address(vc.body.replica, message_height(vc.body)),
                         "view": hex(vc.body.view),
                         "stableSeqNo": hex(vc.body.stable_seq_no),
                         "message": _hex(vc.encode()),
@@ -106,7 +113,7 @@ class ConsensusRecords:
         for key, value in self.store.items(StoreName.EVIDENCE):
             first, second = rlp.decode(value)
             result.append({
-                "signer": self._address(int.from_bytes(key[:2], "big")),
+                "signer": self._address(int.from_bytes(key[:2], "big"), read_u64(key, 11)),
                 "type": MessageType(key[2]).name.lower().replace("_", "-"),
                 "view": hex(read_u64(key, 3)),
                 "seqNo": hex(read_u64(key, 11)),

@@ -52,6 +52,7 @@ from pbft_engine.core import (
     StoreName,
 )
 from pbft_engine.core.records import META_NEW_VIEW, u64
+from pbft_engine.epoch_feed import EpochFeed
 from pbft_engine.errors import MessageError, PbftError
 from pbft_engine.messages import (
     NewView,
@@ -124,7 +125,7 @@ class BlockSync:
         self,
         context: EngineContext,
         store: LevelDBConsensusStore,
-        validators: tuple[bytes, ...],
+        feed: EpochFeed,
         *,
         deliver: Callable[[Event], None],
         replica_status: Callable[[], ReplicaStatus],
@@ -141,7 +142,7 @@ class BlockSync:
         self.sources = sources or context.peers
         self.observer = observer  # hears the validators' announcements
         self.store = store
-        self.validators = validators
+        self.feed = feed  # which set decides which height, as committed state says
         self.deliver = deliver
         self.replica_status = replica_status
         self.held_block = held_block  # the replica's copy of an uncommitted block, by digest
@@ -260,16 +261,22 @@ class BlockSync:
         mine = self.replica_status()
         if sender in self._status_asked:
             self._status_asked.discard(sender)
-        elif not (self.observer and sender in self.validators
+        elif not (self.observer and sender in self.feed.members()
                   and status.head_number > max(mine.last_executed, mine.fetching or 0)):
             return  # unasked, and not a validator's news for an observer: not worth a check
         if status.new_view and not self.observer:
             self._offer_new_view(status.new_view, mine.view)
         if status.head_number <= mine.last_executed:
             return
+        validators = self.feed.set_at(status.head_number)
+        if validators is None:
+            # Above what committed state can tell (a set may change before it): only a
+            # fetch target, whose every block is verified with its own set on the way.
+            self.deliver(PeerCommitted(status.head_number, status.head_hash, b""))
+            return
         try:
             verify_commit_certificate(
-                status.certificate, validators=self.validators, chain_id=self.context.chain_id,
+                status.certificate, validators=validators, chain_id=self.context.chain_id,
                 block_number=status.head_number, block_hash=status.head_hash)
         except MessageError as exc:
             log.warning("block sync: 0x%s claims head %d without a valid certificate: %s",
@@ -408,14 +415,14 @@ class BlockSync:
         if prefetched is not None:
             peer, answer = prefetched
             try:
-                imported.extend(await self._import(first, await answer))
+                await self._import(first, await answer, imported)
                 return True
             except SyncError as exc:
                 self._failed_peer(peer, first, exc)
         for peer in self._peers_for(first):
             try:
                 blocks = await self._request(peer, first, count)
-                imported.extend(await self._import(first, blocks))
+                await self._import(first, blocks, imported)
                 return True
             except SyncError as exc:
                 self._failed_peer(peer, first, exc)
@@ -447,14 +454,28 @@ class BlockSync:
             raise SyncError(f"peer has no block {first}")
         return answer
 
-    async def _import(self, first: int, answer: Blocks) -> list[ExecutedBlock]:
-        """Verify every certificate, execute each block on the one before it, then commit
-        the range (with the certificates) in one batch; nothing of it if one fails."""
+    async def _import(self, first: int, answer: Blocks, imported: list[ExecutedBlock]
+                      ) -> None:
+        """Import the range up to the feed's horizon, then (the set of the heights above may
+        have changed in what was imported) read the schedule again and go on."""
+        blocks = list(enumerate(answer.blocks, first))
+        while blocks:
+            head = self.context.head()
+            self.feed.refresh(head.block_number, head.hash)
+            segment = [entry for entry in blocks if entry[0] <= self.feed.horizon]
+            imported.extend(await self._import_segment(segment))
+            blocks = blocks[len(segment):]
+
+    async def _import_segment(self, blocks: list[tuple[int, tuple[bytes, bytes]]]
+                              ) -> list[ExecutedBlock]:
+        """Verify every certificate with the set of its block's height, execute each block
+        on the one before it, then commit them (with the certificates) in one batch; nothing
+        of it if one fails."""
         certified = [
             (number, block, certificate, certified_block_hash(
-                block, certificate, number=number, validators=self.validators,
+                block, certificate, number=number, validators=self._set_at(number),
                 chain_id=self.context.chain_id))
-            for number, (block, certificate) in enumerate(answer.blocks, first)]
+            for number, (block, certificate) in blocks]
         chain: list[tuple[ExecutedBlock, Callable[[WriteBatch], None]]] = []
         async with self.chain_lock:
             head = self.context.head().block_number
@@ -471,6 +492,11 @@ class BlockSync:
             if chain:
                 await self.context.commit_blocks(chain)
         return [executed for executed, _ in chain]
+
+    def _set_at(self, number: int) -> tuple[bytes, ...]:
+        validators = self.feed.set_at(number)
+        assert validators is not None, "a segment ends at the horizon"
+        return validators
 
     async def _execute(self, block: bytes, number: int, parent: ExecutedBlock | None
                        ) -> ExecutedBlock:

@@ -32,7 +32,7 @@ from chain.rpc.errors import RpcError, ServerError
 from chain.rpc.hexcodec import parse_address, parse_hash, parse_quantity, quantity
 from chain.rpc.served import WorkerPool
 from chain.system_contracts import ContractStorage, ScratchStorage, SystemContractRevert
-from pbft_engine.core.epochs import Epoch
+from pbft_engine.core.epochs import Epoch, EpochSchedule
 from pbft_engine.core.params import EngineParams
 from pbft_engine.registry import (
     REGISTRY_ADDRESS,
@@ -122,11 +122,18 @@ class ValidatorRpc:
                                   "expiresAt": quantity(t.expires_at)}
                 for t in self.registry.pending(storage, counted_in)}
 
-    def _validators_of(self, number: int) -> list[str] | None:
-        storage = self._state(number)
-        if storage is None:
+    def _schedule_for(self, number: int) -> EpochSchedule | None:
+        """Every epoch the head's state knows, for a height up to the next block (a change
+        passed after block n never decides n, so the head's history answers for every
+        height below it, and knows where a past epoch ended); None above the next block."""
+        if number > self.context.head().block_number + 1:
             return None
-        return [_hex(v) for v in self.registry.schedule(storage).set_at(number)]
+        storage = self._state(self.context.head().block_number)
+        return None if storage is None else self.registry.schedule(storage)
+
+    def _validators_of(self, number: int) -> list[str] | None:
+        schedule = self._schedule_for(number)
+        return None if schedule is None else [_hex(v) for v in schedule.set_at(number)]
 
     async def validators_by_number(self, tag: Any) -> list[str] | None:
         return await REGISTRY_READS.run(lambda: self._validators_of(self._number(tag)))
@@ -143,10 +150,9 @@ class ValidatorRpc:
 
     def _epoch(self, tag: Any) -> dict[str, Any] | None:
         number = self._number(tag)
-        storage = self._state(number)
-        if storage is None:
+        schedule = self._schedule_for(number)
+        if schedule is None:
             return None
-        schedule = self.registry.schedule(storage)
         epoch = schedule.epoch_at(number)
         later = schedule.epochs[epoch.number + 1:]
         scheduled = None

@@ -69,7 +69,7 @@ log = logging.getLogger("testkit.byzantine")
 
 ACTION = "byzantine action"
 TRANSACTION_ROOT = 4  # an Ethereum header's fields: parent, uncles, coinbase, state, txs, ...
-EXTRA_DATA = 12
+TIMESTAMP = 11
 UNKNOWN_TX_TYPE = 0x7E  # no fork defines it: py-evm raises UnrecognizedTransactionType
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 MAX_PAYLOAD = 16 * 1024 * 1024 - 1 - 16  # the transport's frame cap less channel id and tag
@@ -134,11 +134,13 @@ def false_body(data: bytes, transactions: list[Any] | None = None) -> bytes:
     return rlp.encode([block[0], transactions, *block[2:]])
 
 
-def relabelled_block(data: bytes, extra_data: bytes) -> tuple[bytes, bytes]:
-    """The same block with other header extra data (valid as well): new block and hash."""
+def relabelled_block(data: bytes) -> tuple[bytes, bytes]:
+    """The same block a second later (valid as well: extraData is not free, it commits to
+    the next validator set): new block and hash."""
     block = _decode_block(data)
     header = list(block[0])
-    header[EXTRA_DATA] = extra_data
+    header[TIMESTAMP] = rlp.sedes.big_endian_int.serialize(
+        rlp.sedes.big_endian_int.deserialize(header[TIMESTAMP]) + 1)
     return rlp.encode([header, *block[1:]]), keccak(rlp.encode(header))
 
 
@@ -313,7 +315,7 @@ class Equivocate(PrimaryBehaviour):
         body = wire.signed.body
         key = (body.view, body.seq_no)
         if key not in self._other:
-            block, digest = relabelled_block(wire.blocks[0], b"equivocation")
+            block, digest = relabelled_block(wire.blocks[0])
             self._other[key] = self.signed_pre_prepare(body.view, body.seq_no, digest, block)
             self.act("view %d seqNo %d: PRE-PREPARE 0x%s and 0x%s", body.view, body.seq_no,
                      body.digest.hex(), digest.hex())

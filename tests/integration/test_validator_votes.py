@@ -8,6 +8,7 @@ signs itself from a non-member is included and reverts with the registry's reaso
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,8 +17,10 @@ from typing import Any
 import pytest
 from eth_account import Account
 
+from pbft_engine.epoch_feed import validators_hash
 from pbft_engine.registry import REGISTRY_ADDRESS, encode_vote
 from testkit.cluster import Cluster, rpc
+from testkit.nodes import wait_for
 from tests.spec import assert_valid_result
 
 OBSERVER = 4
@@ -155,3 +158,57 @@ def test_a_wallet_signed_vote_from_a_non_member_is_included_and_reverts_with_its
     reply = w3.provider.make_request("eth_call", [call, hex(receipt.blockNumber - 1)])
     assert reply["error"]["code"] == 3
     assert "is not a validator of epoch" in reply["error"]["message"]
+
+
+def role(net: Cluster, node: int) -> tuple[str, int]:
+    status = rpc(net.nodes[node], "pbft_status")
+    return status["role"], status["epoch"]
+
+
+def test_the_set_changes_at_the_handover_an_observer_joins_and_a_validator_leaves(
+        net: Cluster) -> None:
+    """After the first test's vote: the observer votes from c+1 (the chain then needs four
+    of five), and three of the five vote validator 3 out, which then follows as an observer
+    while the four others go on, through a view change that needs the added validator;
+    transactions sent through any node commit."""
+    urls = [n.rpc_url for n in net.nodes]
+    members = [a.lower() for a in net.description["validators"]]
+    observer = net.description["nodes"][OBSERVER]["address"].lower()
+    c = int(rpc(net.nodes[0], "pbft_getEpoch", "0x1")["lastBlock"], 16)  # epoch 0's last
+    for node in range(5):  # the boundary comes even on an idle chain (empty blocks up to c)
+        wait_for(lambda node=node: role(net, node) == ("validator", 1), 120,
+                 f"node {node} a validator of epoch 1")
+    header = net.nodes[0].web3().eth.get_block(c)
+    assert bytes(header["extraData"]) == validators_hash(
+        tuple(bytes.fromhex(a[2:]) for a in [*members, observer]))
+    block = net.commit(via=OBSERVER, sender=1)
+    certificate = rpc(net.nodes[OBSERVER], "pbft_getCommitCertificate", hex(block))
+    assert certificate["epoch"] == "0x1" and len(certificate["signers"]) >= 4
+    assert set(certificate["signers"]) <= {*members, observer}
+
+    # three of the five vote validator 3 out: it votes up to its handover, then follows
+    for voter in (0, 1):
+        ok(net, "propose", members[3], "--remove", "--wait", "--rpc", urls[voter])
+    passed = int(ok(net, "propose", members[3], "--remove", "--wait",
+                    "--rpc", urls[OBSERVER]).split()[-1])
+    wait_for(lambda: role(net, 3) == ("observer", 2), 120, "validator 3 to leave")
+    for node in (0, 1, 2, OBSERVER):
+        wait_for(lambda node=node: role(net, node) == ("validator", 2), 60,
+                 f"node {node} a validator of epoch 2")
+    assert rpc(net.nodes[3], "pbft_getValidators") == [*members[:3], observer]
+    later = net.commit(via=3, sender=2)  # forwarded by the observer it became
+    assert later > passed
+    certificate = rpc(net.nodes[0], "pbft_getCommitCertificate", hex(later))
+    assert certificate["epoch"] == "0x2" and members[3] not in certificate["signers"]
+
+    # the primary of epoch 2 goes down: the view change needs the added validator (3 of
+    # the 4), which the others were configured to let in as an observer, not to dial
+    primary = rpc(net.nodes[0], "pbft_status")["primary"].lower()
+    down = members.index(primary) if primary in members else 0
+    view = rpc(net.nodes[OBSERVER], "pbft_status")["view"]
+    net.stop(down, signal.SIGKILL)
+    up = next(n for n in (0, 1, 2) if n != down)
+    assert net.commit(via=up, sender=3) > later
+    assert rpc(net.nodes[OBSERVER], "pbft_status")["view"] > view
+    net.start(down)
+    wait_for(lambda: role(net, down) == ("validator", 2), 60, f"node {down} back in epoch 2")

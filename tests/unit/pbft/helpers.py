@@ -5,6 +5,8 @@ from __future__ import annotations
 from eth_hash.auto import keccak
 
 from pbft_engine.core import EngineParams, MessageReceived
+from pbft_engine.core.epochs import EpochSchedule
+from pbft_engine.epoch_feed import EpochFeed
 from pbft_engine.messages import Authenticator, KeySigner, KeyVerifier, MessageType, WireMessage
 from tests.simulation.cluster import Cluster, Node
 
@@ -56,3 +58,9 @@ def capture(message_type: MessageType, into: list[WireMessage]):
         return True
 
     return record
+
+
+def fixed_feed(validators: tuple[bytes, ...]) -> EpochFeed:
+    """The adapter's schedule feed of a chain whose set never changes (the genesis set)."""
+    genesis = EpochSchedule.genesis(EngineParams(chain_id=1, validators=validators))
+    return EpochFeed(genesis, lambda block_hash: genesis)

@@ -17,6 +17,7 @@ from pbft_engine.observer import Observer, forwarding_shortfall
 from pbft_engine.peer_budget import PeerBudget
 from pbft_engine.sync import BlockSync
 from pbft_engine.sync_messages import Block, GetStatus, Status, encode_sync
+from tests.unit.pbft.helpers import fixed_feed
 from tests.unit.pbft.test_pbft_catch_up import VALIDATORS, SyncPeers, _block, _certificate
 
 OBSERVER = b"o" * 20
@@ -38,7 +39,7 @@ class MixedPeers(SyncPeers):
 
 def _validator_sync(peers: MixedPeers, delivered: list[object], store: object = None
                     ) -> BlockSync:
-    return BlockSync(peers, store, VALIDATORS, deliver=delivered.append,  # type: ignore[arg-type]
+    return BlockSync(peers, store, fixed_feed(VALIDATORS), deliver=delivered.append,  # type: ignore[arg-type]
                      replica_status=lambda: IDLE, held_block=lambda n, d: None,
                      chain_lock=asyncio.Lock(), poll_interval=1.0,
                      sources=lambda: peers.peers() & frozenset(VALIDATORS))
@@ -85,7 +86,7 @@ def test_an_observer_hears_validators_announcements_above_what_it_knows() -> Non
     peers = MixedPeers(connected=frozenset({VALIDATORS[0], b"p" * 20}))  # and another observer
     delivered: list[object] = []
     fetching = ReplicaStatus(0, False, 2, 2, 2, 0, 2, 2, 4, Mode.CATCHING_UP)
-    sync = BlockSync(peers, None, VALIDATORS, deliver=delivered.append,  # type: ignore[arg-type]
+    sync = BlockSync(peers, None, fixed_feed(VALIDATORS), deliver=delivered.append,  # type: ignore[arg-type]
                      replica_status=lambda: fetching, held_block=lambda n, d: None,
                      chain_lock=asyncio.Lock(), poll_interval=1.0, observer=True)
     for number, sender in ((5, b"p" * 20), (4, VALIDATORS[0])):  # unasked non-validator; known
@@ -105,7 +106,7 @@ def test_an_observer_follows_the_highest_certified_head_one_fetch_at_a_time() ->
         peers = MixedPeers()
         chain = SimpleNamespace(block_number=0)
         peers.head = lambda: chain  # type: ignore[method-assign]
-        observer = Observer(peers, None, VALIDATORS,  # type: ignore[arg-type]
+        observer = Observer(peers, None, fixed_feed(VALIDATORS),  # type: ignore[arg-type]
                             chain_lock=asyncio.Lock(), poll_interval=1.0,
                             on_peer_fault=lambda peer, kind: None)
         fetched: list[int] = []
@@ -137,6 +138,7 @@ def test_a_consensus_message_from_outside_the_set_never_reaches_the_replica() ->
     stepped: list[object] = []
     engine = PbftEngine.__new__(PbftEngine)
     engine.engine_params = SimpleNamespace(validators=VALIDATORS)  # type: ignore[assignment]
+    engine.feed = fixed_feed(VALIDATORS)
     engine.budget = PeerBudget(lambda: 0.0)
     engine.replica = SimpleNamespace(  # type: ignore[assignment]
         view=0, active=True, fetching=None, step=stepped.append)

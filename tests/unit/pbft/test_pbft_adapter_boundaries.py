@@ -29,6 +29,7 @@ from pbft_engine.sync_messages import (
     encode_sync,
 )
 from storage import Database
+from tests.unit.pbft.helpers import fixed_feed
 from tests.unit.pbft.test_pbft_catch_up import VALIDATORS, _certificate
 from tests.unit.test_blockchain import COINBASE, make_genesis, transfers
 
@@ -106,6 +107,7 @@ def validating_adapter(error: Exception) -> tuple[PbftEngine, list[object], list
                                      head=lambda: SimpleNamespace(hash=b"head"))
     engine._executed, engine.replica = {}, None
     engine.engine_params = SimpleNamespace(validators=(b"\x01" * 20,))
+    engine.feed = fixed_feed((b"\x01" * 20,))
     engine.log = SimpleNamespace(info=lambda *a: None, warning=lambda *a: None,
                                  exception=lambda *a: None)
     engine.metrics = SimpleNamespace(block_refused=refused.append)
@@ -177,7 +179,7 @@ class ServingPeers:
 
 def catch_up(peers: ServingPeers, target: int) -> tuple[object, list[tuple[bytes, str]]]:
     faults: list[tuple[bytes, str]] = []
-    sync = BlockSync(peers, SimpleNamespace(write=lambda batch, ops: None), VALIDATORS,  # type: ignore[arg-type]
+    sync = BlockSync(peers, SimpleNamespace(write=lambda batch, ops: None), fixed_feed(VALIDATORS),  # type: ignore[arg-type]
                      deliver=lambda event: None, replica_status=lambda: None,  # type: ignore[arg-type,return-value]
                      held_block=lambda n, d: None, chain_lock=asyncio.Lock(),
                      poll_interval=1.0, on_peer_fault=lambda p, k: faults.append((p, k)))

@@ -49,7 +49,7 @@ from pbft_engine.sync_messages import (
     encode_sync,
 )
 from tests.simulation.cluster import Cluster
-from tests.unit.pbft.helpers import commit, tx_hashes
+from tests.unit.pbft.helpers import commit, fixed_feed, tx_hashes
 
 CHAIN_ID = 7
 KEYS = [keccak(b"sync validator %d" % i) for i in range(4)]
@@ -216,7 +216,7 @@ def test_a_peer_head_counts_only_with_a_certificate_for_it() -> None:
     status = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_watermark=40,
                            primary=0, stable_checkpoint=0, last_executed=2, fetching=None,
                            mode=Mode.NORMAL)
-    sync = BlockSync(peers, None, VALIDATORS, deliver=delivered.append,  # type: ignore[arg-type]
+    sync = BlockSync(peers, None, fixed_feed(VALIDATORS), deliver=delivered.append,  # type: ignore[arg-type]
                      replica_status=lambda: status, held_block=lambda n, d: None,  # type: ignore[arg-type,return-value]
                      chain_lock=asyncio.Lock(), poll_interval=1.0)
     sync.start()
@@ -244,7 +244,7 @@ def test_a_finished_fetch_asks_the_peers_where_they_went_meanwhile() -> None:
     hears where the peers are now at once, not only once it stops making progress (its
     request timer could run out in between and blame the primary for its own lag)."""
     peers = SyncPeers()
-    sync = BlockSync(peers, None, VALIDATORS, deliver=lambda event: None,  # type: ignore[arg-type]
+    sync = BlockSync(peers, None, fixed_feed(VALIDATORS), deliver=lambda event: None,  # type: ignore[arg-type]
                      replica_status=lambda: None, held_block=lambda n, d: None,  # type: ignore[arg-type,return-value]
                      chain_lock=asyncio.Lock(), poll_interval=1.0)
     head = peers.head()
@@ -258,7 +258,7 @@ def test_a_body_is_asked_of_every_peer_and_a_false_server_last() -> None:
     delivered, once; asked for again (its body proved false), its server is skipped."""
     peers = SyncPeers()
     delivered: list[object] = []
-    sync = BlockSync(peers, None, VALIDATORS, deliver=delivered.append,  # type: ignore[arg-type]
+    sync = BlockSync(peers, None, fixed_feed(VALIDATORS), deliver=delivered.append,  # type: ignore[arg-type]
                      replica_status=lambda: None, held_block=lambda n, d: None,  # type: ignore[arg-type,return-value]
                      chain_lock=asyncio.Lock(), poll_interval=1.0)
     block, digest = _block(3)

@@ -508,6 +508,7 @@ def test_the_adapter_writes_the_store_before_the_state_file(tmp_path: Path) -> N
     engine.state_file = SimpleNamespace(write=lambda bound: order.append("file"))
     engine.store = SimpleNamespace(apply=lambda ops: order.append("store"))
     engine.context = SimpleNamespace(broadcast=lambda data: order.append("send"))
+    engine.replica = None
     engine._perform(Ready(Persist((), SigningBound(0, H)), [Broadcast(b"a vote")]))
     assert order == ["store", "file", "send"]
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from pbft_engine.engine import PbftEngine
 from pbft_engine.peer_budget import BURST, GOSSIP, RATE, PeerBudget
+from tests.unit.pbft.helpers import fixed_feed
 
 FLOODER, HONEST = b"\x01" * 20, b"\x02" * 20
 
@@ -49,6 +50,7 @@ def test_the_adapter_charges_the_sender_and_drops_it_once_dry() -> None:
     dropped: list[bytes] = []
     engine = PbftEngine.__new__(PbftEngine)
     engine.engine_params = SimpleNamespace(validators=(FLOODER, HONEST))  # type: ignore[assignment]
+    engine.feed = fixed_feed((FLOODER, HONEST))
     engine.budget = PeerBudget(clock, rate=RATE, burst=1e-9)  # any message runs it dry
     engine.metrics = SimpleNamespace(peer_fault=lambda p, k: faults.append((p, k)),
                                      peer_dropped=dropped.append)

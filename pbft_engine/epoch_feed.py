@@ -1,0 +1,76 @@
+"""The epoch schedule as committed state says it, for the adapter (DESIGN.md section 10).
+
+The registry of votes lives in state (`pbft_engine.registry`); what it scheduled is read
+after every commit from the head's state, so every node learns a change from the same
+committed block. The core hears each new change as a `ScheduleChange`; block sync, the
+observer and the header commitment (`extraData`) ask this feed which set decides a height.
+
+What committed state can answer: a change that passes in block b takes effect after the
+first checkpoint c >= b + max_in_flight, so no block above the head can change the set of
+any height up to the first multiple of K at or above head + 1 + max_in_flight, nor of any
+height within K of a change already scheduled (the *horizon*). Above it the set is not
+known yet, and nothing there is believed until more is committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import rlp
+from eth_utils import keccak
+
+from pbft_engine.core.epochs import Epoch, EpochSchedule
+
+# Reads the schedule (every epoch, none installed) from the state at one block's hash.
+ScheduleReader = Callable[[bytes], EpochSchedule]
+
+
+def validators_hash(validators: tuple[bytes, ...]) -> bytes:
+    """What block n's extraData holds: keccak256 of the RLP list of the sorted set that
+    decides n+1 (CometBFT's NextValidatorsHash): a chain of certified headers proves every
+    set change."""
+    return keccak(rlp.encode(sorted(validators)))
+
+
+class EpochFeed:
+    """The schedule at the committed head, refreshed after each commit."""
+
+    def __init__(self, genesis: EpochSchedule, read: ScheduleReader) -> None:
+        self.schedule = genesis
+        self._read = read
+        self._head_hash: bytes | None = None
+        self.head = 0
+
+    def refresh(self, head_number: int, head_hash: bytes) -> tuple[Epoch, ...]:
+        """Read the schedule at the new head; the epochs it scheduled that were not known."""
+        if head_hash == self._head_hash:
+            return ()
+        known = len(self.schedule.epochs)
+        self.schedule = self._read(head_hash)
+        self._head_hash, self.head = head_hash, head_number
+        return self.schedule.epochs[known:]
+
+    @property
+    def horizon(self) -> int:
+        """The highest height whose set the committed head fixes (see the module's doc)."""
+        schedule = self.schedule
+        k, w = schedule.checkpoint_interval, schedule.max_in_flight
+        # (one change per epoch: the next one waits a whole interval after the last known)
+        return max(-(-(self.head + 1 + w) // k) * k, schedule.epochs[-1].first - 1 + k)
+
+    def set_at(self, height: int) -> tuple[bytes, ...] | None:
+        """The set that decides `height`; None above the horizon (not decided yet)."""
+        if height > self.horizon:
+            return None
+        return self.schedule.set_at(height)
+
+    def members(self) -> frozenset[bytes]:
+        """Every validator of the epochs from the head on: the peers believed and heard."""
+        first = self.schedule.epoch_at(self.head + 1).number
+        return frozenset(v for e in self.schedule.epochs[first:] for v in e.validators)
+
+    def next_set_hash(self, height: int) -> bytes | None:
+        """Block `height`'s extraData: the hash of the set that decides height + 1 (None: not
+        known yet from committed state)."""
+        validators = self.set_at(height + 1)
+        return None if validators is None else validators_hash(validators)
