@@ -262,8 +262,7 @@ class Replica:
     def join(cls, params: EngineParams, signer: Signer, verifier: Verifier, head: ChainHead,
              *, block_digest: BlockDigest, schedule: EpochSchedule, view: int = 0,
              signing_bound: SigningBound | None = None) -> Replica:
-        """An added validator's replica, at the handover checkpoint that installs its
-        epoch, having followed the chain to `head` (`core.handover.joined`)."""
+        """An added validator's replica, at its epoch's handover (`core.handover.joined`)."""
         c = joining_checkpoint(schedule, signer.address, head.seq_no)
         return joined(cls(params, None, signer, verifier, head, block_digest=block_digest,
                           schedule=schedule.install(c)), c, view, signing_bound)
@@ -453,13 +452,14 @@ class Replica:
         return self.amnesia is None or self.amnesia.may_vote(view, seq_no)
 
     def _may_view_change(self, view: int) -> bool:
-        """Not for a view it may have signed one for (a validator removed and added again
-        joins in the others' view), nor while it lacks the proof of its stable checkpoint
-        (it joined there), nor of an epoch other than the installed one (a removed one's at
-        its handover, `counts_toward_view`): nobody would take it, and it would wait alone."""
+        """Not for a view it may have signed one for (one removed and added again joins in
+        the others' view), nor while it lacks the proof of its stable checkpoint (it joined
+        there) or has not executed it (only then is the set above it known), nor of another
+        epoch than the installed one: nobody would take it, and it would wait alone."""
         stable = self.stable_checkpoint
-        if view <= self.signing_bound.view or (stable and self.checkpoints.short_of_proof(
-                stable)) or self.epochs.schedule.epoch_at(stable + 1) != self.epochs.current:
+        if view <= self.signing_bound.view or self.last_exec < stable or (
+                stable and self.checkpoints.short_of_proof(stable)) or (
+                self.epochs.schedule.epoch_at(stable + 1) != self.epochs.current):
             return False
         return self.amnesia is None or self.amnesia.may_view_change(view, stable)
 
@@ -1398,14 +1398,15 @@ class Replica:
             return
         complete_proof(self, body.stable_seq_no, body.checkpoint_proof)
         self.view_changes[sender] = wire
-        higher = [w.signed.body.view for r, w in self.view_changes.items()
-                  if r != self.address and w.signed.body.view > self.view]
-        if len(higher) >= self.epochs.current.weak_quorum:
-            self._start_view_change(min(higher), "join")
-        else:
-            self._check_view_change_quorum()
+        self._check_view_change_quorum()
 
     def _check_view_change_quorum(self) -> None:
+        # f+1 ask for later views: join the lowest (on a duplicate too: it may not have been able)
+        higher = [w.signed.body.view for r, w in self.view_changes.items()
+                  if r != self.address and w.signed.body.view > self.view]
+        if len(higher) >= self.epochs.current.weak_quorum and self._may_view_change(min(higher)):
+            self._start_view_change(min(higher), "join")
+            return
         if self.active:
             return
         quorum = self.epochs.current.view_change_quorum

@@ -833,11 +833,11 @@ class Cluster:
         reached = FetchCompleted(len(node.chain.blocks), node.chain.head.block_hash,
                                  head.state_root if head is not None else GENESIS_ROOT,
                                  imported)
+        self._feed_changes(node)  # (before the head above them: c is past b + W)
         if done:
             self.feed(node.index, reached)
         else:
             self.feed(node.index, FetchFailed(target, reached if imported else None))
-        self._feed_changes(node)
         self._refresh(node)
 
     def _forged_range(self, node: Node, source: Node, seq_no: int) -> None:

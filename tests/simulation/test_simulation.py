@@ -313,3 +313,18 @@ def test_a_replica_restarted_in_a_view_change_executes_what_it_holds_certified()
     actions = list(restarted.start().actions)
     actions += restarted.step(PeerCommitted(1, digest, certificate)).actions
     assert any(isinstance(a, CommitBlock | FetchBlock | FetchCommitted) for a in actions)
+
+
+# --- membership seeds that found gaps in the handover (issue 31, fixed with it) -------------
+
+
+@pytest.mark.parametrize(("seed", "n"), [(32, 5), (172, 9)])
+def test_membership_seeds_that_found_handover_gaps(seed: int, n: int) -> None:
+    """Seed 32 at N = 5: a replica caught up past the handover checkpoint (its own stable
+    checkpoint below it, so its VIEW-CHANGE would be the old epoch's) and the view change
+    needed all five others: it adopts the checkpoint the new set's VIEW-CHANGEs prove.
+    Seed 172 at N = 9: a replica fetched past the block in which a change passed, and acted
+    on the head before the adapter fed the change: it signed a VIEW-CHANGE under its old
+    index, which nobody took, and the view change split; the change is fed before the head
+    above it (`Cluster._fetch_done`), and no VIEW-CHANGE is signed above a head not executed."""
+    run_seed(seed, n)
