@@ -232,6 +232,19 @@ class PbftEngine(ConsensusEngine):
         return (key.public_key.to_canonical_address()
                 in self.feed.schedule.set_at(head.block_number + 1))
 
+    def _handover_to_join(self) -> int | None:
+        """The handover checkpoint c of the next epoch that counts this node's key: an
+        observer imports up to c and no further, so that it votes from c + 1 (and holds
+        every checkpoint of its epoch) instead of joining late."""
+        key = self.context.validator_key
+        if key is None:
+            return None
+        address = key.public_key.to_canonical_address()
+        head = self.context.head().block_number
+        joining = (e for e in self.feed.schedule.epochs
+                   if e.first > head and address in e.validators)
+        return next((e.first - 1 for e in joining), None)
+
     def _on_observer_progress(self) -> None:
         if self._joins_now():
             self._joining = True
@@ -288,7 +301,8 @@ class PbftEngine(ConsensusEngine):
         self.observer = Observer(
             self.context, self.store, self.feed,
             chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
-            on_peer_fault=self.metrics.peer_fault, on_progress=self._on_observer_progress)
+            on_peer_fault=self.metrics.peer_fault, on_progress=self._on_observer_progress,
+            stop_at=self._handover_to_join)
         self.sync = self.observer.sync
         self.observer.start()
         who = f"0x{address.hex()}" if address is not None else "without a node key"

@@ -66,9 +66,11 @@ class Observer:
         poll_interval: float,
         on_peer_fault: Callable[[bytes, str], None],
         on_progress: Callable[[], None] = lambda: None,
+        stop_at: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.context = context
         self.on_progress = on_progress  # after each fetch: the head moved (or tried to)
+        self.stop_at = stop_at  # a height not to fetch past (where this node starts voting)
         self._target: tuple[int, bytes] | None = None  # the highest certified head heard of
         self._fetching: int | None = None
         self._tasks = BackgroundTasks()
@@ -103,7 +105,9 @@ class Observer:
         target = self._target
         if self._fetching is not None or target is None:
             return
-        if target[0] <= self.context.head().block_number:
+        head = self.context.head().block_number
+        stop = self.stop_at()
+        if target[0] <= head or (stop is not None and stop <= head):
             self._target = None
             return
         self._fetching = target[0]
@@ -112,7 +116,7 @@ class Observer:
     async def _fetch(self, target: int, block_hash: bytes) -> None:
         outcome: Event
         try:
-            outcome = await self.sync.fetch(target, block_hash)
+            outcome = await self.sync.fetch(target, block_hash, self.stop_at)
         except StorageFailure:
             raise  # the database reported it: the node stops
         except Exception:  # logged; the next announcement or poll tries again

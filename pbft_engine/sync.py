@@ -154,6 +154,7 @@ class BlockSync:
         self._rotation = 0
         self._liars: set[bytes] = set()
         self._imported: list[ExecutedBlock] = []  # by the fetch under way
+        self._last = 0  # its target: a range answered (or prefetched) beyond it is cut there
         self._request_ids = itertools.count(1)
         self._pending: dict[int, tuple[bytes, asyncio.Future[Blocks]]] = {}
         self._status_asked: set[bytes] = set()
@@ -341,15 +342,24 @@ class BlockSync:
 
     # Fetching.
 
-    async def fetch(self, target: int, target_hash: bytes) -> Event:
+    async def fetch(self, target: int, target_hash: bytes,
+                    stop_at: Callable[[], int | None] = lambda: None) -> Event:
         """Import certified blocks up to `target` from whichever peers can serve them; the
         next range is requested while this one is executed, and a range is committed in one
-        batch. A fetch that fails part-way says how far it got (`failed`)."""
+        batch. A fetch that fails part-way says how far it got (`failed`). `stop_at`, asked
+        before each range: a height not to import past (an observer voted in stops at the
+        handover checkpoint, to vote from the block after it)."""
         imported: list[ExecutedBlock] = []
         self._imported = imported
         ahead: tuple[int, bytes, asyncio.Future[Blocks]] | None = None
         try:
             while self.context.head().block_number < target:
+                stop = stop_at()
+                if stop is not None and stop < target:
+                    target, target_hash = stop, b""
+                    if self.context.head().block_number >= target:
+                        break
+                self._last = target
                 first = self.context.head().block_number + 1
                 count = min(MAX_BLOCKS_PER_REQUEST, target - first + 1)
                 prefetched = None
@@ -367,7 +377,8 @@ class BlockSync:
             if ahead is not None:
                 ahead[2].cancel()
         head = self.context.head()
-        if imported and imported[-1].number == target and imported[-1].hash != target_hash:
+        if (imported and imported[-1].number == target and target_hash
+                and imported[-1].hash != target_hash):
             # Q validators certified this block, f+1 claimed another: more than f are faulty.
             log.error("catch-up: certified block %d is 0x%s, the fetch target said 0x%s",
                       target, imported[-1].hash.hex(), target_hash.hex())
@@ -458,7 +469,7 @@ class BlockSync:
                       ) -> None:
         """Import the range up to the feed's horizon, then (the set of the heights above may
         have changed in what was imported) read the schedule again and go on."""
-        blocks = list(enumerate(answer.blocks, first))
+        blocks = [entry for entry in enumerate(answer.blocks, first) if entry[0] <= self._last]
         while blocks:
             head = self.context.head()
             self.feed.refresh(head.block_number, head.hash)

@@ -196,6 +196,9 @@ def test_the_set_changes_at_the_handover_an_observer_joins_and_a_validator_leave
         wait_for(lambda node=node: role(net, node) == ("validator", 2), 60,
                  f"node {node} a validator of epoch 2")
     assert rpc(net.nodes[3], "pbft_getValidators") == [*members[:3], observer]
+    # the added validator voted from c + 1 (it imported nothing past c as an observer), so
+    # it holds the first checkpoint of its epoch as stable as the others do
+    assert rpc(net.nodes[OBSERVER], "pbft_getCheckpoint", hex(c + 10))["stable"] is True
     later = net.commit(via=3, sender=2)  # forwarded by the observer it became
     assert later > passed
     certificate = rpc(net.nodes[0], "pbft_getCommitCertificate", hex(later))

@@ -112,7 +112,7 @@ def test_an_observer_follows_the_highest_certified_head_one_fetch_at_a_time() ->
         fetched: list[int] = []
         release = asyncio.Event()
 
-        async def fetch(target: int, block_hash: bytes) -> FetchCompleted:
+        async def fetch(target: int, block_hash: bytes, stop_at: object) -> FetchCompleted:
             fetched.append(target)
             await release.wait()
             chain.block_number = target
@@ -171,3 +171,24 @@ def test_an_observer_dialing_fewer_than_f_plus_one_validators_is_told_so() -> No
     assert forwarding_shortfall(frozenset(VALIDATORS[:2]) | {OBSERVER}, VALIDATORS) is None
     warning = forwarding_shortfall(frozenset(VALIDATORS[:1]) | {OBSERVER}, VALIDATORS)
     assert warning is not None and "dials 1 of the 4 validators" in warning
+
+
+def test_an_observer_voted_in_fetches_nothing_past_its_handover_checkpoint() -> None:
+    """It votes from c + 1: a block above c imported as an observer would make it join late
+    (no vote, and no checkpoint, for the heights in between)."""
+    peers = MixedPeers()
+    chain = SimpleNamespace(block_number=10)
+    peers.head = lambda: chain  # type: ignore[method-assign]
+    observer = Observer(peers, None, fixed_feed(VALIDATORS),  # type: ignore[arg-type]
+                        chain_lock=asyncio.Lock(), poll_interval=1.0,
+                        on_peer_fault=lambda peer, kind: None, stop_at=lambda: 10)
+    fetched: list[int] = []
+
+    async def fetch(target: int, block_hash: bytes, stop_at: object) -> FetchCompleted:
+        fetched.append(target)
+        return FetchCompleted(target, block_hash, b"", ())
+
+    observer.sync.fetch = fetch  # type: ignore[method-assign]
+    observer.sync.deliver(PeerCommitted(15, keccak(b"15"), b""))
+    assert fetched == [] and observer.status().fetching is None
+
