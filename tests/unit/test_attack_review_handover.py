@@ -1,0 +1,146 @@
+"""Attack review of validator-set changes in the running chain (issue 31 step 3: the core's
+handover, commit d84902e, and the adapter's side, commit 5acba41).
+
+The attacker is one key of the set (a byzantine validator or primary, often the one voted
+out), a lagging or restarting honest replica, or a lying peer in block sync. Each finding is
+a strict xfail naming the interleaving; each rule that held is a passing test.
+
+One replica driven event by event (the helpers of `test_replica_handover`): four genesis
+validators V0 (K = 10, W = 2), a change passed in block 8, so the handover checkpoint c = 10.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from eth_hash.auto import keccak
+
+from pbft_engine.core import (
+    ChainHead,
+    CommitBlock,
+    FetchFailed,
+    Mode,
+    PeerCommitted,
+    Replica,
+    ReplicaStatus,
+    RequestReceived,
+    ScheduleChange,
+    TimerFired,
+    TimerKind,
+)
+from pbft_engine.messages import Commit, KeyVerifier, Prepare, PrePrepare, ViewChange
+from pbft_engine.sync import BlockSync
+from pbft_engine.sync_messages import Status, encode_sync
+from tests.unit.pbft.helpers import GENESIS, PARAMS, fixed_feed
+from tests.unit.pbft.test_pbft_catch_up import VALIDATORS as CATCH_UP_SET
+from tests.unit.pbft.test_pbft_catch_up import SyncPeers
+from tests.unit.pbft.test_pbft_epochs import KEYS, REMOVED, V0
+from tests.unit.test_replica_handover import (
+    PASSED_AT,
+    Driven,
+    checkpoint_from,
+    commit_through,
+)
+
+C = 10
+FORGED = b"the removed validator's block 11"
+
+
+def lagging(index: int, head: int = PASSED_AT - 1) -> Driven:
+    """Validator V0[index] at `head`: block 8, in which the change passes, not committed yet,
+    so it does not know the change."""
+    return Driven(Replica(PARAMS, index, KEYS[V0[index]], KeyVerifier(),
+                          ChainHead(head, GENESIS), block_digest=keccak))
+
+
+# --- finding 1: messages verified with the set known when they came, counted with another --
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FORK by the removed validator alone: a replica that has not yet committed block b "
+    "verifies messages for heights above c with the only set it knows (the old one), holds "
+    "them by replica index (the future buffer, the certStore slot), and after the install "
+    "counts them by that index in the NEW set, never verifying again: V0[0]'s PRE-PREPARE "
+    "and COMMIT for block 11 (its old index 0) count as V0[1]'s, the new primary"))
+def test_a_removed_validator_s_messages_held_before_the_change_never_count_after_it() -> None:
+    """V0[0] (primary of view 0, voted out in block 8) sends, before V0[2] has committed
+    block 8, a PRE-PREPARE and a COMMIT for block 11 (its own block), signed as replica 0,
+    which the genesis set accepts (V0[0] is replica 0 there, and the primary of view 0). The
+    PRE-PREPARE is beyond the pipeline (held in the future buffer), the COMMIT in the window
+    (stored in slot (0, 11)). V0[2] then commits 8, 9, 10 honestly, learns the change, and
+    the checkpoint at 10 installs the new set {V0[1], V0[2], V0[3]}, where replica 0 is
+    V0[1]. The held PRE-PREPARE is replayed unverified as the new primary's: V0[2] prepares
+    V0[0]'s block, and with V0[0]'s COMMIT (as V0[1]'s) has Q = 2 and commits it, while the
+    real new primary V0[1] proposes its own block 11 to V0[1], V0[3] (Q = 2 too): two honest
+    replicas commit different blocks at 11. With 5 -> 4 (Q = 3) one byzantine member of the
+    new set suffices with V0[0]'s messages; with the 4 -> 3 of REMOVED, none."""
+    driven = lagging(2)
+    forged = keccak(FORGED)
+    driven.receive(PrePrepare(0, C + 1, forged, 0), V0, (FORGED,))
+    driven.receive(Commit(0, C + 1, forged, 0), V0)
+    commit_through(driven, PASSED_AT)
+    driven.step(ScheduleChange(REMOVED, PASSED_AT))
+    commit_through(driven, C)
+    checkpoint_from(driven, (0, 1))
+    assert driven.replica.epochs.current.validators == REMOVED
+    assert not any(isinstance(a, CommitBlock) and a.seq_no == C + 1 and a.digest == forged
+                   for a in driven.actions), "committed the removed validator's block 11"
+    assert Prepare(0, C + 1, forged, 1) not in driven.sent(Prepare), (
+        "voted for the removed validator's block as the new primary's")
+
+
+# --- finding 2: a head claimed above the horizon, without a certificate ---------------------
+
+
+def _sync(peers: SyncPeers, delivered: list[object]) -> BlockSync:
+    status = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_watermark=40,
+                           primary=0, stable_checkpoint=0, last_executed=2, fetching=None,
+                           mode=Mode.NORMAL)
+    return BlockSync(peers, None, fixed_feed(CATCH_UP_SET),  # type: ignore[arg-type]
+                     deliver=delivered.append, replica_status=lambda: status,
+                     held_block=lambda n, d: None,
+                     chain_lock=asyncio.Lock(), poll_interval=1.0)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a lying peer's STATUS for a head above the feed's horizon (about K above ours) is "
+    "delivered as PeerCommitted with an EMPTY certificate (sync.py `_on_status`), which the "
+    "core's contract says carries a verified one; see the next test for what it costs"))
+def test_a_status_above_the_horizon_without_a_certificate_is_not_a_peer_s_commit() -> None:
+    """The node is at 5 (the fake context's head) and nothing changes the set: a peer
+    answers the STATUS request with head 10**9 and a garbage certificate; nothing about it
+    may reach the replica (below the horizon the same answer is refused: the certificate
+    does not verify)."""
+    peers, delivered = SyncPeers(), list[object]()
+    sync = _sync(peers, delivered)
+    sync.start()
+    peers.tick()  # progress seen
+    peers.tick()  # none since: every peer is asked where it is
+    sync.on_message(b"a" * 20, encode_sync(Status(10**9, keccak(b"lie"), b"garbage", b"")))
+    assert delivered == [], "an unproved head reached the replica"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HALT: PeerCommitted raises `peer_head` for good, whatever its certificate; a claimed "
+    "head that no fetch reaches keeps `_lagging()` true, so the request timer of every "
+    "replica the liar told never starts a view change: a crashed or censoring primary is "
+    "never replaced (one byzantine validator answering STATUS, f = 1)"))
+def test_an_unproved_head_does_not_stop_a_backup_from_changing_view() -> None:
+    driven = lagging(1, PASSED_AT)
+    driven.step(RequestReceived(keccak(b"a transfer")))
+    driven.step(PeerCommitted(10**9, keccak(b"lie"), b""))  # as _on_status delivers it
+    driven.step(FetchFailed(10**9))  # the liar serves nothing
+    driven.step(TimerFired(TimerKind.REQUEST, b""))
+    driven.step(FetchFailed(10**9))
+    driven.step(TimerFired(TimerKind.REQUEST, b""))
+    assert driven.sent(ViewChange), "the primary is never suspected"
+
+
+def test_without_the_lie_the_backup_changes_view() -> None:
+    """The control of the test above: the same backup, no claimed head, suspects the
+    primary at the first request timeout."""
+    driven = lagging(1, PASSED_AT)
+    driven.step(RequestReceived(keccak(b"a transfer")))
+    driven.step(TimerFired(TimerKind.REQUEST, b""))
+    assert driven.sent(ViewChange)
