@@ -12,11 +12,15 @@ validators V0 (K = 10, W = 2), a change passed in block 8, so the handover check
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from eth_hash.auto import keccak
+from eth_keys.datatypes import PrivateKey
 
 from pbft_engine.core import (
+    BlockBuilt,
     ChainHead,
     CommitBlock,
     FetchFailed,
@@ -29,18 +33,25 @@ from pbft_engine.core import (
     TimerFired,
     TimerKind,
 )
-from pbft_engine.messages import Commit, KeyVerifier, Prepare, PrePrepare, ViewChange
+from pbft_engine.core.epochs import EpochSchedule
+from pbft_engine.engine import PbftEngine
+from pbft_engine.epoch_feed import EpochFeed
+from pbft_engine.messages import Checkpoint, Commit, KeyVerifier, Prepare, PrePrepare, ViewChange
 from pbft_engine.sync import BlockSync
 from pbft_engine.sync_messages import Status, encode_sync
+from pbft_engine.validator_state import ValidatorStateFile
 from tests.unit.pbft.helpers import GENESIS, PARAMS, fixed_feed
 from tests.unit.pbft.test_pbft_catch_up import VALIDATORS as CATCH_UP_SET
 from tests.unit.pbft.test_pbft_catch_up import SyncPeers
-from tests.unit.pbft.test_pbft_epochs import KEYS, REMOVED, V0
+from tests.unit.pbft.test_pbft_epochs import KEYS, REMOVED, V0, scheduled
 from tests.unit.test_replica_handover import (
     PASSED_AT,
     Driven,
+    block,
     checkpoint_from,
     commit_through,
+    digest,
+    state,
 )
 
 C = 10
@@ -144,3 +155,61 @@ def test_without_the_lie_the_backup_changes_view() -> None:
     driven.step(RequestReceived(keccak(b"a transfer")))
     driven.step(TimerFired(TimerKind.REQUEST, b""))
     assert driven.sent(ViewChange)
+
+
+# --- finding 3: the removed validator restarted at c starts as an observer --------------------
+
+
+def _removed_primary_at_c() -> Driven:
+    """V0[0], voted out in block 8, proposed and committed 9 and 10 and sent its CHECKPOINT at
+    10; nobody else's reached it (the handover is not stable anywhere it knows of)."""
+    driven = lagging(0, PASSED_AT)
+    driven.step(ScheduleChange(REMOVED, PASSED_AT))
+    for n in (9, C):
+        driven.step(BlockBuilt(n, digest(n), block(n), ()))
+        for i in (1, 2):
+            driven.receive(Prepare(0, n, digest(n), i), V0)
+            driven.receive(Commit(0, n, digest(n), i), V0)
+    assert driven.replica.last_exec == C and driven.replica.stable_checkpoint < C
+    return driven
+
+
+def test_the_core_restored_at_c_keeps_the_removed_validator_s_handover_checkpoint() -> None:
+    """What held in the core: restored at head c with the schedule from state, the removed
+    validator is still a member of the old set and sends its CHECKPOINT at c again."""
+    driven = _removed_primary_at_c()
+    restored = Driven(Replica.restore(
+        PARAMS, None, KEYS[V0[0]], KeyVerifier(), ChainHead(C, digest(C)), driven.store,
+        block_digest=keccak, schedule=scheduled(REMOVED),
+        signing_bound=driven.replica.signing_bound))
+    assert restored.replica.mode is not Mode.LEFT
+    restored.step(TimerFired(TimerKind.RESEND, b""))
+    assert Checkpoint(C, digest(C), state(C), 0) in restored.sent(Checkpoint)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HALT while one other old member is down: the engine's start() decides 'observer' from "
+    "set_at(head + 1), so a removed validator restarted with head = c, before the checkpoint "
+    "at c is stable, follows as an observer and never sends its CHECKPOINT at c again; with "
+    "n = 5 -> 4 (Q = 4 of the old set at c) and one old member down (f = 1), the handover "
+    "never completes until that member returns (docs/epochs.md promises the resend until "
+    "c + 1 commits; the core's restore would keep it, the adapter never calls it)"))
+def test_a_removed_validator_restarted_at_c_still_votes_for_the_handover(
+        tmp_path: Path) -> None:
+    driven = _removed_primary_at_c()
+    key = PrivateKey(keccak(b"validator 0"))
+    assert key.public_key.to_canonical_address() == V0[0]
+    ValidatorStateFile(tmp_path, V0[0]).write(driven.replica.signing_bound)
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.engine_params = PARAMS
+    engine.store = driven.store  # type: ignore[assignment]
+    engine.context = SimpleNamespace(  # type: ignore[assignment]
+        head=lambda: SimpleNamespace(block_number=C, hash=digest(C)), validator_key=key,
+        datadir=tmp_path, fresh_validator=False)
+    engine.feed = EpochFeed(EpochSchedule.genesis(PARAMS), lambda h: scheduled(REMOVED))
+    engine.log = SimpleNamespace(warning=lambda *a: None)  # type: ignore[assignment]
+    roles: list[str] = []
+    engine._start_observer = lambda address: roles.append("observer")  # type: ignore[method-assign]
+    engine._run_replica = lambda replica: roles.append("validator")  # type: ignore[method-assign]
+    asyncio.run(engine.start())
+    assert roles == ["validator"], "restarted at c as an observer: its CHECKPOINT at c is lost"
