@@ -103,6 +103,22 @@ def test_a_removed_validator_s_messages_held_before_the_change_never_count_after
 
 
 
+def test_once_the_change_is_known_the_removed_validator_s_messages_above_c_are_refused() -> None:
+    """What held: the same PRE-PREPARE and COMMIT sent after block 8 committed here are
+    verified with the set of height 11 (replica 0 there is V0[1]) and dropped, so the finding
+    above is only the window before the change is known (which the attacker chooses)."""
+    driven = lagging(2)
+    commit_through(driven, PASSED_AT)
+    driven.step(ScheduleChange(REMOVED, PASSED_AT))
+    forged = keccak(FORGED)
+    driven.receive(PrePrepare(0, C + 1, forged, 0), V0, (FORGED,))
+    driven.receive(Commit(0, C + 1, forged, 0), V0)
+    assert driven.replica.dropped["SignatureError"] == 2
+    commit_through(driven, C)
+    checkpoint_from(driven, (0, 1))
+    assert Prepare(0, C + 1, forged, 1) not in driven.sent(Prepare)
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "HALT by the removed validator alone: its CHECKPOINT for a height of the next epoch, "
     "sent while the window still held that height and the change was not known, is kept by "
