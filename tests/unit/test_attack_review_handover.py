@@ -48,6 +48,7 @@ from pbft_engine.messages import (
     WireMessage,
 )
 from pbft_engine.peer_budget import PeerBudget
+from pbft_engine.record_store import MemoryConsensusStore
 from pbft_engine.sync import BlockSync
 from pbft_engine.sync_messages import Status, encode_sync
 from pbft_engine.validator_state import ValidatorStateFile
@@ -347,3 +348,30 @@ def test_the_handover_through_the_adapter_before_c_is_committed_there() -> None:
     "Q of the OLD set; no restart needed, only V0[0] executing c after this replica"))
 def test_the_removed_validator_s_checkpoint_at_c_reaches_a_replica_that_committed_c() -> None:
     assert _handover_through_the_adapter(head=C) == C
+
+
+# --- finding 5: an added validator restarted at c, before it joined --------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "an added validator whose node stops with head = c before `_join` ran (the observer "
+    "stops importing at c, `_handover_to_join`, and joins from a spawned task) does not "
+    "start again: start() sees its key in set_at(c + 1) and calls Replica.restore on an "
+    "empty consensus store, which raises LostRecordsError ('start it once with "
+    "--fresh-validator'); it never voted, so it should join at c as `_join` does"))
+def test_an_added_validator_restarted_at_c_before_joining_starts(tmp_path: Path) -> None:
+    key = PrivateKey(keccak(b"newcomer 0"))
+    assert key.public_key.to_canonical_address() == ADDED[4]
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.engine_params = PARAMS
+    engine.store = MemoryConsensusStore()  # type: ignore[assignment]
+    engine.context = SimpleNamespace(  # type: ignore[assignment]
+        head=lambda: SimpleNamespace(block_number=C, hash=digest(C)), validator_key=key,
+        datadir=tmp_path, fresh_validator=False)
+    engine.feed = EpochFeed(EpochSchedule.genesis(PARAMS), lambda h: scheduled(ADDED))
+    engine.log = SimpleNamespace(warning=lambda *a: None)  # type: ignore[assignment]
+    roles: list[str] = []
+    engine._start_observer = lambda address: roles.append("observer")  # type: ignore[method-assign]
+    engine._run_replica = lambda replica: roles.append("validator")  # type: ignore[method-assign]
+    asyncio.run(engine.start())
+    assert roles == ["validator"]
