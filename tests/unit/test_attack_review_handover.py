@@ -286,23 +286,30 @@ def test_the_core_restored_at_c_keeps_the_removed_validator_s_handover_checkpoin
     "c + 1 commits; the core's restore would keep it, the adapter never calls it)"))
 def test_a_removed_validator_restarted_at_c_still_votes_for_the_handover(
         tmp_path: Path) -> None:
+    assert PrivateKey(keccak(b"validator 0")).public_key.to_canonical_address() == V0[0]
     driven = _removed_primary_at_c()
-    key = PrivateKey(keccak(b"validator 0"))
-    assert key.public_key.to_canonical_address() == V0[0]
     ValidatorStateFile(tmp_path, V0[0]).write(driven.replica.signing_bound)
+    roles = _role_at_start(tmp_path, b"validator 0", scheduled(REMOVED), driven.store)
+    assert roles == ["validator"], "restarted at c as an observer: its CHECKPOINT at c is lost"
+
+
+def _role_at_start(datadir: Path, seed: bytes, schedule: EpochSchedule,
+                   store: MemoryConsensusStore) -> list[str]:
+    """What the engine starts as (`PbftEngine.start`) at head c, with key keccak(seed), the
+    schedule committed state gives and the consensus store left from before."""
     engine = PbftEngine.__new__(PbftEngine)
     engine.engine_params = PARAMS
-    engine.store = driven.store  # type: ignore[assignment]
+    engine.store = store  # type: ignore[assignment]
     engine.context = SimpleNamespace(  # type: ignore[assignment]
-        head=lambda: SimpleNamespace(block_number=C, hash=digest(C)), validator_key=key,
-        datadir=tmp_path, fresh_validator=False)
-    engine.feed = EpochFeed(EpochSchedule.genesis(PARAMS), lambda h: scheduled(REMOVED))
+        head=lambda: SimpleNamespace(block_number=C, hash=digest(C)),
+        validator_key=PrivateKey(keccak(seed)), datadir=datadir, fresh_validator=False)
+    engine.feed = EpochFeed(EpochSchedule.genesis(PARAMS), lambda h: schedule)
     engine.log = SimpleNamespace(warning=lambda *a: None)  # type: ignore[assignment]
     roles: list[str] = []
     engine._start_observer = lambda address: roles.append("observer")  # type: ignore[method-assign]
     engine._run_replica = lambda replica: roles.append("validator")  # type: ignore[method-assign]
     asyncio.run(engine.start())
-    assert roles == ["validator"], "restarted at c as an observer: its CHECKPOINT at c is lost"
+    return roles
 
 
 # --- finding 4: the adapter drops the removed validator's CHECKPOINT at c ---------------------
@@ -360,18 +367,6 @@ def test_the_removed_validator_s_checkpoint_at_c_reaches_a_replica_that_committe
     "empty consensus store, which raises LostRecordsError ('start it once with "
     "--fresh-validator'); it never voted, so it should join at c as `_join` does"))
 def test_an_added_validator_restarted_at_c_before_joining_starts(tmp_path: Path) -> None:
-    key = PrivateKey(keccak(b"newcomer 0"))
-    assert key.public_key.to_canonical_address() == ADDED[4]
-    engine = PbftEngine.__new__(PbftEngine)
-    engine.engine_params = PARAMS
-    engine.store = MemoryConsensusStore()  # type: ignore[assignment]
-    engine.context = SimpleNamespace(  # type: ignore[assignment]
-        head=lambda: SimpleNamespace(block_number=C, hash=digest(C)), validator_key=key,
-        datadir=tmp_path, fresh_validator=False)
-    engine.feed = EpochFeed(EpochSchedule.genesis(PARAMS), lambda h: scheduled(ADDED))
-    engine.log = SimpleNamespace(warning=lambda *a: None)  # type: ignore[assignment]
-    roles: list[str] = []
-    engine._start_observer = lambda address: roles.append("observer")  # type: ignore[method-assign]
-    engine._run_replica = lambda replica: roles.append("validator")  # type: ignore[method-assign]
-    asyncio.run(engine.start())
+    assert PrivateKey(keccak(b"newcomer 0")).public_key.to_canonical_address() == ADDED[4]
+    roles = _role_at_start(tmp_path, b"newcomer 0", scheduled(ADDED), MemoryConsensusStore())
     assert roles == ["validator"]
