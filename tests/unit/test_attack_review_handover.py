@@ -25,6 +25,8 @@ from pbft_engine.core import (
     BlockBuilt,
     ChainHead,
     CommitBlock,
+    FetchCommitted,
+    FetchCompleted,
     FetchFailed,
     Mode,
     PeerCommitted,
@@ -46,6 +48,7 @@ from pbft_engine.messages import (
     PrePrepare,
     ViewChange,
     WireMessage,
+    encode_commit_certificate,
 )
 from pbft_engine.peer_budget import PeerBudget
 from pbft_engine.record_store import MemoryConsensusStore
@@ -190,6 +193,25 @@ def _stable_in_the_new_epoch(forged: tuple[int, ...]) -> int:
     checkpoint_from(driven, (0, 2), seq_no=2 * C, epoch_set=new_set)
     return driven.replica.stable_checkpoint
 
+
+
+def test_two_queued_changes_caught_up_past_in_one_fetch_install_the_second() -> None:
+    """What held: P4 added in block 8 (c = 10), V0[0] removed in block 9 (FIFO: c = 20); a
+    replica still at 7 hears both, then one fetch takes it to 25 on a certificate of the
+    second set: epoch 2 is installed, its index is that set's, its window starts at 25."""
+    second = ADDED[1:]
+    driven = lagging(2)
+    driven.step(ScheduleChange(ADDED, PASSED_AT))
+    driven.step(ScheduleChange(second, PASSED_AT + 1))
+    assert driven.replica.epochs.schedule.epochs[2].first == 2 * C + 1
+    certificate = encode_commit_certificate(
+        signed(Commit(0, 25, digest(25), i), second) for i in (0, 1, 2))
+    assert any(isinstance(a, FetchCommitted) and a.target_seq_no == 25
+               for a in driven.step(PeerCommitted(25, digest(25), certificate)))
+    driven.step(FetchCompleted(25, digest(25), state(25), ()))
+    replica = driven.replica
+    assert (replica.epochs.current.number, replica.me) == (2, second.index(V0[2]))
+    assert (replica.low_watermark, replica.high_watermark) == (25, 65)
 
 # --- finding 2: a head claimed above the horizon, without a certificate ---------------------
 
