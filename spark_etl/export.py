@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 
 from spark_etl import schemas
 from spark_etl.audit.context import ValidatorSet
+from spark_etl.audit.validators import ADDRESS
 from spark_etl.epochs import claimed_epochs, epoch_row
 from spark_etl.errors import EtlError, ExtractError, UsageError
 from spark_etl.head_anchor import check_head
@@ -31,6 +32,7 @@ from spark_etl.rpc import JsonRpcClient, RetryPolicy
 from spark_etl.source import (
     DEFAULT_BATCH_BLOCKS,
     DEFAULT_PARTITION_BLOCKS,
+    MAX_VIEWS,
     ReadOptions,
     Span,
     fetch_span,
@@ -84,7 +86,12 @@ class NodeInfo:
     genesis_hash: str
     validators: tuple[str, ...]
     head: int
-    view: int
+    # pbft_status's view; None for an observer, which names none (a validator voted out
+    # that now observes still serves the view changes of its time: `export_consensus_records`)
+    view: int | None
+    # pbft_status's `validator`: the node's own address while it is a validator; None for an
+    # observer (checkpoint-missing asks a validator voted in only for its own epochs' proofs)
+    address: str | None = None
 
 
 def _number(value: Any, what: str) -> int:
@@ -126,10 +133,24 @@ def _node_info(url: str, answers: list[Any]) -> NodeInfo:
             genesis_hash=str(genesis["hash"]).lower(),
             validators=tuple(str(v).lower() for v in validators),
             head=_number(head, "eth_blockNumber"),
-            view=_number(status["view"], "pbft_status view"),
+            view=_optional(status.get("view"), "pbft_status view"),
+            address=_address(status.get("validator")),
         )
-    except (TypeError, KeyError) as exc:  # an answer of the wrong shape (null, no field)
+    except (TypeError, KeyError, AttributeError) as exc:  # the wrong shape (null, no field)
         raise ExtractError(f"a malformed answer about the node ({exc!r})") from None
+
+
+def _optional(value: Any, what: str) -> int | None:
+    return None if value is None else _number(value, what)
+
+
+def _address(value: Any) -> str | None:
+    """pbft_status's `validator` (absent on an observer), lower-case."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not ADDRESS.match(value):
+        raise TypeError(f"pbft_status validator {value!r} is not an address")
+    return value.lower()
 
 
 def check_same_chain(infos: list[NodeInfo], progress: Progress) -> None:
@@ -435,6 +456,7 @@ def manifest_rows(counts: list[dict[str, Any]], infos: dict[str, NodeInfo], rang
             "chain_id": info.chain_id,
             "genesis_hash": info.genesis_hash,
             "validators": list(info.validators),
+            "validator": info.address,
             "exported_at": now,
         }
         rows.append(tuple(values[n] for n in schemas.EXPORT_MANIFEST.schema.names))
@@ -625,8 +647,11 @@ def export_epochs(spark: SparkSession, options: ExportOptions, infos: list[NodeI
 
 def export_consensus_records(spark: SparkSession, options: ExportOptions,
                              infos: list[NodeInfo]) -> None:
-    """view_changes and evidence: each node's whole record, one task per node."""
-    nodes = tuple((info.url, info.view) for info in infos)
+    """view_changes and evidence: each node's whole record, one task per node. An observer
+    names no view: its view changes (a validator voted out keeps those of its time) are
+    asked for up to the first page without one (`source.NodeReader`)."""
+    nodes = tuple((info.url, MAX_VIEWS - 1 if info.view is None else info.view)
+                  for info in infos)
     for table in (schemas.VIEW_CHANGES, schemas.EVIDENCE):
         frame: DataFrame = (
             spark.read.format("pbft_chain")

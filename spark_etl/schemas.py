@@ -267,6 +267,8 @@ EXPORT_MANIFEST = _table(
     Column("chain_id", LONG, "the node's eth_chainId"),
     Column("genesis_hash", STRING, "hash of the node's block 0"),
     Column("validators", ArrayType(STRING), "the node's pbft_getValidators, in replica order"),
+    Column("validator", STRING, "the node's own address, as its pbft_status names it while it "
+                                "is a validator (`validator`); null for an observer"),
     Column("blocks", LONG, "rows written to blocks for the range"),
     Column("transactions", LONG, "rows written to transactions"),
     Column("receipts", LONG, "rows written to receipts"),

@@ -120,6 +120,14 @@ class ValidatorSet:
     def contains(self, address: Column, height: Column | None = None) -> Column:
         return self._at(height, lambda s: address.isin(list(s)))
 
+    def first_member_height(self, address: Column) -> Column:
+        """The first block of the first epoch whose set counts `address`; null for an
+        address no epoch counts."""
+        column = F.lit(None).cast("long")
+        for first, addresses in reversed(self.epochs()):  # the earliest epoch is tested first
+            column = F.when(address.isin(list(addresses)), F.lit(first)).otherwise(column)
+        return column
+
 
 # Up to this many bytes of exported tables (Parquet, as Spark's planner estimates them: the
 # files' sizes), the audit runs each table in one partition: its plans then need few

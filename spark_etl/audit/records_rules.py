@@ -149,7 +149,10 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
     names (in its checkpoints, or as a VIEW-CHANGE's stable checkpoint), that the export
     proves stable (`proven_stable`). The protocol does not make every multiple stable:
     one that no Q validators ever signed alike (a replica of exactly Q live ones fetched the
-    blocks past it) is stable nowhere, and is not required. Skipped without K."""
+    blocks past it) is stable nowhere, and is not required. A validator voted in is asked
+    only for the multiples from the first block of its first epoch on (`_joined`): as an
+    observer it collected no CHECKPOINTs, and the handover checkpoint is the old set's.
+    Skipped without K."""
     interval = audit.validators.checkpoint_interval
     if interval is None:
         return no_violations(audit)
@@ -168,9 +171,10 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
         data.view_changes.select("node", F.col("stable_seq_no").alias("reached")),
     ).groupBy("node").agg(F.max("reached").alias("reached"))
     k = F.lit(interval).cast("long")
-    start = F.greatest(k, F.ceil(F.col("first") / k) * k)
+    start = F.greatest(k, F.ceil(F.col("first") / k) * k,
+                       F.ceil(F.coalesce(F.col("joined"), F.lit(1)) / k) * k)
     stop = F.least(F.col("last"), F.col("reached"))
-    expected = exported.join(reached, "node").select(
+    expected = exported.join(reached, "node").join(_joined(audit), "node", "left").select(
         "node", "reached",
         F.explode(F.when(start <= stop, F.sequence(start, stop, k))).alias("block_number"),
     )
@@ -193,6 +197,19 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
         F.format_string("the node serves Q validators' matching CHECKPOINTs for %d but says "
                         "it is not stable", "block_number"),
     ))
+
+
+def _joined(audit: Audit) -> DataFrame:
+    """(node, joined): the first block of the first epoch that counts the address the node
+    named as its own to the export (the manifest's `validator`); 1 for a genesis member, an
+    address no epoch counts or a node that named none (an observer). The node's word: one
+    that names another member's address escapes checkpoint-missing below that member's
+    first epoch, and nothing else (its blocks and certificates are checked all the same).
+    Of several addresses (exports at different times), the earliest member's."""
+    named = F.col("validator")
+    first = F.coalesce(audit.validators.first_member_height(named), F.lit(1))
+    return audit.data.export_manifest.where(named.isNotNull()).groupBy("node").agg(
+        F.min(first).alias("joined"))
 
 
 def _proven_by_node(audit: Audit) -> DataFrame:

@@ -1,7 +1,8 @@
 """A JSON-RPC server on 127.0.0.1 that serves a ServedChain the way a PBFT node does (the
 methods the ETL calls), with faults on demand: HTTP 503 for blocks from some number on, or
-for the next few requests, or a reported head (eth_blockNumber) of its choosing. It counts
-which blocks were fetched."""
+for the next few requests, or a reported head (eth_blockNumber) of its choosing; its
+pbft_status is a validator's or one set (an observer's). It counts which blocks were
+fetched."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ class FakeNode:
         self.fail_next = 0  # this many next requests get HTTP 503
         # eth_blockNumber's next answers, the last one repeated (empty: the chain's head)
         self.heads: list[int] = []
+        # pbft_status's answer: a validator's fields the ETL reads by default
+        self.status: dict[str, Any] = {"engine": "pbft", "role": "validator", "view": 1,
+                                       "epoch": 0, "mode": "normal"}
         self.requests = 0
         self.fetched: Counter[int] = Counter()  # eth_getBlockByNumber(n, true) per block
         self._lock = threading.Lock()
@@ -61,7 +65,7 @@ class FakeNode:
             "pbft_getValidators": lambda: chain.set_at(chain.head + 1).addresses,
             "pbft_getEpoch": lambda n: chain.epoch_of(int(n, 16)),
             "pbft_getValidatorsByBlockNumber": lambda n: chain.set_at(int(n, 16)).addresses,
-            "pbft_status": lambda: {"engine": "pbft", "view": 1, "mode": "normal"},
+            "pbft_status": lambda: self.status,
             "pbft_getViewChanges": lambda a, b: [
                 v for v in chain.view_changes if int(v["view"], 16) in self._in_range(a, b)
             ],

@@ -1,8 +1,11 @@
 """The audit across validator-set changes: a real chain whose validators vote a fifth member
 in (it decides from block 11) and then a genesis member out (from block 16), every block
 certified by its own height's set and committing in extraData to the next height's. Honest:
-sound, the epochs reported. Lies: a node's epochs that the headers do not commit to, a
-certificate of the old set above the handover, a change hidden from the epochs table."""
+sound, the epochs reported, exported with --genesis from a validator, an observer and the
+validator voted in (which holds no stable checkpoint from before it joined). Lies: a node's
+epochs that the headers do not commit to, a certificate of the old set above the handover,
+a change hidden from the epochs table, a checkpoint missing from the added validator's own
+epochs."""
 
 from __future__ import annotations
 
@@ -11,8 +14,10 @@ import dataclasses
 import io
 import json
 from contextlib import redirect_stdout
+from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
@@ -21,6 +26,7 @@ from pbft_engine.messages import KeySigner
 from spark_etl.audit import Audit, ValidatorSet, find_violations
 from spark_etl.audit.consensus_rules import certificates
 from spark_etl.audit.epoch_rules import extra_data
+from spark_etl.audit.records_rules import checkpoint_missing
 from spark_etl.audit.validators import resolve_validators
 from spark_etl.tables import Dataset
 from tests.etl.chain_factory import (
@@ -32,8 +38,9 @@ from tests.etl.chain_factory import (
     certificate_json,
     commits_for,
 )
-from tests.etl.conftest import NODE_A, Tables, dataset, export_rows
+from tests.etl.conftest import NODE_A, NODE_B, Tables, dataset, export_rows
 from tests.etl.fake_node import serving
+from tests.etl.test_audit_anchor import write_genesis
 
 GENESIS = Validators()
 ADDED = KeySigner(b"\x05" * 32)
@@ -42,11 +49,24 @@ THIRD = Validators([*GENESIS.signers[1:], ADDED])  # validator 0 voted out
 SCHEDULE = [(1, GENESIS), (11, SECOND), (16, THIRD)]
 OUTSIDERS = Validators([KeySigner(bytes([0x70 + i]) * 32) for i in range(5)])
 GENESIS_SET = ValidatorSet(tuple(GENESIS.addresses), CHAIN_ID, CHECKPOINT_INTERVAL)
+ADDED_ADDRESS = "0x" + ADDED.address.hex()
+# pbft_status of an observer (pbft_engine.engine: no view, no validator address)
+OBSERVER_STATUS = {"engine": "pbft", "role": "observer", "epoch": 2, "lastExecuted": 22,
+                   "mode": "following", "checkpointInterval": CHECKPOINT_INTERVAL}
 
 
 @pytest.fixture(scope="module")
 def epoch_chain(tmp_path_factory: pytest.TempPathFactory) -> ServedChain:
-    return build_chain(tmp_path_factory.mktemp("epochs"), SCHEDULE, empty_blocks=7)
+    """Blocks 1..22: stable checkpoints at 5 and 10 (the genesis set's), 15 (the second
+    set's: the added validator's first) and 20."""
+    return build_chain(tmp_path_factory.mktemp("epochs"), SCHEDULE, empty_blocks=12)
+
+
+def without_checkpoints(chain: ServedChain, *numbers: int) -> ServedChain:
+    """`chain` served without the stable checkpoints at `numbers`."""
+    payloads = [dataclasses.replace(p, checkpoints=[]) if n in numbers else p
+                for n, p in enumerate(chain.payloads)]
+    return dataclasses.replace(chain, payloads=payloads)
 
 
 def trusted(data: Dataset) -> ValidatorSet:
@@ -64,27 +84,46 @@ def found(spark: SparkSession, tables: Tables) -> set[tuple[str, int | None]]:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """`pbft-etl run --trust-node` of a node serving the chain: status, report, page."""
+    """`pbft-etl run` of nodes serving the chain: status, report, page, the nodes by role
+    and the export's directory."""
 
     code: int
     report: dict[str, Any]
     page: str
+    nodes: dict[str, str]  # role -> URL
+    out: Path
 
 
 @pytest.fixture(scope="module")
 def honest(spark: SparkSession, epoch_chain: ServedChain,
            tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """Exported from a node (its epochs too) and audited, in one command."""
+    """Exported from three nodes (their epochs too) and audited against the genesis, in one
+    command: a genesis validator, an observer (pbft_status without view or address) and the
+    validator voted in, which was an observer until block 10 and so holds no stable
+    checkpoint below 11 (the handover checkpoint 10 is the genesis set's)."""
     directory = tmp_path_factory.mktemp("run")
     report, page = directory / "report.json", directory / "audit.html"
-    with serving(epoch_chain) as node, redirect_stdout(io.StringIO()):
-        code = main(["run", "--rpc", node.url, "--out", str(directory / "out"),
-                     "--trust-node", "--report", str(report), "--html", str(page)])
-    return Run(code, json.loads(report.read_text()), page.read_text())
+    genesis = write_genesis(epoch_chain, directory / "genesis.json")
+    with (serving(epoch_chain) as validator, serving(epoch_chain) as observer,
+          serving(without_checkpoints(epoch_chain, 5, 10)) as added,
+          redirect_stdout(io.StringIO())):
+        observer.status = OBSERVER_STATUS
+        added.status = {**added.status, "validator": ADDED_ADDRESS, "epoch": 2}
+        nodes = {"validator": validator.url, "observer": observer.url, "added": added.url}
+        code = main(["run", "--rpc", ",".join(nodes.values()), "--out", str(directory / "out"),
+                     "--genesis", str(genesis), "--report", str(report), "--html", str(page)])
+    return Run(code, json.loads(report.read_text()), page.read_text(), nodes,
+               directory / "out")
 
 
 def test_an_honest_chain_across_two_set_changes_is_sound(honest: Run) -> None:
     assert honest.code == 0, honest.report["violations"]
+    # the observer is exported and audited, and each node's own address recorded
+    assert set(honest.report["nodes"]) == set(honest.nodes.values())
+    manifest = pq.read_table(honest.out / "export_manifest").to_pylist()
+    named = {(row["node"], row["validator"]) for row in manifest}
+    assert named == {(honest.nodes["validator"], None), (honest.nodes["observer"], None),
+                     (honest.nodes["added"], ADDED_ADDRESS)}
     assert [(e["epoch"], e["first_block"], e["last_block"], e["n"], e["quorum"])
             for e in honest.report["epochs"]] == [(0, 1, 10, 4, 3), (1, 11, 15, 5, 4),
                                                   (2, 16, None, 4, 3)]
@@ -129,5 +168,23 @@ def test_a_change_hidden_from_the_epochs_table_is_caught_at_the_committing_block
     caught = found(spark, tables)
     # block 15 commits to the third set, and so do 16 and 17; the third set's certificates
     # do not count for the second
-    assert {b for rule, b in caught if rule == "extra-data"} == {15, 16, 17}
+    assert {b for rule, b in caught if rule == "extra-data"} == set(range(15, 23))
     assert {("certificate-quorum", 16), ("certificate-quorum", 17)} <= caught
+
+
+def test_a_validator_voted_in_must_hold_the_stable_checkpoints_of_its_own_epochs(
+    spark: SparkSession, epoch_chain: ServedChain,
+) -> None:
+    """Node A names the added validator's address and serves no stable checkpoint at 5, 10
+    or 15, only 20: 15, in its first epoch, is missing (5 and 10 are not its to hold). Node
+    B names no address (an observer) and lacks 5: missing, as for any node."""
+    tables = copy.deepcopy(export_rows(epoch_chain, (NODE_A, NODE_B)))
+    dropped = {NODE_A: {5, 10, 15}, NODE_B: {5}}
+    tables["checkpoints"] = [row for row in tables["checkpoints"]
+                             if row["seq_no"] not in dropped[row["node"]]]
+    for row in tables["export_manifest"]:
+        row["validator"] = ADDED_ADDRESS if row["node"] == NODE_A else None
+    data = dataset(spark, tables)
+    violations = find_violations(Audit(data, trusted(data)), (checkpoint_missing,))
+    assert {(v.rule, v.node, v.block_number) for v in violations} == {
+        ("checkpoint-missing", NODE_A, 15), ("checkpoint-missing", NODE_B, 5)}
