@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, assert_never
 
+from eth.abc import BlockHeaderAPI
+
 from chain.blockchain import ExecutedBlock, block_hash_of, committed_block
 from chain.engine import ConsensusEngine, EngineContext, InvalidParams, RpcHandler, TimerHandle
 from chain.errors import BlockValidationError, EngineError, FalseBodyError, StaleParentError
@@ -55,7 +57,7 @@ from pbft_engine.core import (
     ValidateBlock,
 )
 from pbft_engine.core.epochs import EpochSchedule
-from pbft_engine.core.records import StoreName, u64
+from pbft_engine.core.records import META_STATE, StoreName, u64
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.epoch_feed import EpochFeed
 from pbft_engine.errors import ConfigError, LostRecordsError, PbftError, StoreError
@@ -158,8 +160,13 @@ class PbftEngine(ConsensusEngine):
         self.feed.refresh(head.block_number, head.hash)
         key = self.context.validator_key
         address = key.public_key.to_canonical_address() if key is not None else None
-        if key is None or address not in self.feed.schedule.set_at(head.block_number + 1):
-            self._start_observer(address)
+        deciding = self.feed.schedule.set_at(head.block_number)
+        if key is None or address not in {*deciding,
+                                          *self.feed.schedule.set_at(head.block_number + 1)}:
+            self._start_observer(address)  # (a validator voted out at c still votes for c)
+            return
+        if address not in deciding and self.store.get(StoreName.META, META_STATE) is None:
+            self._run_replica(self._joined_replica(head))  # stopped at c, before it joined
             return
         self.state_file = ValidatorStateFile(self.context.datadir, address)
         try:
@@ -205,12 +212,16 @@ class PbftEngine(ConsensusEngine):
         """This observer's address decides the next height: the handover checkpoint c that
         installed its epoch is committed here, so it votes from c + 1 (`Replica.join`), in
         the view of c's commit certificate (views stay monotonic across epochs)."""
-        key = self.context.validator_key
-        assert key is not None and self.observer is not None
-        address = key.public_key.to_canonical_address()
+        assert self.observer is not None
         await self.observer.stop()
         self.observer = None
-        head = self.context.head()
+        self._run_replica(self._joined_replica(self.context.head()))
+
+    def _joined_replica(self, head: BlockHeaderAPI) -> Replica:
+        """The replica of a validator added by a vote, at `head` = c (`Replica.join`)."""
+        key = self.context.validator_key
+        assert key is not None
+        address = key.public_key.to_canonical_address()
         self.state_file = ValidatorStateFile(self.context.datadir, address)
         certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(head.block_number))
         view = decode_commit_certificate(certificate)[0].body.view if certificate else 0
@@ -220,7 +231,7 @@ class PbftEngine(ConsensusEngine):
             schedule=self.feed.schedule, view=view, signing_bound=self.state_file.read())
         self.log.info("joined the validator set of epoch %d at block %d, as validator 0x%s",
                       replica.epochs.current.number, head.block_number + 1, address.hex())
-        self._run_replica(replica)
+        return replica
 
     def _joins_now(self) -> bool:
         """An observer whose key is in the set that decides the block after its head."""

@@ -65,8 +65,10 @@ class EpochFeed:
         return self.schedule.set_at(height)
 
     def members(self) -> frozenset[bytes]:
-        """Every validator of the epochs from the head on: the peers believed and heard."""
-        first = self.schedule.epoch_at(self.head + 1).number
+        """Every validator of the epochs from the head's on: the peers believed and heard (the
+        head's own: a validator voted out still sends its CHECKPOINT at the handover
+        checkpoint c to those that committed c before it, and the handover needs it)."""
+        first = self.schedule.epoch_at(self.head).number
         return frozenset(v for e in self.schedule.epochs[first:] for v in e.validators)
 
     def next_set_hash(self, height: int) -> bytes | None:

@@ -158,6 +158,7 @@ class BlockSync:
         self._request_ids = itertools.count(1)
         self._pending: dict[int, tuple[bytes, asyncio.Future[Blocks]]] = {}
         self._status_asked: set[bytes] = set()
+        self._proving = False  # a head above the horizon is being proved (`_prove_horizon`)
         self._serving: set[bytes] = set()  # one range served at a time per peer
         self._tasks = BackgroundTasks()
         self._poll: TimerHandle | None = None
@@ -271,9 +272,10 @@ class BlockSync:
             return
         validators = self.feed.set_at(status.head_number)
         if validators is None:
-            # Above what committed state can tell (a set may change before it): only a
-            # fetch target, whose every block is verified with its own set on the way.
-            self.deliver(PeerCommitted(status.head_number, status.head_hash, b""))
+            # Above what committed state can tell (a set may change before it), its
+            # certificate cannot be checked: ask that peer for the certified block at the
+            # horizon instead, and believe only that (then catch up to it, and go on).
+            self._prove_horizon(sender)
             return
         try:
             verify_commit_certificate(
@@ -284,6 +286,31 @@ class BlockSync:
                         sender.hex(), status.head_number, exc)
             return
         self.deliver(PeerCommitted(status.head_number, status.head_hash, status.certificate))
+
+    def _prove_horizon(self, peer: bytes) -> None:
+        """One at a time: the block at the feed's horizon and its certificate, from `peer`
+        (a head above the horizon implies it holds it); a peer that cannot serve it proved
+        nothing, one that serves a false one is counted."""
+        if self._proving:
+            return
+        self._proving = True
+        self._tasks.spawn(self._horizon_from(peer, self.feed.horizon), "proving a head")
+
+    async def _horizon_from(self, peer: bytes, horizon: int) -> None:
+        try:
+            block, certificate = (await self._request(peer, horizon, 1)).blocks[0]
+            block_hash = certified_block_hash(
+                block, certificate, number=horizon, validators=self._set_at(horizon),
+                chain_id=self.context.chain_id)
+        except PeerLied as exc:
+            self._failed_peer(peer, horizon, exc)
+            return
+        except SyncError:
+            return
+        finally:
+            self._proving = False
+        if horizon > self.replica_status().last_executed:
+            self.deliver(PeerCommitted(horizon, block_hash, certificate))
 
     def _offer_new_view(self, data: bytes, view: int) -> None:
         """A NEW-VIEW for a view above ours goes to the replica, which verifies it."""
