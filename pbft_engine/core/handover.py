@@ -66,6 +66,23 @@ def owes_block(schedule: EpochSchedule, top: int) -> bool:
     return top < end
 
 
+def awaits_primary(replica: Replica) -> bool:
+    """What a backup times the primary for with its request timer: requests waiting, or a
+    block the primary owes to the handover (`owes_block`, from the head executed here).
+    Without the latter, a primary that does not bring the boundary (faulty, or in a view
+    change of its own) is never replaced, and the handover stalls for good (membership
+    seed 202 at N = 4)."""
+    return bool(replica.requests) or owes_block(replica.epochs.schedule, replica.last_exec)
+
+
+def retime_primary(replica: Replica) -> None:
+    """The request timer starts over (a new view, a committed block): armed again while
+    the backup still waits on the primary (`awaits_primary`), cancelled otherwise."""
+    replica._cancel_request_timer()
+    if awaits_primary(replica):
+        replica._arm_request_timer()
+
+
 def joining_checkpoint(schedule: EpochSchedule, address: bytes, head: int) -> int:
     """The handover checkpoint at which a validator that followed the chain up to `head`
     joins: that of the epoch deciding head + 1, which must count `address` among its
@@ -106,6 +123,8 @@ def schedule_change(replica: Replica, event: ScheduleChange) -> None:
         replica._alarm("schedule", str(exc))
         return
     install(replica)  # a catch-up may have executed past its handover already
+    if replica.active and not replica.request_timer_armed:
+        retime_primary(replica)  # the backups time the blocks it owes up to the handover
     replica._maybe_propose()  # the primary's blocks up to the handover
 
 

@@ -53,6 +53,7 @@ from pbft_engine.core.events import (
 from pbft_engine.core.handover import (
     adopt_view_change_checkpoint,
     awaiting_handover,
+    awaits_primary,
     before_installed,
     beyond_handover,
     complete_proof,
@@ -63,6 +64,7 @@ from pbft_engine.core.handover import (
     joining_checkpoint,
     left_action,
     owes_block,
+    retime_primary,
     schedule_change,
     take_installed,
 )
@@ -502,7 +504,7 @@ class Replica:
         self.requests.pop(event.tx_hash, None)
         if oldest == event.tx_hash:
             self._new_oldest()
-        if not self.requests:
+        if not awaits_primary(self):
             self._cancel_request_timer()
 
     def _oldest_request(self) -> bytes | None:
@@ -528,7 +530,7 @@ class Replica:
         for tx_hash in committed:
             self.requests.pop(tx_hash, None)
         if not self.requests:
-            self._cancel_request_timer()
+            retime_primary(self)  # a block committed: progress on one owed to the handover
             return
         if oldest not in self.requests:
             self._new_oldest()
@@ -545,7 +547,7 @@ class Replica:
         responsible for (the build, the messages, the others' votes), never this replica's
         own execution, and it stops restarting once commits keep passing over the oldest
         waiting request."""
-        if self.requests and self.active and self.passed_over <= MAX_PASSED_OVER:
+        if awaits_primary(self) and self.active and self.passed_over <= MAX_PASSED_OVER:
             self._arm_request_timer()
 
     def _arm_request_timer(self) -> None:
@@ -578,13 +580,13 @@ class Replica:
     def _on_timer(self, event: TimerFired) -> None:
         if event.kind is TimerKind.REQUEST:
             self.request_timer_armed = False
-            if self.requests and self.active and self._lagging():
+            if awaits_primary(self) and self.active and self._lagging():
                 # The lag is ours, not the primary's, and the peers may well have committed
                 # these requests already. A lone VIEW-CHANGE here would leave this replica
                 # waiting in view v+1 until the others change view.
                 self._arm_request_timer()
                 self._catch_up()
-            elif self.requests and self.active and self.me != self.primary:
+            elif awaits_primary(self) and self.active and self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")
         elif event.kind is TimerKind.RELAY:
             if self.request_timer_armed and self.requests and self.active:
@@ -1483,9 +1485,7 @@ class Replica:
         self._new_oldest()  # the new primary gets the whole bound again
         self._arm_trailing_block()
         self.relayed = set()  # and every waiting request
-        self._cancel_request_timer()  # armed in the old view; a new primary times no one
-        if self.requests:
-            self._arm_request_timer()
+        retime_primary(self)  # armed in the old view; a new primary times no one
         self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= self.view}
         self._replay_future()
         self._advance()

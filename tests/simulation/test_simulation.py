@@ -318,7 +318,7 @@ def test_a_replica_restarted_in_a_view_change_executes_what_it_holds_certified()
 # --- membership seeds that found gaps in the handover (issue 31, fixed with it) -------------
 
 
-@pytest.mark.parametrize(("seed", "n"), [(32, 5), (172, 9)])
+@pytest.mark.parametrize(("seed", "n"), [(32, 5), (172, 9), (202, 4), (382, 6)])
 def test_membership_seeds_that_found_handover_gaps(seed: int, n: int) -> None:
     """Seed 32 at N = 5: a replica caught up past the handover checkpoint (its own stable
     checkpoint below it, so its VIEW-CHANGE would be the old epoch's) and the view change
@@ -326,5 +326,9 @@ def test_membership_seeds_that_found_handover_gaps(seed: int, n: int) -> None:
     Seed 172 at N = 9: a replica fetched past the block in which a change passed, and acted
     on the head before the adapter fed the change: it signed a VIEW-CHANGE under its old
     index, which nobody took, and the view change split; the change is fed before the head
-    above it (`Cluster._fetch_done`), and no VIEW-CHANGE is signed above a head not executed."""
+    above it (`Cluster._fetch_done`), and no VIEW-CHANGE is signed above a head not executed.
+    Seeds 202 at N = 4 and 382 at N = 6: the primary owed blocks up to the handover
+    checkpoint and brought none (in a view change of its own; faulty), and no request waited,
+    so nothing timed it and the handover stalled: the backups time an owed block too
+    (`handover.awaits_primary`)."""
     run_seed(seed, n)

@@ -34,6 +34,7 @@ from pbft_engine.core import (
     Replica,
     RequestReceived,
     ScheduleChange,
+    SetTimer,
     TimerFired,
     TimerKind,
     ValidateBlock,
@@ -180,6 +181,33 @@ def test_the_primary_proposes_empty_blocks_up_to_c_and_nothing_above_it() -> Non
     checkpoint_from(driven, (1, 2))
     assert driven.replica.epochs.current.validators == ADDED
     assert any(isinstance(a, BuildBlock) and a.seq_no == C + 1 for a in driven.actions)
+
+
+def test_a_primary_that_owes_blocks_up_to_c_and_proposes_none_is_replaced() -> None:
+    """No request waits, but the primary owes every block up to c and then c + 1
+    (`owes_block`): the backups time it with the request timer from the moment the change
+    is scheduled, restart it on each block committed, and change view when it fires
+    (membership seed 202 at N = 4: otherwise nothing replaces a primary that does not bring
+    the boundary, and the handover stalls for good). Once c + 1 is committed nothing is
+    owed, and the timer firing changes nothing."""
+    def timed(driven: Driven, since: int) -> int:
+        return sum(isinstance(a, SetTimer) and a.kind is TimerKind.REQUEST
+                   for a in driven.actions[since:])
+
+    stalled = backup(2, ADDED)
+    assert not stalled.replica.requests and timed(stalled, 0) == 1
+    committed = len(stalled.actions)
+    commit_through(stalled, PASSED_AT + 1)
+    assert timed(stalled, committed) >= 1
+    stalled.step(TimerFired(TimerKind.REQUEST, b""))
+    assert [vc.view for vc in stalled.sent(ViewChange)] == [1]
+
+    served = backup(2, ADDED)
+    commit_through(served, C)
+    checkpoint_from(served, (0, 1))
+    commit_through(served, C + 1, voters=(0, 1, 2, 4), epoch_set=ADDED)
+    served.step(TimerFired(TimerKind.REQUEST, b""))
+    assert served.sent(ViewChange) == []
 
 
 def test_the_new_set_s_messages_wait_for_the_handover_and_count_after_it() -> None:
