@@ -134,7 +134,9 @@ def _node_info(url: str, answers: list[Any]) -> NodeInfo:
             validators=tuple(str(v).lower() for v in validators),
             head=_number(head, "eth_blockNumber"),
             view=_optional(status.get("view"), "pbft_status view"),
-            address=_address(status.get("validator")),
+            # an observer names its node key (`node`): a validator voted out keeps its
+            # address, so what it decided before it left is still asked of it
+            address=_address(status.get("validator") or status.get("node")),
         )
     except (TypeError, KeyError, AttributeError) as exc:  # the wrong shape (null, no field)
         raise ExtractError(f"a malformed answer about the node ({exc!r})") from None
@@ -145,7 +147,7 @@ def _optional(value: Any, what: str) -> int | None:
 
 
 def _address(value: Any) -> str | None:
-    """pbft_status's `validator` (absent on an observer), lower-case."""
+    """pbft_status's `validator` (an observer's `node`), lower-case."""
     if value is None:
         return None
     if not isinstance(value, str) or not ADDRESS.match(value):

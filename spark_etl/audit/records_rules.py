@@ -85,10 +85,20 @@ def installed_views(audit: Audit) -> DataFrame:
 def view_change_missing(audit: Audit) -> DataFrame:
     """view-change-missing: every view above 0 that the node's valid COMMITs or its view
     changes name has an installed-view record there (a valid NEW-VIEW from the view's primary
-    and N-f valid VIEW-CHANGEs); reported at the first block certified in that view."""
+    and N-f valid VIEW-CHANGEs); reported at the first block certified in that view. A view
+    named only by commit certificates is not asked of a node whose own address (the
+    manifest's `validator`: an observer's node key) did not decide the block: an observer,
+    a validator before it was voted in or after it left, imports blocks with their
+    certificates and installs no view (the node's word, as in `_joined`: one that names
+    another address escapes this rule for the views of its certificates, not the check of
+    the certificates themselves). A node that named none (an older export) is asked all."""
+    named_address = audit.data.export_manifest.where(
+        F.col("validator").isNotNull()).select("node", "validator").distinct()
     commits = audit.data.commit_certificates.join(recovered(audit, "c"), "message").where(
         F.col("c_valid") & (F.col("c_type") == "commit")
-    )
+    ).join(named_address, "node", "left").where(
+        F.col("validator").isNull()
+        | audit.validators.contains(F.col("validator"), F.col("block_number")))
     named = audit.union(
         commits.select("node", F.col("c_view").alias("view"), "block_number",
                        F.lit("its commit certificates").alias("source")),
