@@ -143,8 +143,9 @@ class EngineContext(ABC):
         eth_getTransactionCount "pending")."""
 
     @abstractmethod
-    def next_base_fee(self) -> int:
-        """The base fee of the block after the head."""
+    def fee_floor(self) -> int:
+        """The lowest fee cap the pool admits now: the next block's base fee, or the pool's
+        price limit (geth's --txpool.pricelimit) if higher."""
 
 
 class ConsensusEngine(ABC):

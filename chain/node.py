@@ -678,5 +678,5 @@ class NodeContext(EngineContext):
     def pending_nonce(self, address: bytes) -> int:
         return self._node.pool.pending_nonce(address)
 
-    def next_base_fee(self) -> int:
-        return self._node.next_base_fee()
+    def fee_floor(self) -> int:
+        return max(self._node.next_base_fee(), self._node.pool.limits.price_limit)

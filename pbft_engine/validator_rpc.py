@@ -214,7 +214,7 @@ class ValidatorRpc:
             chain_id=self.context.chain_id,
             nonce=self.context.pending_nonce(key.public_key.to_canonical_address()),
             max_priority_fee_per_gas=0,
-            max_fee_per_gas=2 * self.context.next_base_fee(),
+            max_fee_per_gas=2 * self.context.fee_floor(),
             gas=INTRINSIC_GAS + CALLDATA_BYTE_GAS * len(data) + REGISTRY_GAS,
             to=Address(REGISTRY_ADDRESS), value=0, data=data, access_list=())
         try:

@@ -319,9 +319,6 @@ def test_a_node_without_a_validator_key_refuses_to_vote_in_one_line(tmp_path: Pa
         observer.db.close()
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5 (open, low): the vote's fee cap is twice the "
-                   "next base fee, ignoring txpool.pricelimit; the floor is the pool's "
-                   "(chain/engine.py's EngineContext would have to say it)")
 def test_a_vote_is_admitted_when_txpool_pricelimit_is_above_twice_the_base_fee(
         tmp_path: Path) -> None:
     """An operator who sets --txpool.pricelimit (geth's users often set 1 gwei) on a chain
