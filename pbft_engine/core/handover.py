@@ -83,6 +83,29 @@ def retime_primary(replica: Replica) -> None:
         replica._arm_request_timer()
 
 
+def forget_unproven(replica: Replica, first: int) -> None:
+    """What this replica verified and held for heights from `first` on while it counted
+    them in the old epoch (the future buffer, the certStore's votes, CHECKPOINTs), checked
+    again with the set that decides them now, and forgotten if it fails: a replica index
+    names another member there, so a removed validator's early messages would otherwise be
+    counted as a member's (the handover's attack review, finding 1). No correct replica
+    sends a message for a height above the handover checkpoint before it knows the change
+    (the primary proposes at most max_in_flight past its last commit, and c >= b +
+    max_in_flight), so only such early messages are lost. The P and Q sets there go too:
+    a prepared certificate counted with the old set proves nothing in the new epoch."""
+    def proven(signed: Signed[Body]) -> bool:
+        try:
+            replica.epochs.verify(signed)
+        except MessageError:
+            return False
+        return True
+
+    replica.future = {k: w for k, w in replica.future.items()
+                      if k[2] < first or proven(w.signed)}
+    replica.log.forget_unproven(first, proven)
+    replica.checkpoints.forget_unproven(first, proven)
+
+
 def joining_checkpoint(schedule: EpochSchedule, address: bytes, head: int) -> int:
     """The handover checkpoint at which a validator that followed the chain up to `head`
     joins: that of the epoch deciding head + 1, which must count `address` among its
@@ -116,12 +139,14 @@ def before_installed(membership: Membership, body: Body) -> bool:
 
 def schedule_change(replica: Replica, event: ScheduleChange) -> None:
     """A change passed in a block committed here: scheduled (once), the watermark capped."""
+    known = replica.epochs.schedule
     try:
-        replica.epochs.schedule = replica.epochs.schedule.schedule(
-            event.validators, passed_at=event.passed_at)
+        replica.epochs.schedule = known.schedule(event.validators, passed_at=event.passed_at)
     except ConfigError as exc:  # the adapter read another history than the one fed
         replica._alarm("schedule", str(exc))
         return
+    if replica.epochs.schedule is not known:
+        forget_unproven(replica, replica.epochs.schedule.epochs[-1].first)
     install(replica)  # a catch-up may have executed past its handover already
     if replica.active and not replica.request_timer_armed:
         retime_primary(replica)  # the backups time the blocks it owes up to the handover

@@ -11,6 +11,7 @@ restart reads back cannot drift apart.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -288,6 +289,31 @@ class MessageLog:
                                      signed_key(VIEW_MESSAGE_SEQ_NO, message_type, 0),
                                      signed_key(VIEW_MESSAGE_SEQ_NO, message_type, view))
 
+    def forget_unproven(self, first: int, proven: Callable[[Signed[Body]], bool]) -> None:
+        """A validator-set change: the votes for heights from `first` on that do not verify
+        with the set deciding them now go, in memory and on disk, and so do P and Q there
+        (`handover.forget_unproven`)."""
+        for (_, seq_no), slot in self.certs.items():
+            if seq_no < first:
+                continue
+            if slot.pre_prepare is not None and not proven(slot.pre_prepare):
+                self._forget_cert_message(slot.pre_prepare)
+                slot.pre_prepare, slot.validated = None, False
+            for votes in (slot.prepares, slot.commits):
+                for replica, vote in list(votes.items()):
+                    if not proven(vote):
+                        self._forget_cert_message(vote)
+                        del votes[replica]
+        self.pset = {n: p for n, p in self.pset.items() if n < first}
+        self.qset = {k: v for k, v in self.qset.items() if k[0] < first}
+        for store in (StoreName.PSET, StoreName.QSET):
+            self.writer.delete_range(store, u64(first), None)
+
+    def _forget_cert_message(self, message: Signed[Any]) -> None:
+        body = message.body
+        self.writer.delete(StoreName.CERT_STORE,
+                           cert_key(body.seq_no, body.view, body.TYPE, body.replica))
+
     # --- garbage collection (4.3) -----------------------------------------------------
 
     def truncate(self, low_watermark: int) -> None:
@@ -329,6 +355,17 @@ class CheckpointTracker:
             checkpoint = decode_signed_bytes(value, Checkpoint)
             self.votes.setdefault(checkpoint.body.seq_no, {})[checkpoint.body.replica] = (
                 checkpoint)
+
+    def forget_unproven(self, first: int, proven: Callable[[Signed[Body]], bool]) -> None:
+        """A validator-set change: the CHECKPOINTs from `first` on that do not verify with
+        the set deciding them now go (`handover.forget_unproven`)."""
+        for seq_no, votes in self.votes.items():
+            for replica, checkpoint in list(votes.items()):
+                if seq_no >= first and not proven(checkpoint):
+                    del votes[replica]
+                    self.writer.delete(StoreName.CHECKPOINTS, u64(seq_no) + u16(replica))
+        self.above_window = {r: c for r, c in self.above_window.items()
+                             if c.body.seq_no < first or proven(c)}
 
     def held(self, seq_no: int, replica: int) -> Signed[Checkpoint] | None:
         return self.votes.get(seq_no, {}).get(replica)
