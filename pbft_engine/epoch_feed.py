@@ -19,7 +19,7 @@ from collections.abc import Callable
 import rlp
 from eth_utils import keccak
 
-from pbft_engine.core.epochs import Epoch, EpochSchedule
+from pbft_engine.core.epochs import EpochSchedule
 
 # Reads the schedule (every epoch, none installed) from the state at one block's hash.
 ScheduleReader = Callable[[bytes], EpochSchedule]
@@ -40,15 +40,15 @@ class EpochFeed:
         self._read = read
         self._head_hash: bytes | None = None
         self.head = 0
+        self._members = self._members_from_head()
 
-    def refresh(self, head_number: int, head_hash: bytes) -> tuple[Epoch, ...]:
-        """Read the schedule at the new head; the epochs it scheduled that were not known."""
+    def refresh(self, head_number: int, head_hash: bytes) -> None:
+        """Read the schedule at the new head (once per head)."""
         if head_hash == self._head_hash:
-            return ()
-        known = len(self.schedule.epochs)
+            return
         self.schedule = self._read(head_hash)
         self._head_hash, self.head = head_hash, head_number
-        return self.schedule.epochs[known:]
+        self._members = self._members_from_head()
 
     @property
     def horizon(self) -> int:
@@ -67,7 +67,11 @@ class EpochFeed:
     def members(self) -> frozenset[bytes]:
         """Every validator of the epochs from the head's on: the peers believed and heard (the
         head's own: a validator voted out still sends its CHECKPOINT at the handover
-        checkpoint c to those that committed c before it, and the handover needs it)."""
+        checkpoint c to those that committed c before it, and the handover needs it).
+        Computed once per head: every peer message asks."""
+        return self._members
+
+    def _members_from_head(self) -> frozenset[bytes]:
         first = self.schedule.epoch_at(self.head).number
         return frozenset(v for e in self.schedule.epochs[first:] for v in e.validators)
 
