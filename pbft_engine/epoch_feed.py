@@ -19,7 +19,7 @@ from collections.abc import Callable
 import rlp
 from eth_utils import keccak
 
-from pbft_engine.core.epochs import EpochSchedule
+from pbft_engine.core.epochs import Epoch, EpochSchedule
 
 # Reads the schedule (every epoch, none installed) from the state at one block's hash.
 ScheduleReader = Callable[[bytes], EpochSchedule]
@@ -58,11 +58,12 @@ class EpochFeed:
         # (one change per epoch: the next one waits a whole interval after the last known)
         return max(-(-(self.head + 1 + w) // k) * k, schedule.epochs[-1].first - 1 + k)
 
-    def set_at(self, height: int) -> tuple[bytes, ...] | None:
-        """The set that decides `height`; None above the horizon (not decided yet)."""
+    def epoch_at(self, height: int) -> Epoch | None:
+        """The epoch (number and set) that decides `height`; None above the horizon (not
+        decided yet)."""
         if height > self.horizon:
             return None
-        return self.schedule.set_at(height)
+        return self.schedule.epoch_at(height)
 
     def members(self) -> frozenset[bytes]:
         """Every validator of the epochs from the head's on: the peers believed and heard (the
@@ -78,5 +79,5 @@ class EpochFeed:
     def next_set_hash(self, height: int) -> bytes | None:
         """Block `height`'s extraData: the hash of the set that decides height + 1 (None: not
         known yet from committed state)."""
-        validators = self.set_at(height + 1)
-        return None if validators is None else validators_hash(validators)
+        epoch = self.epoch_at(height + 1)
+        return None if epoch is None else validators_hash(epoch.validators)

@@ -17,6 +17,11 @@ class SignatureError(MessageError):
     """A signature does not recover to the validator the message claims to come from."""
 
 
+class EpochMismatch(MessageError):
+    """A message names another epoch than the one its height belongs to here: from a set
+    this node does not know yet (it learns of changes from committed state), or a forgery."""
+
+
 class CertificateError(MessageError):
     """A certificate (commit, checkpoint, prepared, view-change set) is not a valid quorum."""
 

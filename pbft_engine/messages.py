@@ -27,7 +27,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cache
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast, overload
@@ -48,7 +48,7 @@ from encoding.rlp import (
     decode_uint,
     encode_uint,
 )
-from pbft_engine.errors import CertificateError, MessageError, SignatureError
+from pbft_engine.errors import CertificateError, EpochMismatch, MessageError, SignatureError
 from pbft_engine.quorum import quorum
 
 DOMAIN = b"pbft-chain/consensus/v1"
@@ -105,25 +105,33 @@ def _list(item: object, length: int | None = None) -> list[Any]:
 
 # --- message bodies -----------------------------------------------------------------------
 
+# Every body ends with its epoch: the number of the validator set that counts it (DESIGN.md
+# section 10), signed with the rest, so a signature made for one epoch never counts in
+# another and a receiver tells "an epoch I do not know yet" from a forgery. Keyword-only,
+# 0 (the genesis set) unless given: a chain that never changed its set never names another.
+
 
 @dataclass(frozen=True)
 class PhaseMessage:
-    """The shape shared by PRE-PREPARE, PREPARE and COMMIT: (view, seqNo, digest, replica)."""
+    """The shape shared by PRE-PREPARE, PREPARE and COMMIT: (view, seqNo, digest, replica,
+    epoch)."""
 
     TYPE: ClassVar[MessageType]
     view: int
     seq_no: int
     digest: bytes
     replica: int
+    epoch: int = field(default=0, kw_only=True)
 
     def fields(self) -> list[Any]:
         return [encode_uint(self.view), encode_uint(self.seq_no), self.digest,
-                encode_uint(self.replica)]
+                encode_uint(self.replica), encode_uint(self.epoch)]
 
     @classmethod
     def from_fields(cls, items: object) -> Self:
-        view, seq_no, digest, replica = _list(items, 4)
-        return cls(_uint(view), _uint(seq_no), _hash(digest), _replica(replica))
+        view, seq_no, digest, replica, epoch = _list(items, 5)
+        return cls(_uint(view), _uint(seq_no), _hash(digest), _replica(replica),
+                   epoch=_uint(epoch))
 
 
 @dataclass(frozen=True)
@@ -148,6 +156,7 @@ class Checkpoint:
     block_hash: bytes
     state_root: bytes
     replica: int
+    epoch: int = field(default=0, kw_only=True)
 
     @property
     def value(self) -> tuple[bytes, bytes]:
@@ -156,12 +165,13 @@ class Checkpoint:
 
     def fields(self) -> list[Any]:
         return [encode_uint(self.seq_no), self.block_hash, self.state_root,
-                encode_uint(self.replica)]
+                encode_uint(self.replica), encode_uint(self.epoch)]
 
     @classmethod
     def from_fields(cls, items: object) -> Checkpoint:
-        seq_no, block_hash, state_root, replica = _list(items, 4)
-        return cls(_uint(seq_no), _hash(block_hash), _hash(state_root), _replica(replica))
+        seq_no, block_hash, state_root, replica, epoch = _list(items, 5)
+        return cls(_uint(seq_no), _hash(block_hash), _hash(state_root), _replica(replica),
+                   epoch=_uint(epoch))
 
 
 @dataclass(frozen=True)
@@ -223,6 +233,7 @@ class ViewChange:
     pset: tuple[PreparedProof, ...]
     qset: tuple[PrePreparedEntry, ...]
     replica: int
+    epoch: int = field(default=0, kw_only=True)
 
     def fields(self) -> list[Any]:
         return [
@@ -232,11 +243,12 @@ class ViewChange:
             [p.fields() for p in self.pset],
             [q.fields() for q in self.qset],
             encode_uint(self.replica),
+            encode_uint(self.epoch),
         ]
 
     @classmethod
     def from_fields(cls, items: object) -> ViewChange:
-        view, stable, cproof, pset, qset, replica = _list(items, 6)
+        view, stable, cproof, pset, qset, replica, epoch = _list(items, 7)
         return cls(
             _uint(view),
             _uint(stable),
@@ -244,6 +256,7 @@ class ViewChange:
             tuple(PreparedProof.from_fields(p) for p in _list(pset)),
             tuple(PrePreparedEntry.from_fields(q) for q in _list(qset)),
             _replica(replica),
+            epoch=_uint(epoch),
         )
 
     def check_sets(self, log_size: int | None) -> None:
@@ -276,6 +289,7 @@ class NewView:
     view_changes: tuple[Signed[ViewChange], ...]
     pre_prepares: tuple[Signed[PrePrepare], ...]
     replica: int
+    epoch: int = field(default=0, kw_only=True)
 
     def fields(self) -> list[Any]:
         return [
@@ -283,16 +297,18 @@ class NewView:
             [v.to_rlp() for v in self.view_changes],
             [p.to_rlp() for p in self.pre_prepares],
             encode_uint(self.replica),
+            encode_uint(self.epoch),
         ]
 
     @classmethod
     def from_fields(cls, items: object) -> NewView:
-        view, view_changes, pre_prepares, replica = _list(items, 4)
+        view, view_changes, pre_prepares, replica, epoch = _list(items, 5)
         return cls(
             _uint(view),
             tuple(decode_signed(v, ViewChange) for v in _list(view_changes)),
             tuple(decode_signed(p, PrePrepare) for p in _list(pre_prepares)),
             _replica(replica),
+            epoch=_uint(epoch),
         )
 
 
@@ -361,7 +377,7 @@ _U64 = _integer(MAX_UINT64)
 _HASH = _string(HASH_SIZE)
 _SIGNATURE = _string(SIGNATURE_SIZE)
 _BLOCK = RlpExtent(0, 1, 0)  # its size is the transport's frame cap's business
-_WIDEST_BODY = 6  # a VIEW-CHANGE's fields
+_WIDEST_BODY = 7  # a VIEW-CHANGE's fields
 
 
 def _signed(body: RlpExtent) -> RlpExtent:
@@ -379,18 +395,18 @@ def _largest_wire_messages(replicas: int, log_size: int) -> dict[MessageType, Rl
     Q of PRE_PREPARED_PER_SEQ_NO x L entries; a NEW-VIEW with N VIEW-CHANGEs (N-f are
     needed) and L PRE-PREPAREs."""
     replica = _integer(replicas - 1)
-    phase = _rlp_list(_U64, _U64, _HASH, replica)
-    checkpoint = _rlp_list(_U64, _HASH, _HASH, replica)
+    phase = _rlp_list(_U64, _U64, _HASH, replica, _U64)
+    checkpoint = _rlp_list(_U64, _HASH, _HASH, replica, _U64)
     prepared_proof = _rlp_list(_signed(phase), _rlp_list(_repeated(_signed(phase), replicas - 1)))
     view_change = _rlp_list(
         _U64, _U64,
         _rlp_list(_repeated(_signed(checkpoint), replicas)),
         _rlp_list(_repeated(prepared_proof, log_size)),
         _rlp_list(_repeated(_rlp_list(_U64, _HASH, _U64), PRE_PREPARED_PER_SEQ_NO * log_size)),
-        replica,
+        replica, _U64,
     )
     new_view = _rlp_list(_U64, _rlp_list(_repeated(_signed(view_change), replicas)),
-                         _rlp_list(_repeated(_signed(phase), log_size)), replica)
+                         _rlp_list(_repeated(_signed(phase), log_size)), replica, _U64)
     return {
         MessageType.PRE_PREPARE: _wire(phase, blocks=1),
         MessageType.PREPARE: _wire(phase),
@@ -425,7 +441,7 @@ class MessageLimits:
     def max_list_items(self, kind: MessageType) -> int:
         if kind in (MessageType.VIEW_CHANGE, MessageType.NEW_VIEW):
             return max(_WIDEST_BODY, self.replicas, self.max_pre_prepared)
-        return 4  # [type, body, signature, blocks] and bodies of four fields
+        return 5  # [type, body, signature, blocks] and bodies of five fields
 
     def check_bytes(self, data: bytes) -> None:
         """Size, items and nesting of a wire message, before it is decoded."""
@@ -652,17 +668,25 @@ class KeyVerifier(Verifier):
 
 @dataclass(frozen=True)
 class Authenticator:
-    """Signs and checks messages for one chain and validator set."""
+    """Signs and checks messages for one chain and one epoch's validator set."""
 
     chain_id: int
     validators: tuple[bytes, ...]
     verifier: Verifier
+    epoch: int = 0
 
     def sign(self, body: B, signer: Signer) -> Signed[B]:
+        if body.epoch != self.epoch:
+            raise EpochMismatch(f"signing a message of epoch {body.epoch} with epoch "
+                                f"{self.epoch}'s set")
         return Signed(body, signer.sign_hash(signing_hash(body, self.chain_id)))
 
     def verify(self, signed: Signed[Body]) -> None:
-        """The recovered signer must be a validator and the replica the body claims to be."""
+        """The message names this epoch, and the recovered signer is the validator the body
+        claims to be in its set."""
+        if signed.body.epoch != self.epoch:
+            raise EpochMismatch(f"a {signed.body.TYPE.name} names epoch {signed.body.epoch}, "
+                                f"counted here only in epoch {self.epoch}")
         replica = signed.body.replica
         if replica >= len(self.validators):
             raise SignatureError(f"replica index {replica} is not in the validator set")
@@ -741,14 +765,17 @@ def verify_commit_certificate(
     *,
     validators: Sequence[bytes],
     chain_id: int,
+    epoch: int,
     block_number: int,
     block_hash: bytes,
     verifier: Verifier | None = None,
 ) -> frozenset[int]:
-    """Check that `certificate` holds Q valid COMMITs of distinct validators for this block.
+    """Check that `certificate` holds Q valid COMMITs of distinct validators of `validators`,
+    the set of epoch `epoch`, for this block.
 
     Returns the indices of the signing validators; raises MessageError (CertificateError,
-    SignatureError) otherwise. All commits must be for one view, this seqNo and this hash.
+    SignatureError, EpochMismatch) otherwise. All commits must be for one view, this seqNo,
+    this hash and this epoch.
     """
     commits = decode_commit_certificate(certificate)
     for commit in commits:
@@ -756,5 +783,5 @@ def verify_commit_certificate(
             raise CertificateError("commit certificate: a commit is for another block")
     if len({c.body.view for c in commits}) > 1:
         raise CertificateError("commit certificate: commits from different views")
-    auth = Authenticator(chain_id, tuple(validators), verifier or KeyVerifier())
+    auth = Authenticator(chain_id, tuple(validators), verifier or KeyVerifier(), epoch)
     return auth.check_quorum(commits, "commit certificate")

@@ -50,7 +50,7 @@ class ConsensusRecords:
             "blockNumber": hex(block_number),
             "blockHash": _hex(commits[0].body.digest),
             "view": hex(commits[0].body.view),
-            "epoch": hex(self.schedule().epoch_at(block_number).number),
+            "epoch": hex(commits[0].body.epoch),  # what its COMMITs name (and were checked for)
             "signers": [self._address(c.body.replica, block_number) for c in commits],
             "certificate": _hex(certificate),
         }

@@ -51,6 +51,7 @@ from pbft_engine.core import (
     ReplicaStatus,
     StoreName,
 )
+from pbft_engine.core.epochs import Epoch
 from pbft_engine.core.records import META_NEW_VIEW, u64
 from pbft_engine.epoch_feed import EpochFeed
 from pbft_engine.errors import MessageError, PbftError
@@ -98,10 +99,10 @@ class PeerLied(SyncError):
 
 
 def certified_block_hash(
-    block: bytes, certificate: bytes, *, number: int, validators: tuple[bytes, ...],
-    chain_id: int,
+    block: bytes, certificate: bytes, *, number: int, epoch: Epoch, chain_id: int,
 ) -> bytes:
-    """The hash of `block` if it is block `number` and `certificate` certifies it."""
+    """The hash of `block` if it is block `number` and `certificate` certifies it (Q of
+    `epoch`'s set, the epoch deciding `number`)."""
     try:
         header = rlp.decode(block, strict=True)[0]
         claimed = int.from_bytes(header[HEADER_NUMBER_INDEX], "big")
@@ -111,8 +112,8 @@ def certified_block_hash(
     if claimed != number:
         raise PeerLied("wrong_block", f"asked for block {number}, got block {claimed}")
     try:
-        verify_commit_certificate(certificate, validators=validators, chain_id=chain_id,
-                                  block_number=number, block_hash=block_hash)
+        verify_commit_certificate(certificate, validators=epoch.validators, epoch=epoch.number,
+                                  chain_id=chain_id, block_number=number, block_hash=block_hash)
     except MessageError as exc:
         raise PeerLied("bad_certificate", f"block {number}: {exc}") from None
     return block_hash
@@ -270,8 +271,8 @@ class BlockSync:
             self._offer_new_view(status.new_view, mine.view)
         if status.head_number <= mine.last_executed:
             return
-        validators = self.feed.set_at(status.head_number)
-        if validators is None:
+        epoch = self.feed.epoch_at(status.head_number)
+        if epoch is None:
             # Above what committed state can tell (a set may change before it), its
             # certificate cannot be checked: ask that peer for the certified block at the
             # horizon instead, and believe only that (then catch up to it, and go on).
@@ -279,8 +280,9 @@ class BlockSync:
             return
         try:
             verify_commit_certificate(
-                status.certificate, validators=validators, chain_id=self.context.chain_id,
-                block_number=status.head_number, block_hash=status.head_hash)
+                status.certificate, validators=epoch.validators, epoch=epoch.number,
+                chain_id=self.context.chain_id, block_number=status.head_number,
+                block_hash=status.head_hash)
         except MessageError as exc:
             log.warning("block sync: 0x%s claims head %d without a valid certificate: %s",
                         sender.hex(), status.head_number, exc)
@@ -300,7 +302,7 @@ class BlockSync:
         try:
             block, certificate = (await self._request(peer, horizon, 1)).blocks[0]
             block_hash = certified_block_hash(
-                block, certificate, number=horizon, validators=self._set_at(horizon),
+                block, certificate, number=horizon, epoch=self._epoch_at(horizon),
                 chain_id=self.context.chain_id)
         except PeerLied as exc:
             self._failed_peer(peer, horizon, exc)
@@ -511,7 +513,7 @@ class BlockSync:
         of it if one fails."""
         certified = [
             (number, block, certificate, certified_block_hash(
-                block, certificate, number=number, validators=self._set_at(number),
+                block, certificate, number=number, epoch=self._epoch_at(number),
                 chain_id=self.context.chain_id))
             for number, (block, certificate) in blocks]
         chain: list[tuple[ExecutedBlock, Callable[[WriteBatch], None]]] = []
@@ -531,10 +533,10 @@ class BlockSync:
                 await self.context.commit_blocks(chain)
         return [executed for executed, _ in chain]
 
-    def _set_at(self, number: int) -> tuple[bytes, ...]:
-        validators = self.feed.set_at(number)
-        assert validators is not None, "a segment ends at the horizon"
-        return validators
+    def _epoch_at(self, number: int) -> Epoch:
+        epoch = self.feed.epoch_at(number)
+        assert epoch is not None, "a segment ends at the horizon"
+        return epoch
 
     async def _execute(self, block: bytes, number: int, parent: ExecutedBlock | None
                        ) -> ExecutedBlock:

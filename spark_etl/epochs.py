@@ -45,7 +45,7 @@ MAX_UINT64 = 2**64 - 1
 # The largest signed COMMIT: every field at its bound. A certificate holds one per validator,
 # so a longer one is refused before it is decoded.
 MAX_COMMIT_BYTES = len(
-    Signed(Commit(MAX_UINT64, MAX_UINT64, bytes(HASH_SIZE), MAX_REPLICAS - 1),
+    Signed(Commit(MAX_UINT64, MAX_UINT64, bytes(HASH_SIZE), MAX_REPLICAS - 1, epoch=MAX_UINT64),
            bytes(SIGNATURE_SIZE)).encode()
 )
 MAX_LIST_PREFIX = 9  # an RLP list's prefix: 1 byte and up to 8 of length
@@ -156,7 +156,7 @@ def certified_header(block: Any, certificate: Any, number: int, epoch: Epoch,
     raw_header = _raw_header(block, number)
     verify_commit_certificate(
         encoded,
-        validators=[from_hex(a) for a in epoch.validators],
+        validators=[from_hex(a) for a in epoch.validators], epoch=epoch.number,
         chain_id=chain_id, block_number=number, block_hash=keccak(raw_header),
         verifier=VERIFIER,
     )

@@ -252,6 +252,7 @@ def assert_same_chain_with_valid_certificates(nodes: list[RunningNode]) -> None:
             signers = verify_commit_certificate(
                 bytes.fromhex(certificate[2:]),
                 validators=validators,
+                epoch=0,  # these clusters never change their set
                 chain_id=description["chain_id"],
                 block_number=number,
                 block_hash=block_hash,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from pbft_engine.core.params import ADDRESS_SIZE, EngineParams
@@ -248,11 +248,15 @@ class Membership:
     def quorum_at(self, height: int) -> int:
         return self.schedule.quorum_at(height)
 
+    def epoch_at(self, height: int) -> int:
+        """The number of the epoch of `height`: what a message for it names."""
+        return self.schedule.epoch_at(height).number
+
     def auth_at(self, height: int) -> Authenticator:
         epoch = self.schedule.epoch_at(height)
         auth = self._authenticators.get(epoch)
         if auth is None:
-            auth = Authenticator(self.chain_id, epoch.validators, self.verifier)
+            auth = Authenticator(self.chain_id, epoch.validators, self.verifier, epoch.number)
             self._authenticators[epoch] = auth
         return auth
 
@@ -268,16 +272,21 @@ class Membership:
         return validators[body.replica] if body.replica < len(validators) else None
 
     def verify(self, signed: Signed[Body]) -> None:
-        """The signer is the member of its height's epoch that the message claims to be;
-        raises MessageError."""
+        """The message names its height's epoch, and its signer is the member of that epoch's
+        set it claims to be; raises MessageError (EpochMismatch: another epoch named)."""
         self.auth_at(message_height(signed.body)).verify(signed)
+
+    def with_epoch(self, body: B) -> B:
+        """`body` naming the epoch of its height, as every message this replica signs does."""
+        return replace(body, epoch=self.epoch_at(message_height(body)))
 
     def sign(self, body: B, signer: Signer) -> Signed[B]:
         return self.auth_at(message_height(body)).sign(body, signer)
 
     def verify_certificate(self, certificate: bytes, height: int, block_hash: bytes) -> None:
         """Q of the set of `height`'s epoch committed this block; raises MessageError."""
-        verify_commit_certificate(certificate, validators=self.schedule.set_at(height),
+        epoch = self.schedule.epoch_at(height)
+        verify_commit_certificate(certificate, validators=epoch.validators, epoch=epoch.number,
                                   chain_id=self.chain_id, block_number=height,
                                   block_hash=block_hash, verifier=self.verifier)
 

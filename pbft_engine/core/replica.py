@@ -424,7 +424,9 @@ class Replica:
         self._put(StoreName.META, META_STATE, rlp.encode([encode_uint(x) for x in fields]))
 
     def _sign(self, body: B) -> Signed[B]:
-        """Sign `body`, never two different bodies for one (type, view, seqNo), across restarts."""
+        """Sign `body` in its height's epoch, never two different bodies for one (type, view,
+        seqNo), across restarts."""
+        body = self.epochs.with_epoch(body)
         view, seq_no = message_slot(body)
         key = signed_key(seq_no, body.TYPE, view)
         existing = self.log.own(key)

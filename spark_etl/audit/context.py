@@ -83,12 +83,21 @@ class ValidatorSet:
 
     def _at(self, height: Column | None, value: Callable[[tuple[str, ...]], Column]) -> Column:
         """`value` of the set that decides `height` (None: the genesis set)."""
-        column = value(self.addresses)
+        return self._epoch_at(height, lambda _, addresses: value(addresses))
+
+    def _epoch_at(self, height: Column | None,
+                  value: Callable[[int, tuple[str, ...]], Column]) -> Column:
+        """`value` of the number and set of the epoch that decides `height` (None: genesis)."""
+        column = value(0, self.addresses)
         if height is None:
             return column
-        for first, addresses in self.changes:  # the latest change is tested first
-            column = F.when(height >= first, value(addresses)).otherwise(column)
+        for number, (first, addresses) in enumerate(self.changes, 1):  # the latest tested first
+            column = F.when(height >= first, value(number, addresses)).otherwise(column)
         return column
+
+    def epoch_at(self, height: Column) -> Column:
+        """The number of the epoch that decides `height`: what its messages must name."""
+        return self._epoch_at(height, lambda number, _: F.lit(number))
 
     def size_at(self, height: Column) -> Column:
         return self._at(height, lambda s: F.lit(len(s)))

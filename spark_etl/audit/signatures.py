@@ -78,6 +78,7 @@ RECOVERED = StructType(
         StructField("digest", StringType()),
         StructField("replica", LongType()),
         StructField("height", LongType()),
+        StructField("epoch", LongType()),
         StructField("signer", StringType()),
         StructField("error", StringType()),
         StructField("malformed", BooleanType()),
@@ -140,12 +141,12 @@ def recover(encoded: bytes, chain_id: int, verifier: Verifier) -> tuple[Any, ...
     try:
         signed = decode_signed_bytes(encoded)  # canonical, or refused
     except (MessageError, ValueError) as exc:
-        return (message, None, None, None, None, None, None, None,
+        return (message, None, None, None, None, None, None, None, None,
                 f"undecodable message: {exc}", True)
     body = signed.body
     view, seq_no, digest = _key(body)
     head = (message, TYPE_NAMES[type(body).__name__], view, seq_no, to_hex(digest), body.replica,
-            message_height(body))
+            message_height(body), body.epoch)
     try:
         signer = verifier.recover(encoded_signing_hash(encoded, body, chain_id),
                                   signed.signature)
@@ -229,9 +230,13 @@ def signatures(audit: Audit) -> DataFrame:
                     cpu_seconds=audit.recovery_cpu_seconds),
             RECOVERED,
         )
-        claimed = audit.validators.address_of(F.col("replica"), F.col("height"))
+        # valid: signed by the member it claims to be, in the epoch of its height, which it
+        # names (a signature for another epoch never counts: DESIGN.md section 10)
+        height = F.col("height")
+        claimed = audit.validators.address_of(F.col("replica"), height)
+        named = F.col("epoch") == audit.validators.epoch_at(height)
         return recovered.withColumn(
-            "valid", F.coalesce(F.col("signer") == claimed, F.lit(False))
+            "valid", F.coalesce((F.col("signer") == claimed) & named, F.lit(False))
         )
 
     return audit.cached("signatures", build)
@@ -261,6 +266,12 @@ def signature_problem(audit: Audit, prefix: str, expected_type: str) -> Column:
         .when(
             ~audit.validators.contains(signer, F.col(f"{prefix}_height")),
             F.format_string("the signature recovers to %s, not a validator", signer),
+        )
+        .when(
+            F.col(f"{prefix}_epoch") != audit.validators.epoch_at(F.col(f"{prefix}_height")),
+            F.format_string("names epoch %d, but block %d is decided by epoch %d",
+                            F.col(f"{prefix}_epoch"), F.col(f"{prefix}_height"),
+                            audit.validators.epoch_at(F.col(f"{prefix}_height"))),
         )
         .when(
             ~F.col(f"{prefix}_valid"),

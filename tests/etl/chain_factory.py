@@ -8,6 +8,7 @@ change), stable checkpoints every K blocks, and the VIEW-CHANGE / NEW-VIEW of vi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,7 @@ class Validators:
     signers: list[KeySigner] = field(
         default_factory=lambda: [KeySigner(k) for k in VALIDATOR_KEYS]
     )
+    epoch: int = 0  # the epoch these sign in: every message names it
 
     @property
     def addresses(self) -> list[str]:
@@ -130,10 +132,12 @@ class Validators:
 
     @property
     def auth(self) -> Authenticator:
-        return Authenticator(CHAIN_ID, tuple(s.address for s in self.signers), KeyVerifier())
+        return Authenticator(CHAIN_ID, tuple(s.address for s in self.signers), KeyVerifier(),
+                             self.epoch)
 
     def sign(self, body: Any, signer: KeySigner | None = None) -> Signed[Any]:
-        return self.auth.sign(body, signer or self.signers[body.replica])
+        return self.auth.sign(dataclasses.replace(body, epoch=self.epoch),
+                              signer or self.signers[body.replica])
 
 
 def certificate_json(validators: Validators, commits: list[Signed[Commit]]) -> dict[str, Any]:

@@ -44,8 +44,8 @@ from tests.etl.test_audit_anchor import write_genesis
 
 GENESIS = Validators()
 ADDED = KeySigner(b"\x05" * 32)
-SECOND = Validators([*GENESIS.signers, ADDED])  # N = 5: f = 1, Q = 4
-THIRD = Validators([*GENESIS.signers[1:], ADDED])  # validator 0 voted out
+SECOND = Validators([*GENESIS.signers, ADDED], epoch=1)  # N = 5: f = 1, Q = 4
+THIRD = Validators([*GENESIS.signers[1:], ADDED], epoch=2)  # validator 0 voted out
 SCHEDULE = [(1, GENESIS), (11, SECOND), (16, THIRD)]
 OUTSIDERS = Validators([KeySigner(bytes([0x70 + i]) * 32) for i in range(5)])
 GENESIS_SET = ValidatorSet(tuple(GENESIS.addresses), CHAIN_ID, CHECKPOINT_INTERVAL)
@@ -154,6 +154,26 @@ def test_epochs_the_headers_do_not_commit_to_and_an_old_set_above_the_handover_a
             ("certificate-signature", 17), ("certificate-quorum", 17)} <= caught
     assert {b for rule, b in caught if rule == "extra-data"} == set(range(10, 15))
     assert not {b for rule, b in caught if rule.startswith("certificate")} - {*range(11, 16), 17}
+
+
+def test_a_certificate_naming_another_epoch_counts_for_nothing(
+    spark: SparkSession, epoch_chain: ServedChain,
+) -> None:
+    """Block 17's COMMITs are signed by the members of its own set (the third), each at its
+    index there, but name epoch 1: a signature for one epoch never counts in another."""
+    payloads = list(epoch_chain.payloads)
+    block = payloads[17]
+    digest = bytes.fromhex(block.block["hash"][2:])
+    renamed = dataclasses.replace(THIRD, epoch=1)
+    payloads[17] = dataclasses.replace(
+        block, certificate=certificate_json(renamed, commits_for(renamed, 17, digest)))
+    data = dataset(spark, export_rows(dataclasses.replace(epoch_chain, payloads=payloads),
+                                      (NODE_A,)))
+    violations = find_violations(Audit(data, trusted(data)), (certificates,))
+    assert {(v.rule, v.block_number) for v in violations} == {
+        ("certificate-signature", 17), ("certificate-quorum", 17)}
+    assert any("names epoch 1, but block 17 is decided by epoch 2" in v.detail
+               for v in violations)
 
 
 def test_a_change_hidden_from_the_epochs_table_is_caught_at_the_committing_block(

@@ -33,8 +33,8 @@ from tests.etl.test_attack_review_export import (
 
 GENESIS = Validators()  # 4 validators
 ADDED = KeySigner(b"\x05" * 32)
-SECOND = Validators([*GENESIS.signers, ADDED])  # voted in: from block 11 (N = 5, Q = 4)
-THIRD = Validators([*GENESIS.signers[1:], ADDED])  # validator 0 voted out: from block 21
+SECOND = Validators([*GENESIS.signers, ADDED], epoch=1)  # voted in: from block 11 (N = 5, Q = 4)
+THIRD = Validators([*GENESIS.signers[1:], ADDED], epoch=2)  # validator 0 voted out: from block 21
 FIRSTS = (1, 11, 21)
 HEAD = 25
 GENESIS_SET = ValidatorSet(tuple(GENESIS.addresses), CHAIN_ID)
@@ -162,8 +162,8 @@ OUTSIDERS = Validators([KeySigner(bytes([0x70 + i]) * 32) for i in range(5)])
     # the changes claimed, but the head certified by the old set
     (lying(CHAIN.answers(), "pbft_getCommitCertificate",
            lambda n: CHAIN.certificate(n, SECOND if n == HEAD else None)),
-     "its head 25 is not certified by the validators of epoch 2 (from block 21) (message "
-     "claims replica 0 but is signed by another key)"),
+     "its head 25 is not certified by the validators of epoch 2 (from block 21) (a COMMIT "
+     "names epoch 1, counted here only in epoch 2)"),
     # a change claimed where the certified header commits to the same set
     (lying(CHAIN.answers(), "pbft_getEpoch",
            lambda n: {**CHAIN.epoch_of(n), "lastBlock": "0x7"} if n == 1 else CHAIN.epoch_of(n)),

@@ -4,6 +4,7 @@ message or signature gives an error row instead of a signer."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -68,15 +69,17 @@ def test_recover_names_the_signer_or_the_problem() -> None:
     validators = Validators()
     commit = validators.sign(Commit(3, 9, DIGEST, 2))
     row = recover(commit.encode(), CHAIN_ID, VERIFIER)
-    assert row[1:] == ("commit", 3, 9, to_hex(DIGEST), 2, 9, validators.addresses[2], None,
+    assert row[1:] == ("commit", 3, 9, to_hex(DIGEST), 2, 9, 0, validators.addresses[2], None,
                        False)
+    later = dataclasses.replace(validators, epoch=7).sign(Commit(3, 9, DIGEST, 2))
+    assert recover(later.encode(), CHAIN_ID, VERIFIER)[7:9] == (7, validators.addresses[2])
     other_chain = recover(commit.encode(), CHAIN_ID + 1, VERIFIER)
-    assert other_chain[7] != validators.addresses[2]  # the domain binds the chain id
+    assert other_chain[8] != validators.addresses[2]  # the domain binds the chain id
     bad_v = Signed(commit.body, commit.signature[:64] + b"\x05")
-    assert "v in {0, 1}" in recover(bad_v.encode(), CHAIN_ID, VERIFIER)[8]
-    assert recover(bad_v.encode(), CHAIN_ID, VERIFIER)[9] is False  # decodes: a bad signature
+    assert "v in {0, 1}" in recover(bad_v.encode(), CHAIN_ID, VERIFIER)[9]
+    assert recover(bad_v.encode(), CHAIN_ID, VERIFIER)[10] is False  # decodes: a bad signature
     undecodable = recover(b"\xc0", CHAIN_ID, VERIFIER)
-    assert "undecodable" in undecodable[8] and undecodable[9]  # malformed, not a bad signature
+    assert "undecodable" in undecodable[9] and undecodable[10]  # malformed, not a bad one
 
 
 def test_nested_messages_reach_every_signed_message_inside() -> None:

@@ -342,7 +342,7 @@ def _handover_through_the_adapter(head: int) -> int:
     engine._perform = driven._take  # type: ignore[method-assign,assignment]
     engine.log = SimpleNamespace(info=lambda *a: None)  # type: ignore[assignment]
     for i in (0, 1, 3):
-        wire = WireMessage(signed(Checkpoint(C, digest(C), state(C), i), FIVE))
+        wire = WireMessage(signed(Checkpoint(C, digest(C), state(C), i), FIVE, epoch=0))
         engine.on_message(FIVE[i], wire.encode())
     return driven.replica.stable_checkpoint
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import rlp
 from eth_utils import keccak
 
-from pbft_engine.core.epochs import EpochSchedule
+from pbft_engine.core.epochs import Epoch, EpochSchedule
 from pbft_engine.core.params import EngineParams
 from pbft_engine.epoch_feed import EpochFeed, validators_hash
 
@@ -40,8 +40,8 @@ def test_horizon_is_the_first_checkpoint_a_change_above_the_head_cannot_reach_be
         # at or above the horizon: every height up to it keeps the set known now
         later = state.genesis.schedule((A, B, C, D, E), passed_at=head + 1)
         assert later.epochs[1].first > feed.horizon
-        assert feed.set_at(feed.horizon) == GENESIS
-        assert feed.set_at(feed.horizon + 1) is None
+        assert feed.epoch_at(feed.horizon) == state.genesis.epochs[0]
+        assert feed.epoch_at(feed.horizon + 1) is None
         assert feed.next_set_hash(feed.horizon) is None
 
 
@@ -55,7 +55,8 @@ def test_a_change_in_state_is_read_once_per_head_and_decides_its_heights() -> No
     feed.refresh(6, b"\x06" * 32)
     assert state.reads == 2
     assert feed.schedule == changed
-    assert feed.set_at(10) == GENESIS and feed.set_at(11) == (A, B, C, D, E)
+    assert feed.epoch_at(10) == Epoch(0, 1, GENESIS)
+    assert feed.epoch_at(11) == Epoch(1, 11, (A, B, C, D, E), passed_at=6)
     assert feed.next_set_hash(10) == validators_hash((A, B, C, D, E))
     assert feed.next_set_hash(9) == validators_hash(GENESIS)
     assert feed.members() == frozenset({A, B, C, D, E})

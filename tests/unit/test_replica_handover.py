@@ -39,9 +39,10 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
-from pbft_engine.core.epochs import EpochSchedule, Membership
+from pbft_engine.core.epochs import EpochSchedule, Membership, message_height
 from pbft_engine.core.view_change import verify_view_change
 from pbft_engine.messages import (
+    Body,
     Checkpoint,
     Commit,
     KeyVerifier,
@@ -98,9 +99,13 @@ class Driven:
     def step(self, event: Event) -> list[Action]:
         return self._take(self.replica.step(event))
 
-    def receive(self, body: object, epoch_set: tuple[bytes, ...],
-                blocks: tuple[bytes, ...] = ()) -> list[Action]:
-        wire = WireMessage(signed(body, epoch_set), blocks)
+    def receive(self, body: Body, epoch_set: tuple[bytes, ...],
+                blocks: tuple[bytes, ...] = (), epoch: int | None = None) -> list[Action]:
+        """`body` signed by the member its index names in `epoch_set`, naming `epoch` (by
+        default the epoch this replica counts the message's height in)."""
+        if epoch is None:
+            epoch = self.replica.epochs.epoch_at(message_height(body))
+        wire = WireMessage(signed(body, epoch_set, epoch), blocks)
         return self.step(MessageReceived(wire.encode()))
 
     def sent(self, kind: type) -> list[object]:
@@ -229,7 +234,7 @@ def test_the_new_set_s_messages_wait_for_the_handover_and_count_after_it() -> No
     assert driven.replica.low_watermark == C and driven.replica.high_watermark == C + 40
     slot = driven.replica.log.certs[(0, 11)]
     assert set(slot.prepares) == {1, 2, 4}  # its own PREPARE, and the two held
-    assert Prepare(0, 11, digest(11), 2) in driven.sent(Prepare)
+    assert Prepare(0, 11, digest(11), 2, epoch=1) in driven.sent(Prepare)  # the new epoch
 
 
 def test_a_catch_up_past_the_handover_installs_the_new_set() -> None:
@@ -360,7 +365,7 @@ def test_an_added_validator_joins_at_c_votes_from_c_plus_1_and_collects_its_proo
     assert (replica.me, replica.stable_checkpoint, replica.low_watermark) == (4, C, C)
     assert replica.signing_bound.seq_no >= C
     driven.receive(PrePrepare(0, 11, digest(11), 0), ADDED, (block(11),))
-    assert Prepare(0, 11, digest(11), 4) in driven.sent(Prepare)
+    assert Prepare(0, 11, digest(11), 4, epoch=1) in driven.sent(Prepare)
     driven.step(RequestReceived(keccak(b"a transfer")))
     driven.step(TimerFired(TimerKind.REQUEST, b""))
     assert driven.sent(ViewChange) == [] and replica.view == 0

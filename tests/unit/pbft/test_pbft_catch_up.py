@@ -26,6 +26,7 @@ from pbft_engine.core import (
     TimerFired,
     TimerKind,
 )
+from pbft_engine.core.epochs import Epoch
 from pbft_engine.errors import MessageError
 from pbft_engine.messages import (
     Authenticator,
@@ -127,6 +128,9 @@ def _block(number: int) -> tuple[bytes, bytes]:
     return rlp.encode([header, [], []]), keccak(rlp.encode(header))
 
 
+GENESIS_EPOCH = Epoch(0, 1, VALIDATORS)
+
+
 def _certificate(number: int, block_hash: bytes, signers: range) -> bytes:
     auth = Authenticator(CHAIN_ID, VALIDATORS, KeyVerifier())
     return encode_commit_certificate(
@@ -136,7 +140,7 @@ def _certificate(number: int, block_hash: bytes, signers: range) -> bytes:
 def test_certified_block_hash_accepts_a_quorum_over_the_block() -> None:
     block, block_hash = _block(5)
     certificate = _certificate(5, block_hash, range(3))
-    assert certified_block_hash(block, certificate, number=5, validators=VALIDATORS,
+    assert certified_block_hash(block, certificate, number=5, epoch=GENESIS_EPOCH,
                                 chain_id=CHAIN_ID) == block_hash
 
 
@@ -157,7 +161,7 @@ def test_certified_block_hash_refuses(fault: str) -> None:
     else:
         chain_id = CHAIN_ID + 1
     with pytest.raises(SyncError):
-        certified_block_hash(block, certificate, number=number, validators=VALIDATORS,
+        certified_block_hash(block, certificate, number=number, epoch=GENESIS_EPOCH,
                              chain_id=chain_id)
 
 

@@ -22,8 +22,15 @@ from pbft_engine.core.epochs import (
 )
 from pbft_engine.core.log import CheckpointTracker, StoreWriter
 from pbft_engine.core.view_change import verify_new_view, verify_view_change
-from pbft_engine.errors import CertificateError, ConfigError, MessageError, SignatureError
+from pbft_engine.errors import (
+    CertificateError,
+    ConfigError,
+    EpochMismatch,
+    MessageError,
+    SignatureError,
+)
 from pbft_engine.messages import (
+    Authenticator,
     Checkpoint,
     Commit,
     KeySigner,
@@ -35,6 +42,7 @@ from pbft_engine.messages import (
     ViewChange,
     WireMessage,
     encode_commit_certificate,
+    signing_hash,
 )
 from pbft_engine.quorum import max_faulty, quorum
 from tests.unit.pbft.helpers import GENESIS, PARAMS, SIGNERS
@@ -50,9 +58,12 @@ DIGEST = keccak(b"block")
 MEMBERS = Membership(PARAMS.chain_id, EpochSchedule.genesis(PARAMS), KeyVerifier())
 
 
-def signed(body: Any, epoch_set: tuple[bytes, ...]) -> Signed[Any]:
-    """`body` signed by the validator its replica index names in `epoch_set`."""
-    return MEMBERS.sign(body, KEYS[epoch_set[body.replica]])
+def signed(body: Any, epoch_set: tuple[bytes, ...], epoch: int | None = None) -> Signed[Any]:
+    """`body` signed by the validator its replica index names in `epoch_set`, naming `epoch`
+    (by default: 0 for the genesis set, 1 for any other)."""
+    number = (0 if epoch_set == V0 else 1) if epoch is None else epoch
+    auth = Authenticator(PARAMS.chain_id, epoch_set, KeyVerifier(), number)
+    return auth.sign(dataclasses.replace(body, epoch=number), KEYS[epoch_set[body.replica]])
 
 
 def scheduled(validators: tuple[bytes, ...], passed_at: int = 8) -> EpochSchedule:
@@ -200,15 +211,19 @@ def test_a_vote_counts_only_from_a_member_of_its_height_s_epoch() -> None:
     removed validator votes for block 10, not for 11, even under the index it had."""
     added = membership(ADDED)
     added.verify(signed(Prepare(0, 11, DIGEST, 4), ADDED))
-    with pytest.raises(SignatureError):
+    with pytest.raises(EpochMismatch):  # block 10 is epoch 0's
         added.verify(signed(Prepare(0, 10, DIGEST, 4), ADDED))
+    with pytest.raises(SignatureError, match="not in the validator set"):  # naming epoch 0
+        added.verify(signed(Prepare(0, 10, DIGEST, 4), ADDED, epoch=0))
     removed = membership(REMOVED)
     removed.verify(signed(Prepare(0, 10, DIGEST, 0), V0))  # V0[0] still decides block 10
-    with pytest.raises(SignatureError):
-        removed.verify(signed(Prepare(0, 11, DIGEST, 0), V0))  # index 0 of block 11 is V0[1]
+    with pytest.raises(EpochMismatch):  # block 11 is epoch 1's
+        removed.verify(signed(Prepare(0, 11, DIGEST, 0), V0))
+    with pytest.raises(SignatureError):  # naming epoch 1: index 0 of block 11 is V0[1]
+        removed.verify(signed(Prepare(0, 11, DIGEST, 0), V0, epoch=1))
     removed.verify(signed(Prepare(0, 11, DIGEST, 0), REMOVED))
     with pytest.raises(SignatureError):  # V0[1] under its old index, above the handover
-        removed.verify(signed(Prepare(0, 11, DIGEST, 1), V0))
+        removed.verify(signed(Prepare(0, 11, DIGEST, 1), V0, epoch=1))
 
 
 def certificate(height: int, epoch_set: tuple[bytes, ...], replicas: range | tuple[int, ...]
@@ -225,7 +240,7 @@ def test_a_commit_certificate_needs_the_quorum_of_its_height_s_set() -> None:
     with pytest.raises(CertificateError, match="quorum is 4"):
         added.verify_certificate(certificate(11, ADDED, range(3)), 11, DIGEST)
     added.verify_certificate(certificate(11, ADDED, (0, 1, 2, 4)), 11, DIGEST)
-    with pytest.raises(SignatureError):  # the newcomer signs no block of the old set
+    with pytest.raises(EpochMismatch):  # the new set's certificate for a block of the old
         added.verify_certificate(certificate(10, ADDED, (0, 1, 4)), 10, DIGEST)
 
 
@@ -257,7 +272,7 @@ def test_a_view_change_after_the_handover_is_the_new_set_s_with_the_old_set_s_pr
     verify_view_change(added, view_change(1, 10, 4, V0, ADDED))
     with pytest.raises(MessageError):  # the handover proof signed by the new set's indices
         verify_view_change(added, view_change(1, 10, 4, ADDED[1:], ADDED))
-    with pytest.raises(SignatureError):  # before the handover the newcomer is no member
+    with pytest.raises(EpochMismatch):  # before the handover the newcomer is no member
         verify_view_change(added, view_change(1, 0, 4, V0, ADDED))
 
 
@@ -311,7 +326,11 @@ def test_the_replica_drops_a_vote_signed_by_a_member_of_another_epoch() -> None:
     removed = SIGNERS[0]
     for index in (0, 2):  # its old index, and the index of another member in the new set
         replica.step(MessageReceived(WireMessage(
-            MEMBERS.sign(Prepare(0, 11, DIGEST, index), removed)).encode()))
-    assert (replica.dropped["SignatureError"], replica.received["prepare"]) == (2, 0)
+            MEMBERS.sign(Prepare(0, 11, DIGEST, index), removed)).encode()))  # epoch 0's
+        body = Prepare(0, 11, DIGEST, index, epoch=1)
+        replica.step(MessageReceived(WireMessage(Signed(body, removed.sign_hash(
+            signing_hash(body, PARAMS.chain_id)))).encode()))  # naming epoch 1
+    dropped = (replica.dropped["EpochMismatch"], replica.dropped["SignatureError"])
+    assert (dropped, replica.received["prepare"]) == ((2, 2), 0)
     replica.step(MessageReceived(WireMessage(signed(Prepare(0, 11, DIGEST, 2), REMOVED)).encode()))
-    assert (replica.dropped["SignatureError"], replica.received["prepare"]) == (2, 1)
+    assert replica.received["prepare"] == 1

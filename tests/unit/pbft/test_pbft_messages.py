@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pbft_engine import messages
 from pbft_engine.core.epochs import Epoch, EpochSchedule, Membership
 from pbft_engine.core.view_change import verify_view_change
-from pbft_engine.errors import CertificateError, MessageError, SignatureError
+from pbft_engine.errors import CertificateError, EpochMismatch, MessageError, SignatureError
 from pbft_engine.messages import (
     Authenticator,
     Checkpoint,
@@ -109,7 +109,7 @@ def test_non_canonical_encodings_rejected() -> None:
         WireMessage.decode(WireMessage(signed).encode() + b"\x00")
     with pytest.raises(MessageError, match="unknown message type"):
         WireMessage.decode(rlp.encode([b"\x09", good[1], good[2], good[3]]))
-    short_digest = [good[0], [*good[1][:2], b"\x01" * 31, good[1][3]], good[2], good[3]]
+    short_digest = [good[0], [*good[1][:2], b"\x01" * 31, *good[1][3:]], good[2], good[3]]
     with pytest.raises(MessageError, match="32 bytes"):
         WireMessage.decode(rlp.encode(short_digest))
 
@@ -139,7 +139,7 @@ def test_deeply_nested_input_rejected() -> None:
 
 def test_commit_certificate_verifies_for_the_etl() -> None:
     certificate = encode_commit_certificate(commits(3))
-    signers = verify_commit_certificate(certificate, validators=VALIDATORS, chain_id=7,
+    signers = verify_commit_certificate(certificate, validators=VALIDATORS, epoch=0, chain_id=7,
                                         block_number=5, block_hash=DIGEST)
     assert signers == {0, 1, 2}
 
@@ -156,7 +156,7 @@ def test_commit_certificate_verifies_for_the_etl() -> None:
 )
 def test_bad_commit_certificates_rejected(certificate: bytes, error: type[Exception]) -> None:
     with pytest.raises(error):
-        verify_commit_certificate(certificate, validators=VALIDATORS, chain_id=7,
+        verify_commit_certificate(certificate, validators=VALIDATORS, epoch=0, chain_id=7,
                                   block_number=5, block_hash=DIGEST)
 
 
@@ -165,7 +165,31 @@ def test_forged_commit_in_certificate_rejected() -> None:
     forged[2] = dataclasses.replace(forged[2], signature=forged[1].signature)
     with pytest.raises(SignatureError):
         verify_commit_certificate(encode_commit_certificate(forged), validators=VALIDATORS,
-                                  chain_id=7, block_number=5, block_hash=DIGEST)
+                                  epoch=0, chain_id=7, block_number=5, block_hash=DIGEST)
+
+
+def test_a_certificate_counts_only_in_the_epoch_its_commits_name() -> None:
+    """The same keys signing for epoch 1 make no certificate of epoch 0, and the reverse: a
+    signature is bound to the epoch it names (DESIGN.md section 10)."""
+    epoch_1 = Authenticator(7, VALIDATORS, KeyVerifier(), epoch=1)
+    later = [epoch_1.sign(Commit(0, 5, DIGEST, i, epoch=1), SIGNERS[i]) for i in range(3)]
+    certificate = encode_commit_certificate(later)
+    assert verify_commit_certificate(certificate, validators=VALIDATORS, epoch=1, chain_id=7,
+                                     block_number=5, block_hash=DIGEST) == {0, 1, 2}
+    with pytest.raises(EpochMismatch, match="names epoch 1, counted here only in epoch 0"):
+        verify_commit_certificate(certificate, validators=VALIDATORS, epoch=0, chain_id=7,
+                                  block_number=5, block_hash=DIGEST)
+    with pytest.raises(EpochMismatch):
+        verify_commit_certificate(encode_commit_certificate(commits(3)), validators=VALIDATORS,
+                                  epoch=1, chain_id=7, block_number=5, block_hash=DIGEST)
+    renamed = Signed(dataclasses.replace(later[0].body, epoch=0), later[0].signature)
+    with pytest.raises(SignatureError):  # the epoch is signed: naming another breaks it
+        AUTH.verify(renamed)
+
+
+def test_a_replica_never_signs_for_an_epoch_it_does_not_count_in() -> None:
+    with pytest.raises(EpochMismatch):
+        AUTH.sign(Prepare(0, 1, DIGEST, 1, epoch=1), SIGNERS[1])
 
 
 def test_checkpoint_proof_needs_quorum_of_matching_values() -> None:
@@ -206,7 +230,7 @@ def test_only_a_pre_prepare_carries_a_block_and_exactly_one() -> None:
 
 
 def test_votes_and_checkpoints_are_a_few_hundred_bytes() -> None:
-    largest = AUTH.sign(Commit(2**64 - 1, 2**64 - 1, DIGEST, 3), SIGNERS[3])
+    largest = Signed(Commit(2**64 - 1, 2**64 - 1, DIGEST, 3, epoch=2**64 - 1), b"\xff" * 65)
     data = WireMessage(largest).encode()
     assert WireMessage.decode(data, LIMITS).signed == largest
     for kind in (MessageType.PREPARE, MessageType.COMMIT, MessageType.CHECKPOINT):

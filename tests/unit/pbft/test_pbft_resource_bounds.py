@@ -112,15 +112,17 @@ def largest_view_change(n: int, log_size: int, replica: int) -> Signed[ViewChang
     Q of two entries per seqNo of the window, views and seqNos near 2**64."""
     stable = MAX_U64 - log_size
     window = range(stable + 1, stable + log_size + 1)
-    checkpoints = tuple(unsigned(Checkpoint(stable, keccak(b"b"), keccak(b"s"), i))
+    checkpoints = tuple(unsigned(Checkpoint(stable, keccak(b"b"), keccak(b"s"), i, epoch=MAX_U64))
                         for i in range(n))
-    pset = tuple(PreparedProof(unsigned(PrePrepare(MAX_U64 - 1, s, keccak(b"b"), 0)),
-                               tuple(unsigned(Prepare(MAX_U64 - 1, s, keccak(b"b"), i))
+    phase = {"view": MAX_U64 - 1, "digest": keccak(b"b"), "epoch": MAX_U64}
+    pset = tuple(PreparedProof(unsigned(PrePrepare(seq_no=s, replica=0, **phase)),
+                               tuple(unsigned(Prepare(seq_no=s, replica=i, **phase))
                                      for i in range(1, n)))
                  for s in window)
     qset = tuple(PrePreparedEntry(s, digest, MAX_U64 - 1)
                  for s in window for digest in (b"\x01" * 32, b"\x02" * 32))
-    return unsigned(ViewChange(MAX_U64, stable, checkpoints, pset, qset, replica))
+    return unsigned(ViewChange(MAX_U64, stable, checkpoints, pset, qset, replica,
+                               epoch=MAX_U64))
 
 
 @pytest.mark.parametrize("n", range(1, 17))
@@ -136,9 +138,10 @@ def test_the_largest_new_view_fits_the_transports_frame(n: int) -> None:
         log_size = params.log_size
         view_changes = tuple(largest_view_change(n, log_size, i) for i in range(n))
         pre_prepares = tuple(unsigned(PrePrepare(MAX_U64, MAX_U64 - log_size + i,
-                                                 keccak(b"o"), n - 1))
+                                                 keccak(b"o"), n - 1, epoch=MAX_U64))
                              for i in range(1, log_size + 1))
-        data = WireMessage(unsigned(NewView(MAX_U64, view_changes, pre_prepares, n - 1))).encode()
+        data = WireMessage(unsigned(NewView(MAX_U64, view_changes, pre_prepares, n - 1,
+                                             epoch=MAX_U64))).encode()
         assert len(data) == bound
         assert WireMessage.decode(data, limits).encode() == data
         view_change = WireMessage(view_changes[0]).encode()
