@@ -250,7 +250,8 @@ class Replica:
         try:
             stored = self._load(records)
         except (MessageError, ValueError, IndexError, rlp.exceptions.RLPException) as exc:
-            raise StoreError(f"cannot restore the consensus state: {exc}") from None
+            raise StoreError(f"cannot restore the consensus state ({exc}): damaged, or from "
+                             "before messages named their epoch (start a new testnet)") from None
         # (the store's bound: its view and window, written in the same step as the file)
         known = SigningBound(self.view, self.low_watermark + params.log_size) if stored else None
         self.signing_bound, self.amnesia = restored_bound(
