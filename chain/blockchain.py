@@ -511,6 +511,13 @@ class Blockchain:
     def stored_genesis(db: Database) -> bytes | None:
         return db.keyspace(META_PREFIX).get(GENESIS_KEY)
 
+    @staticmethod
+    def replace_genesis_source(db: Database, source: bytes) -> None:
+        """The genesis document kept in the data directory, replaced (the same block 0: the
+        caller checked)."""
+        with db.batch(sync=True) as batch:
+            batch.put(db.keyspace(META_PREFIX), GENESIS_KEY, source)
+
     # Reads. Each view is a chain over a fresh overlay: anything a read executes (eth_call)
     # writes only to memory.
 

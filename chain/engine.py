@@ -152,6 +152,10 @@ class ConsensusEngine(ABC):
     """A consensus engine. One instance per node, driven on the node's event loop."""
 
     name: ClassVar[str]
+    # Keys of the genesis engine section that `pbft-node init` may change in an initialised
+    # data directory (the same block 0): what a coordinated restart changes, such as PBFT's
+    # `transitions`; every other key is fixed for the chain's life.
+    updatable_params: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, context: EngineContext, params: Mapping[str, Any]) -> None:
         self.context = context

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import secrets
@@ -96,9 +97,27 @@ def open_database(datadir: Path) -> Database:
 
 
 def initialize_datadir(datadir: Path, genesis: Genesis) -> BlockHeaderAPI:
-    """Write the genesis block into a new (or same-genesis) data directory."""
+    """Write the genesis block into a new (or same-genesis) data directory; in one holding
+    a chain, take a genesis that changes only what its engine lets change (`geth init` on
+    a chain does the same for its future fork blocks), and say so loudly."""
     with open_database(datadir) as db:
+        stored = Blockchain.stored_genesis(db)
+        if stored is not None and stored != genesis.source and _updates_only(
+                load_genesis_bytes(stored, available_engines(), origin="stored genesis"),
+                genesis):
+            Blockchain.replace_genesis_source(db, genesis.source)
+            log.warning("genesis of %s updated: engine section now %s", datadir,
+                        genesis.engine_params)
         return Blockchain(db, genesis).head()
+
+
+def _updates_only(stored: Genesis, new: Genesis) -> bool:
+    """`new` is `stored` but for the engine section's keys its engine may update."""
+    updatable = load_engine_class(new.engine).updatable_params
+    def fixed(genesis: Genesis) -> Genesis:
+        params = {k: v for k, v in genesis.engine_params.items() if k not in updatable}
+        return dataclasses.replace(genesis, engine_params=params, source=b"")
+    return stored.engine == new.engine and fixed(stored) == fixed(new)
 
 
 def write_node_key(datadir: Path, key: PrivateKey) -> PrivateKey:

@@ -64,6 +64,7 @@ from pbft_engine.errors import ConfigError, LostRecordsError, PbftError, StoreEr
 from pbft_engine.messages import KeySigner, KeyVerifier, decode_commit_certificate
 from pbft_engine.metrics import PbftMetrics
 from pbft_engine.observer import Observer, forwarding_shortfall
+from pbft_engine.overrides import check_overrides
 from pbft_engine.peer_budget import GOSSIP, MESSAGES, PeerBudget
 from pbft_engine.record_store import LevelDBConsensusStore
 from pbft_engine.registry import REGISTRY_ADDRESS, ValidatorRegistry, schedule_from
@@ -115,6 +116,7 @@ class ConsensusLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 class PbftEngine(ConsensusEngine):
     name = "pbft"
+    updatable_params = frozenset({"transitions"})  # overrides, by a coordinated restart
 
     def __init__(self, context: EngineContext, params: Mapping[str, Any]) -> None:
         super().__init__(context, params)
@@ -158,6 +160,12 @@ class PbftEngine(ConsensusEngine):
     async def start(self) -> None:
         head = self.context.head()
         self.feed.refresh(head.block_number, head.hash)
+        try:
+            for line in check_overrides(self.feed.schedule, head.block_number,
+                                        self.engine_params.chain_id, self._certified_block):
+                self.log.warning("%s", line)
+        except ConfigError as exc:
+            raise EngineError(str(exc)) from None
         key = self.context.validator_key
         address = key.public_key.to_canonical_address() if key is not None else None
         deciding = self.feed.schedule.set_at(head.block_number)
@@ -194,6 +202,11 @@ class PbftEngine(ConsensusEngine):
                 "again once its stable checkpoint reaches %d and its view reaches %d (%s)",
                 replica.amnesia.seq_no, replica.amnesia.view, self.state_file.path)
         self._run_replica(replica)
+
+    def _certified_block(self, number: int) -> tuple[bytes, bytes] | None:
+        header = self.context.canonical_header(number)
+        certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(number))
+        return None if header is None or certificate is None else (header.hash, certificate)
 
     def _run_replica(self, replica: Replica) -> None:
         """Vote with `replica` from here (at start, or when an observer joins the set)."""

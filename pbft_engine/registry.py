@@ -302,7 +302,7 @@ class ValidatorRegistry(SystemContract):
             raise SystemContractRevert("the zero address cannot be a validator")
         schedule = self.schedule(storage)
         validators = self._check_voter(schedule, sender, epoch, block_number)
-        after = schedule.epochs[-1].validators  # the set after every scheduled change
+        after = schedule.after_changes(block_number)  # after every scheduled change
         if add and subject in after:
             raise SystemContractRevert(f"{_hex(subject)} is a validator already (or its "
                                        "addition is scheduled)")
@@ -326,10 +326,12 @@ class ValidatorRegistry(SystemContract):
             changed = (*after, subject) if add else tuple(v for v in after if v != subject)
             if schedule.schedule(changed, passed_at=block_number) is schedule:
                 # the schedule takes the same set passing in the same block for a replay of
-                # the change it knows (a restart's): recorded, it would never take effect
+                # the change it knows (a restart's), and voids a change that an override of
+                # genesis takes over from first: recorded, it would never take effect
                 raise SystemContractRevert(
-                    f"this change makes the set that was scheduled already in block "
-                    f"{block_number}: one change to a set per block")
+                    f"this change would never take effect: it makes the set scheduled "
+                    f"already in block {block_number} (one change to a set per block), or "
+                    f"an override of genesis (config.pbft.transitions) comes first")
             _record_change(storage, Change(changed, block_number))
             self._drop_subject(lists, subject, recorded, sender)
             lists.put_of(sender, others)

@@ -180,9 +180,12 @@ def extra_data(raw_header: bytes) -> str:
     return to_hex(value)
 
 
-def _next_epoch(client: JsonRpcClient, epoch: Epoch, boundary: int, chain_id: int) -> Epoch:
+def _next_epoch(client: JsonRpcClient, epoch: Epoch, boundary: int, chain_id: int,
+                override: tuple[str, ...] | None = None) -> Epoch:
     """The epoch after `boundary`, proven: block `boundary` certified by `epoch`'s set, its
-    extraData the hash of the set the node names for the next block."""
+    extraData the hash of the set the node names for the next block; or, where the genesis
+    file has an `override` from boundary + 1, that set (the block's commitment is the old
+    schedule's)."""
     number = hex(boundary)
     block, certificate, following = client.batch([
         ("debug_getRawBlock", [number]), ("pbft_getCommitCertificate", [number]),
@@ -193,6 +196,8 @@ def _next_epoch(client: JsonRpcClient, epoch: Epoch, boundary: int, chain_id: in
     except (ExtractError, MessageError) as exc:
         raise UnprovenEpoch(f"block {boundary} is not certified by {epoch.describe()} "
                             f"({exc})") from None
+    if override is not None:
+        return Epoch(epoch.number + 1, boundary + 1, override)
     validators = _addresses(following, f"the validators of block {boundary + 1}")
     if committed == "0x":
         raise UnprovenEpoch(f"block {boundary} commits to no next validator set (extraData 0x)")
@@ -234,7 +239,8 @@ def claimed_epochs(client: JsonRpcClient, last: int) -> list[Epoch]:
 
 
 def walk_epochs(client: JsonRpcClient, genesis: tuple[str, ...], chain_id: int,
-                height: int) -> list[Epoch]:
+                height: int, overrides: dict[int, tuple[str, ...]] | None = None
+                ) -> list[Epoch]:
     """The epochs from block 1 up to the one that decides `height`, each proven from the
     genesis set; the last one's `last_block` is None. Where the node says no change comes
     (or none before `height`), its word is checked by whoever reads the certified header
@@ -251,6 +257,6 @@ def walk_epochs(client: JsonRpcClient, genesis: tuple[str, ...], chain_id: int,
         last = _last_block(answer, epoch)
         if last is None or last >= height:
             return epochs
-        following = _next_epoch(client, epoch, last, chain_id)
+        following = _next_epoch(client, epoch, last, chain_id, (overrides or {}).get(last + 1))
         epochs[-1] = replace(epoch, last_block=last)
         epochs.append(following)

@@ -41,7 +41,8 @@ def check_head(client: JsonRpcClient, head: int, genesis: ValidatorSet) -> None:
         return
     try:
         # up to the set of head + 1, which the head's header commits to
-        epochs = walk_epochs(client, genesis.addresses, genesis.chain_id, head + 1)
+        epochs = walk_epochs(client, genesis.addresses, genesis.chain_id, head + 1,
+                             dict(genesis.overrides))
     except UnprovenEpoch as exc:
         raise UncertifiedHead(f"its head {head} is not certified: {exc}") from None
     epoch = epoch_at(epochs, head)

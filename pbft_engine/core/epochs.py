@@ -54,6 +54,9 @@ class Epoch:
     first: int
     validators: tuple[bytes, ...]
     passed_at: int | None = None  # the committed block in which the change passed (genesis: None)
+    # From genesis `config.pbft.transitions`: takes over at `first` without a vote or a
+    # handover certificate (first - 1 is stable by the genesis file, as block 0 is).
+    override: bool = False
 
     def __post_init__(self) -> None:
         if not self.validators:
@@ -121,9 +124,12 @@ class EpochSchedule:
 
     @classmethod
     def genesis(cls, params: EngineParams) -> EpochSchedule:
-        """The genesis set as epoch 0, nothing scheduled."""
+        """The genesis set as epoch 0, then the overrides of `config.pbft.transitions`
+        (scheduled from the start; nothing else is)."""
+        overrides = (Epoch(i, first, validators, override=True)
+                     for i, (first, validators) in enumerate(params.transitions, 1))
         return cls(params.checkpoint_interval, params.max_in_flight,
-                   (Epoch(0, GENESIS_FIRST_HEIGHT, params.validators),))
+                   (Epoch(0, GENESIS_FIRST_HEIGHT, params.validators), *overrides))
 
     @cached_property
     def _firsts(self) -> tuple[int, ...]:
@@ -172,38 +178,71 @@ class EpochSchedule:
         pre-prepared, prepared or committed until the checkpoint at c is stable."""
         return self.handover
 
+    def _known_at(self, block: int) -> int:
+        """How many epochs a change passing in `block` comes after: all but the overrides
+        that take over above it (those stay last, whatever passes before them)."""
+        count = len(self.epochs)
+        while self.epochs[count - 1].override and self.epochs[count - 1].first > block:
+            count -= 1
+        return count
+
+    def after_changes(self, block: int) -> tuple[bytes, ...]:
+        """The set after every change known in `block`: what a change passing there
+        changes (a later override aside)."""
+        return self.epochs[self._known_at(block) - 1].validators
+
     def schedule(self, validators: Sequence[bytes], *, passed_at: int) -> EpochSchedule:
         """The schedule with a change to `validators` that passed in committed block
-        `passed_at`; its handover checkpoint is the new schedule's last epoch's first height
-        minus one. One change per epoch: a change that passes while another is scheduled
-        takes effect at the first checkpoint after that one's (a FIFO queue, so every epoch
-        spans at least K heights). Any scheduled change fed again (a restart replaying the state)
-        changes nothing."""
-        last = self.epochs[-1]
+        `passed_at`; its handover checkpoint is its epoch's first height minus one. One
+        change per epoch: a change that passes while another is scheduled takes effect at
+        the first checkpoint after that one's (a FIFO queue, so every epoch spans at least K
+        heights). A change that an override of genesis would take over from before it takes
+        effect is void (returns this schedule). Any scheduled change fed again (a restart
+        replaying the state) changes nothing."""
         change = tuple(validators)
         if any((e.passed_at, e.validators) == (passed_at, change) for e in self.epochs):
             return self
-        if last.passed_at is not None and passed_at < last.passed_at:
+        voted = [e.passed_at for e in self.epochs if e.passed_at is not None]
+        if voted and passed_at < voted[-1]:
             raise ConfigError(f"a change passed at {passed_at} comes after one that passed at "
-                              f"{last.passed_at}")
+                              f"{voted[-1]}")
         if passed_at < GENESIS_FIRST_HEIGHT:
             raise ConfigError(f"a change passes in a committed block, not at {passed_at}")
+        known = self._known_at(passed_at)
+        last, later = self.epochs[known - 1], self.epochs[known:]
         if change == last.validators:
             raise ConfigError("the change leaves the validator set as it is")
         c = max(handover_checkpoint(passed_at, self.checkpoint_interval, self.max_in_flight),
                 last.first - 1 + self.checkpoint_interval)
-        epoch = Epoch(last.number + 1, c + 1, change, passed_at)
-        return EpochSchedule(self.checkpoint_interval, self.max_in_flight,
-                             (*self.epochs, epoch), self.installed)
+        if later and later[0].first <= c + 1:
+            return self  # the override takes over before it would
+        epochs = (*self.epochs[:known], Epoch(known, c + 1, change, passed_at),
+                  *(replace(e, number=e.number + 1) for e in later))
+        return EpochSchedule(self.checkpoint_interval, self.max_in_flight, epochs,
+                             self.installed)
+
+    def stable_by_genesis(self, seq_no: int) -> bool:
+        """Block 0, and the block before an override: stable without any CHECKPOINT."""
+        following = self.epoch_at(seq_no + 1)
+        return seq_no == 0 or (following.override and following.first == seq_no + 1)
 
     def install(self, stable_checkpoint: int) -> EpochSchedule:
         """What a stable checkpoint installs: every scheduled epoch whose handover checkpoint
-        it is or passed (a checkpoint proved stable above c proves c's handover too)."""
+        it is or passed (a checkpoint proved stable above c proves c's handover too). An
+        override's block before it is stable by the genesis file once executed: pass the
+        last executed block for those (`installed_by`)."""
         installed = self.epoch_at(stable_checkpoint + 1).number
         if installed <= self.installed:
             return self
         return EpochSchedule(self.checkpoint_interval, self.max_in_flight, self.epochs,
                              installed)
+
+    def install_executed(self, last_executed: int) -> EpochSchedule:
+        """What a block executed here installs: an epoch after c once a block above c is (a
+        quorum of its set committed it), an override once the block before it is."""
+        reached = max((e.first - 1 for e in self.epochs
+                       if e.override and e.first - 1 <= last_executed), default=0)
+        return self.install(max(last_executed - 1, reached))
 
 
 def message_height(body: Body) -> int:
@@ -282,6 +321,14 @@ class Membership:
 
     def sign(self, body: B, signer: Signer) -> Signed[B]:
         return self.auth_at(message_height(body)).sign(body, signer)
+
+    def verify_checkpoint_proof(self, seq_no: int, proof: Sequence[Signed[Checkpoint]]
+                                ) -> tuple[bytes, bytes] | None:
+        """Q matching CHECKPOINTs of seq_no's epoch; none needed for a checkpoint stable by
+        the genesis file (block 0, the block before an override: returns None)."""
+        if not proof and self.schedule.stable_by_genesis(seq_no):
+            return None
+        return self.auth_at(seq_no).verify_checkpoint_proof(seq_no, proof)
 
     def verify_certificate(self, certificate: bytes, height: int, block_hash: bytes) -> None:
         """Q of the set of `height`'s epoch committed this block; raises MessageError."""

@@ -51,7 +51,7 @@ def installed_by(schedule: EpochSchedule, stable_checkpoint: int, last_executed:
     leaves only on such a block: until then some member may still lack its CHECKPOINT at c,
     which it sends again (`awaiting_handover`; the handover needs Q of the OLD set, and
     Sawtooth PBFT warns against shutting a removed node down early)."""
-    by_execution = schedule.install(last_executed - 1)
+    by_execution = schedule.install_executed(last_executed)
     installed = by_execution.install(stable_checkpoint)
     return installed if address in installed.current.validators else by_execution
 
@@ -177,9 +177,41 @@ def install(replica: Replica) -> None:
     if replica.left:
         replica._out.append(left_action(replica))
         return
+    enter_epoch(replica)
+
+
+def take_override(replica: Replica) -> bool:
+    """A replica restarted in an override's epoch (`config.pbft.transitions`) with the block
+    before it executed enters it (`stand_on_override`); True if it did."""
+    epoch = replica.epochs.current
+    if not (epoch.override and replica.stable_checkpoint < epoch.first - 1 <= replica.last_exec):
+        return False
+    enter_epoch(replica)
+    return True
+
+
+def stand_on_override(replica: Replica) -> None:
+    """An override takes over after block c = its first height - 1, which no quorum of the
+    old set may ever make stable (more than f of it are gone: what the override is for).
+    Once c is executed here it is the stable checkpoint by the genesis file, as block 0 is:
+    its proof is empty, and what the old set's messages held above it goes."""
+    epoch = replica.epochs.current
+    c = epoch.first - 1
+    if epoch.override and replica.stable_checkpoint < c <= replica.last_exec:
+        forget_unproven(replica, epoch.first)
+        replica.stable_checkpoint = c
+        replica.checkpoints.stabilize(c)
+        replica.log.truncate_view_change_sets(c)
+
+
+def enter_epoch(replica: Replica) -> None:
+    """The installed epoch's set decides everything above h, which moves to the epoch's
+    first height - 1 at least; this replica's VIEW-CHANGE, if of the old epoch, is replaced
+    by one for the next view; the messages held for the epoch's heights are taken."""
     replica.view_changes = {a: w for a, w in replica.view_changes.items()
                             if counts_toward_view(replica.epochs, w.signed)}
     replica.relayed = set()  # the primary of this view may be another member now
+    stand_on_override(replica)
     replica._move_watermarks(max(replica.low_watermark, replica.epochs.current.first - 1))
     if not replica.active and replica.address not in replica.view_changes:
         # Its VIEW-CHANGE for this view is the old epoch's, which the new set does not

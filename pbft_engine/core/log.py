@@ -402,8 +402,10 @@ class CheckpointTracker:
         return self._own(seq_no, self.votes.get(seq_no, {}))
 
     def short_of_proof(self, seq_no: int) -> bool:
-        """Fewer than Q matching CHECKPOINTs held for seq_no (a replica that joined there)."""
-        return len(self.proof(seq_no)) < self.membership.quorum_at(seq_no)
+        """Fewer than Q matching CHECKPOINTs held for seq_no (a replica that joined there),
+        which is not stable by the genesis file (an override's block before it)."""
+        return (len(self.proof(seq_no)) < self.membership.quorum_at(seq_no)
+                and not self.membership.schedule.stable_by_genesis(seq_no))
 
     def proof(self, seq_no: int) -> tuple[Signed[Checkpoint], ...]:
         """C: the matching CHECKPOINTs of the most vouched-for value at seq_no."""

@@ -43,6 +43,9 @@ class EngineParams:
     # min(MIN_FAULT_TOLERANT_SET, the genesis set's size)).
     min_validators: int = 0
     vote_ttl: int = DEFAULT_VOTE_TTL  # blocks after which a validator-set vote expires
+    # Overrides (`config.pbft.transitions`): from block `first` on, this set decides, without
+    # a vote; for when more than f validators are gone for good (a coordinated restart).
+    transitions: tuple[tuple[int, tuple[bytes, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if self.min_validators == 0:
@@ -70,6 +73,10 @@ class EngineParams:
                               f"{len(self.validators)}")
         if self.vote_ttl < 1:
             raise ConfigError("vote_ttl must be at least 1 block")
+        firsts = [first for first, _ in self.transitions]
+        if firsts != sorted(set(firsts)) or any(first < 2 for first in firsts):
+            raise ConfigError("config.pbft.transitions: blocks must be 2 or above, each once, "
+                              "in increasing order")
 
     @classmethod
     def from_genesis(cls, chain_id: int, config: Mapping[str, Any]) -> EngineParams:
@@ -91,6 +98,7 @@ class EngineParams:
                 min_validators=(_count(config["min_validators"], "min_validators")
                                 if "min_validators" in config else 0),
                 vote_ttl=_count(config.get("vote_ttl", DEFAULT_VOTE_TTL), "vote_ttl"),
+                transitions=tuple(_transition(t) for t in config.get("transitions", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"invalid config.pbft section: {exc!r}") from None
@@ -127,6 +135,16 @@ class EngineParams:
         """`duration_ms` doubled `doublings` times, capped (Castro & Liskov, section 4.5.2)."""
         cap = max(duration_ms, self.new_view_timeout_cap_ms)
         return min(duration_ms << max(0, min(doublings, MAX_DOUBLINGS)), cap)
+
+
+def _transition(entry: Mapping[str, Any]) -> tuple[int, tuple[bytes, ...]]:
+    """One `config.pbft.transitions` entry: {"block": n, "validators": ["0x..", ...]}."""
+    addresses = tuple(bytes.fromhex(a.removeprefix("0x")) for a in entry["validators"])
+    if not addresses or any(len(a) != ADDRESS_SIZE for a in addresses) or (
+            len(set(addresses)) != len(addresses)):
+        raise ConfigError(f"config.pbft.transitions: block {entry['block']}'s validators must "
+                          "be distinct 20-byte addresses, at least one")
+    return _count(entry["block"], "a transition's block"), addresses
 
 
 def _count(value: object, name: str) -> int:

@@ -67,6 +67,7 @@ from pbft_engine.core.handover import (
     retime_primary,
     schedule_change,
     take_installed,
+    take_override,
 )
 from pbft_engine.core.log import (
     CheckpointTracker,
@@ -621,6 +622,8 @@ class Replica:
             self._persist_meta()
         if self.params.empty_blocks:
             self._set_timer(TimerKind.BLOCK_PERIOD, b"", self.params.block_period_ms)
+        if take_override(self):  # restarted with an override of genesis reached
+            return
         if not self.active:
             self._resend_view_change()
             self._advance()  # certified blocks held here are executed in any view

@@ -41,8 +41,7 @@ def verify_view_change(membership: Membership, signed: Signed[ViewChange],
         raise MessageError("view-change to view 0")
     vc.check_sets(log_size)
     membership.verify(signed)
-    membership.auth_at(vc.stable_seq_no).verify_checkpoint_proof(vc.stable_seq_no,
-                                                                 vc.checkpoint_proof)
+    membership.verify_checkpoint_proof(vc.stable_seq_no, vc.checkpoint_proof)
     for proof in vc.pset:
         membership.auth_at(proof.seq_no).verify_prepared_proof(proof)
 

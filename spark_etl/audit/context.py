@@ -43,6 +43,9 @@ class ValidatorSet:
     checkpoint_interval: int | None = None  # K: None when the set was not read from genesis
     genesis_hash: str | None = None  # lower-case 0x hash of block 0 built from the genesis
     changes: tuple[Change, ...] = ()
+    # The genesis file's overrides (config.pbft.transitions): sets that take over without a
+    # vote, so the block before each commits to the set the old schedule named, not theirs
+    overrides: tuple[Change, ...] = ()
 
     @property
     def size(self) -> int:

@@ -86,7 +86,24 @@ def read_genesis(path: Path) -> ValidatorSet:
     interval = pbft.get("checkpoint_interval", 10)  # pbft_engine.core.params' default
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
         raise UsageError(f"{path}: config.pbft.checkpoint_interval must be a positive integer")
-    return ValidatorSet(parse_addresses(pbft["validators"], str(path)), chain_id, interval)
+    return ValidatorSet(parse_addresses(pbft["validators"], str(path)), chain_id, interval,
+                        overrides=_overrides(pbft.get("transitions", []), path))
+
+
+def _overrides(entries: Any, path: Path) -> tuple[Change, ...]:
+    """config.pbft.transitions: [{"block": n, "validators": [...]}, ...], by block."""
+    if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("block"), int)
+            and not isinstance(e["block"], bool) and e["block"] >= 2
+            and isinstance(e.get("validators"), list) for e in entries):
+        raise UsageError(f"{path}: config.pbft.transitions must be a list of "
+                         '{"block": n >= 2, "validators": [addresses]}')
+    overrides = tuple((e["block"], parse_addresses(e["validators"], str(path)))
+                      for e in entries)
+    firsts = [first for first, _ in overrides]
+    if firsts != sorted(set(firsts)):
+        raise UsageError(f"{path}: config.pbft.transitions: each block once, in order")
+    return overrides
 
 
 def _reported(manifest: DataFrame) -> tuple[tuple[str, ...], int]:
@@ -141,7 +158,10 @@ def resolve_validators(
     changes after genesis the most nodes reported (`_claimed`)."""
     claimed = _claimed(epochs)
     changes = claimed[1:]
-    if genesis is not None:
+    if genesis is not None:  # its overrides are the genesis file's word, not the nodes'
+        overridden = {first for first, _ in genesis.overrides}
+        changes = tuple(sorted((*(c for c in changes if c[0] not in overridden),
+                                *genesis.overrides)))
         return replace(genesis, changes=changes)
     reported, chain_id = _reported(manifest)
     if addresses is not None:

@@ -101,6 +101,22 @@ def test_the_genesis_file_gives_the_hash_of_block_0(
     assert other.genesis_hash != test_chain.genesis_hash
 
 
+def test_the_genesis_file_s_overrides_are_read_and_a_malformed_one_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], test_chain: ServedChain, tmp_path: Path,
+) -> None:
+    """config.pbft.transitions: the sets the audit takes from the file at those blocks."""
+    later = test_chain.validators.addresses[:2]
+    config = {"chainId": CHAIN_ID, "pbft": {"validators": test_chain.validators.addresses,
+                                            "transitions": [{"block": 9, "validators": later}]}}
+    trusted = genesis_validators(write_genesis(test_chain, tmp_path / "g.json", config=config))
+    assert trusted.overrides == ((9, tuple(later)),)
+    config["pbft"]["transitions"] = [{"block": 1, "validators": later}]
+    bad = write_genesis(test_chain, tmp_path / "bad.json", config=config)
+    code, _, stderr = etl(capsys, "audit", "--data", str(tmp_path), "--genesis", str(bad))
+    assert (code, stderr.count("\n")) == (2, 1), stderr
+    assert "config.pbft.transitions must be a list" in stderr
+
+
 def test_a_block_0_that_is_not_the_genesis_s_is_genesis_block(
     spark: SparkSession, tables: Tables, validator_set: ValidatorSet, test_chain: ServedChain
 ) -> None:

@@ -192,6 +192,28 @@ def test_a_boundary_that_commits_to_no_set_is_not_proven() -> None:
         walk_epochs(client, GENESIS_SET.addresses, CHAIN_ID, HEAD)
 
 
+def test_an_override_of_the_genesis_file_is_proven_by_the_file_not_the_header() -> None:
+    """The third set takes over at block 21 by the genesis file's config.pbft.transitions:
+    block 20 was decided before anyone knew, so it commits to the set the votes scheduled
+    (the second, again). With the file's override the walk takes the third set from 21;
+    without it, nothing proves the change."""
+
+    class Overridden(EpochChain):
+        def header_fields(self, number: int) -> list[Any]:
+            fields = super().header_fields(number)
+            if number == FIRSTS[2] - 1:
+                fields[-1] = keccak(rlp.encode(sorted(s.address for s in SECOND.signers)))
+            return fields
+
+    with rpc_server(Overridden().answers()) as url, JsonRpcClient(url, FAST) as client:
+        epochs = walk_epochs(client, GENESIS_SET.addresses, CHAIN_ID, HEAD,
+                             {FIRSTS[2]: tuple(THIRD.addresses)})
+        assert [(e.number, e.first_block, e.validators) for e in epochs][-1] == (
+            2, FIRSTS[2], tuple(THIRD.addresses))
+        with pytest.raises(UnprovenEpoch, match="commits to the same validator set"):
+            walk_epochs(client, GENESIS_SET.addresses, CHAIN_ID, HEAD)
+
+
 def test_a_node_claiming_endless_one_block_epochs_is_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
