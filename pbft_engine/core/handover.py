@@ -167,8 +167,10 @@ def take_installed(replica: Replica) -> bool:
 def install(replica: Replica) -> None:
     """A new epoch is installed here: its set decides everything above h, which moves
     to its handover checkpoint at least (the old epoch's heights are done here); the
-    messages held for its heights are taken. A replica outside its set leaves."""
+    messages held for its heights are taken. A replica outside its set leaves. Called
+    after every execution too, for a view change the install had to put off."""
     if not take_installed(replica):
+        leave_old_epoch_view(replica)
         return
     # Messages to one replica name it by its index in the installed epoch as the step ends
     # (`SendTo`): those of this step went to members of the old one (relays to its primary,
@@ -213,14 +215,26 @@ def enter_epoch(replica: Replica) -> None:
     replica.relayed = set()  # the primary of this view may be another member now
     stand_on_override(replica)
     replica._move_watermarks(max(replica.low_watermark, replica.epochs.current.first - 1))
-    if not replica.active and replica.address not in replica.view_changes:
-        # Its VIEW-CHANGE for this view is the old epoch's, which the new set does not
-        # count, and it never signs two for one view: it asks for the next one instead.
-        replica._start_view_change(replica.view + 1, "handover")
+    leave_old_epoch_view(replica)
     replica._restart_request_timer()
     if replica.active:
         replica._replay_future()
     replica._advance()
+
+
+def leave_old_epoch_view(replica: Replica) -> None:
+    """A replica in a view change whose VIEW-CHANGE is the old epoch's (the new set does
+    not count it) asks for the next view: it never signs two for one view. It may not yet
+    at the install, when the handover checkpoint was proved stable (by CHECKPOINTs or a
+    new-set VIEW-CHANGE) before it executed it (`Replica._may_view_change`), so this is
+    asked again after each execution. Otherwise, once fewer than N - f members are left
+    to count in this view, none of them ever times out (the new-view timer waits for N - f
+    VIEW-CHANGEs), and the new set stalls for good (membership seed 662 at N = 6)."""
+    if replica.active or replica.left:  # (one that left signs nothing more)
+        return
+    own = replica.view_changes.get(replica.address)  # (a resend puts it back after the install)
+    if own is None or not counts_toward_view(replica.epochs, own.signed):
+        replica._start_view_change(replica.view + 1, "handover")
 
 
 def awaiting_handover(replica: Replica) -> Signed[Checkpoint] | None:

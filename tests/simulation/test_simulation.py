@@ -318,7 +318,7 @@ def test_a_replica_restarted_in_a_view_change_executes_what_it_holds_certified()
 # --- membership seeds that found gaps in the handover (issue 31, fixed with it) -------------
 
 
-@pytest.mark.parametrize(("seed", "n"), [(32, 5), (172, 9), (202, 4), (382, 6)])
+@pytest.mark.parametrize(("seed", "n"), [(32, 5), (172, 9), (202, 4), (382, 6), (662, 6)])
 def test_membership_seeds_that_found_handover_gaps(seed: int, n: int) -> None:
     """Seed 32 at N = 5: a replica caught up past the handover checkpoint (its own stable
     checkpoint below it, so its VIEW-CHANGE would be the old epoch's) and the view change
@@ -330,5 +330,9 @@ def test_membership_seeds_that_found_handover_gaps(seed: int, n: int) -> None:
     Seeds 202 at N = 4 and 382 at N = 6: the primary owed blocks up to the handover
     checkpoint and brought none (in a view change of its own; faulty), and no request waited,
     so nothing timed it and the handover stalled: the backups time an owed block too
-    (`handover.awaits_primary`)."""
+    (`handover.awaits_primary`).
+    Seed 662 at N = 6: two members of the new set signed VIEW-CHANGE(1) in the old epoch,
+    and a new-set VIEW-CHANGE installed the new epoch before they executed c, too early
+    for their VIEW-CHANGE(2); the other three waited for a fourth of the new epoch for
+    good: the next view is asked for once c is executed (`handover.leave_old_epoch_view`)."""
     run_seed(seed, n)
