@@ -34,6 +34,7 @@ from pbft_engine.messages import (
     MessageLimits,
     NewView,
     PhaseMessage,
+    PreparedProof,
     Signed,
     Signer,
     Verifier,
@@ -292,7 +293,9 @@ class Membership:
         return self.schedule.epoch_at(height).number
 
     def auth_at(self, height: int) -> Authenticator:
-        epoch = self.schedule.epoch_at(height)
+        return self._auth(self.schedule.epoch_at(height))
+
+    def _auth(self, epoch: Epoch) -> Authenticator:
         auth = self._authenticators.get(epoch)
         if auth is None:
             auth = Authenticator(self.chain_id, epoch.validators, self.verifier, epoch.number)
@@ -329,6 +332,16 @@ class Membership:
         if not proof and self.schedule.stable_by_genesis(seq_no):
             return None
         return self.auth_at(seq_no).verify_checkpoint_proof(seq_no, proof)
+
+    def verify_prepared_proof(self, proof: PreparedProof) -> None:
+        """A VIEW-CHANGE's prepared certificate, counted with the set of its height's epoch;
+        at an override's heights also with the epoch before it, which it names (what the
+        old set prepared there before the override: `handover.stand_on_override`)."""
+        epoch = self.schedule.epoch_at(proof.seq_no)
+        named = proof.pre_prepare.body.epoch
+        if epoch.override and named == epoch.number - 1:
+            epoch = self.schedule.epochs[named]
+        self._auth(epoch).verify_prepared_proof(proof)
 
     def verify_certificate(self, certificate: bytes, height: int, block_hash: bytes) -> None:
         """Q of the set of `height`'s epoch committed this block; raises MessageError."""

@@ -83,7 +83,7 @@ def retime_primary(replica: Replica) -> None:
         replica._arm_request_timer()
 
 
-def forget_unproven(replica: Replica, first: int) -> None:
+def forget_unproven(replica: Replica, first: int, keep_prepared: bool = False) -> None:
     """What this replica verified and held for heights from `first` on while it counted
     them in the old epoch (the future buffer, the certStore's votes, CHECKPOINTs), checked
     again with the set that decides them now, and forgotten if it fails: a replica index
@@ -102,7 +102,7 @@ def forget_unproven(replica: Replica, first: int) -> None:
 
     replica.future = {k: w for k, w in replica.future.items()
                       if k[2] < first or proven(w.signed)}
-    replica.log.forget_unproven(first, proven)
+    replica.log.forget_unproven(first, proven, keep_prepared)
     replica.checkpoints.forget_unproven(first, proven)
 
 
@@ -184,11 +184,15 @@ def install(replica: Replica) -> None:
 
 def take_override(replica: Replica) -> bool:
     """A replica restarted in an override's epoch (`config.pbft.transitions`) with the block
-    before it executed enters it (`stand_on_override`); True if it did."""
+    before it executed enters it (`stand_on_override`) and asks for the next view: the new
+    set's first NEW-VIEW carries what the survivors prepared above it (see below); True if
+    it did."""
     epoch = replica.epochs.current
     if not (epoch.override and replica.stable_checkpoint < epoch.first - 1 <= replica.last_exec):
         return False
     enter_epoch(replica)
+    if replica.active:
+        replica._start_view_change(replica.view + 1, "override")
     return True
 
 
@@ -196,11 +200,17 @@ def stand_on_override(replica: Replica) -> None:
     """An override takes over after block c = its first height - 1, which no quorum of the
     old set may ever make stable (more than f of it are gone: what the override is for).
     Once c is executed here it is the stable checkpoint by the genesis file, as block 0 is:
-    its proof is empty, and what the old set's messages held above it goes."""
+    its proof is empty, and what the old set's messages held above it goes but P: a block
+    the old set prepared above c may have been committed by validators now gone, and PBFT
+    carries prepared blocks into the next view (Castro & Liskov, section 4.4): the survivors'
+    VIEW-CHANGEs in the new set carry them (`Membership.verify_prepared_proof`), so the new
+    set's first NEW-VIEW proposes them again. A block committed by the old set had Q of it
+    prepare it, of whom at least n - 2f - 1 survived, which the N - f VIEW-CHANGEs of the
+    survivors' set include when that set is the survivors."""
     epoch = replica.epochs.current
     c = epoch.first - 1
     if epoch.override and replica.stable_checkpoint < c <= replica.last_exec:
-        forget_unproven(replica, epoch.first)
+        forget_unproven(replica, epoch.first, keep_prepared=True)
         replica.stable_checkpoint = c
         replica.checkpoints.stabilize(c)
         replica.log.truncate_view_change_sets(c)

@@ -289,10 +289,11 @@ class MessageLog:
                                      signed_key(VIEW_MESSAGE_SEQ_NO, message_type, 0),
                                      signed_key(VIEW_MESSAGE_SEQ_NO, message_type, view))
 
-    def forget_unproven(self, first: int, proven: Callable[[Signed[Body]], bool]) -> None:
+    def forget_unproven(self, first: int, proven: Callable[[Signed[Body]], bool],
+                        keep_prepared: bool = False) -> None:
         """A validator-set change: the votes for heights from `first` on that do not verify
-        with the set deciding them now go, in memory and on disk, and so do P and Q there
-        (`handover.forget_unproven`)."""
+        with the set deciding them now go, in memory and on disk, and so do P (unless
+        `keep_prepared`: an override carries it) and Q there (`handover.forget_unproven`)."""
         for (_, seq_no), slot in self.certs.items():
             if seq_no < first:
                 continue
@@ -304,10 +305,11 @@ class MessageLog:
                     if not proven(vote):
                         self._forget_cert_message(vote)
                         del votes[replica]
-        self.pset = {n: p for n, p in self.pset.items() if n < first}
+        if not keep_prepared:
+            self.pset = {n: p for n, p in self.pset.items() if n < first}
+            self.writer.delete_range(StoreName.PSET, u64(first), None)
         self.qset = {k: v for k, v in self.qset.items() if k[0] < first}
-        for store in (StoreName.PSET, StoreName.QSET):
-            self.writer.delete_range(store, u64(first), None)
+        self.writer.delete_range(StoreName.QSET, u64(first), None)
 
     def _forget_cert_message(self, message: Signed[Any]) -> None:
         body = message.body

@@ -43,7 +43,7 @@ def verify_view_change(membership: Membership, signed: Signed[ViewChange],
     membership.verify(signed)
     membership.verify_checkpoint_proof(vc.stable_seq_no, vc.checkpoint_proof)
     for proof in vc.pset:
-        membership.auth_at(proof.seq_no).verify_prepared_proof(proof)
+        membership.verify_prepared_proof(proof)
 
 
 def plan_new_view(view_changes: Sequence[ViewChange]) -> NewViewPlan:

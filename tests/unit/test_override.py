@@ -13,11 +13,13 @@ from eth_hash.auto import keccak
 
 from pbft_engine.core import (
     BlockBuilt,
+    BlockReceived,
     Broadcast,
     BuildBlock,
     ChainHead,
     CommitBlock,
     EngineParams,
+    FetchBlock,
     MessageReceived,
     Replica,
 )
@@ -88,19 +90,27 @@ def survivor(index: int) -> Driven:
 
 
 def test_the_survivors_stand_on_the_block_before_it_and_commit_the_next_by_themselves() -> None:
-    primary, backup = survivor(0), survivor(1)
-    for driven in (primary, backup):
+    """Each survivor stands on 36 (stable by the genesis file), asks for view 1 of the new set
+    (its first NEW-VIEW carries what the old set prepared above 36: nothing here), and the
+    new primary, V0[1], proposes block 37, which the two commit."""
+    survivors = [survivor(0), survivor(1)]
+    for driven in survivors:
         replica = driven.replica
         assert replica.epochs.current.number == 1 and replica.me == V0.index(replica.address)
-        # 36 is stable by the genesis file: h is there, with no CHECKPOINT
         assert (replica.stable_checkpoint, replica.low_watermark) == (T - 1, T - 1)
+        [body] = driven.sent(ViewChange)
+        assert (body.view, body.stable_seq_no, body.epoch, body.checkpoint_proof) == (
+            1, T - 1, 1, ())
+    backup, primary = survivors
+    primary.step(MessageReceived(_broadcast(backup, ViewChange)))
+    backup.step(MessageReceived(_broadcast(primary, NewView)))
     # the primary owes the first block of the new set: an empty one if need be
     assert any(isinstance(a, BuildBlock) and a.seq_no == T for a in primary.actions)
     primary.step(BlockBuilt(T, digest(T), block(T), ()))
-    assert PrePrepare(0, T, digest(T), 0, epoch=1) in primary.sent(PrePrepare)
-    backup.receive(PrePrepare(0, T, digest(T), 0), SURVIVORS, (block(T),))
-    assert Prepare(0, T, digest(T), 1, epoch=1) in backup.sent(Prepare)
-    backup.receive(Commit(0, T, digest(T), 0), SURVIVORS)
+    backup.step(MessageReceived(_broadcast(primary, PrePrepare)))
+    assert Prepare(1, T, digest(T), 0, epoch=1) in backup.sent(Prepare)
+    primary.step(MessageReceived(_broadcast(backup, Prepare)))
+    backup.step(MessageReceived(_broadcast(primary, Commit)))
     assert any(isinstance(a, CommitBlock) and a.seq_no == T for a in backup.actions)
 
 
@@ -155,3 +165,47 @@ def test_a_node_that_committed_past_the_override_s_block_refuses_to_start() -> N
     assert lines and f"from block {T} on" in lines[0]
     with pytest.raises(ConfigError, match=f"use block {T + 2} or higher"):
         check_overrides(schedule, T + 1, 1, lambda n: (digest(n), old_certificate))
+
+
+def test_a_block_the_old_set_prepared_above_it_is_proposed_again_by_the_new_set() -> None:
+    """Before the halt, the old primary V0[0] proposed block 37 (X) and V0[2], V0[3] (now
+    gone) prepared it with V0[1]: it may have been committed by the gone ones (their COMMITs
+    never reached the survivors). Restarted with the override, the survivors carry V0[1]'s
+    prepared certificate of the old epoch into the new set's first view (PBFT carries
+    prepared requests across a view change), and commit X at 37, not a block of their own."""
+    x = b"the old set's block 37"
+    holder = Driven(Replica(PARAMS, 1, KEYS[V0[1]], KeyVerifier(), ChainHead(T - 1, GENESIS),
+                            block_digest=keccak))
+    holder.receive(PrePrepare(0, T, keccak(x), 0), V0, (x,))
+    for gone in (2, 3):
+        holder.receive(Prepare(0, T, keccak(x), gone), V0)
+    assert Commit(0, T, keccak(x), 1) in holder.sent(Commit)  # prepared here
+    other = Driven(Replica(PARAMS, 0, KEYS[V0[0]], KeyVerifier(), ChainHead(T - 1, GENESIS),
+                           block_digest=keccak))
+    survivors = [Driven(Replica.restore(
+        OVERRIDE, None, KEYS[V0[i]], KeyVerifier(), ChainHead(T - 1, GENESIS), before.store,
+        block_digest=keccak, schedule=EpochSchedule.genesis(OVERRIDE),
+        signing_bound=before.replica.signing_bound)) for i, before in ((0, other), (1, holder))]
+    for driven in survivors:  # each asks for view 1 of the new set at once
+        [body] = driven.sent(ViewChange)
+        assert (body.view, body.stable_seq_no, body.epoch) == (1, T - 1, 1)
+    [carried] = survivors[1].sent(ViewChange)[0].pset
+    assert (carried.seq_no, carried.digest, carried.pre_prepare.body.epoch) == (T, keccak(x), 0)
+    primary = survivors[OVERRIDE_PRIMARY_OF_VIEW_1]
+    backup = survivors[1 - OVERRIDE_PRIMARY_OF_VIEW_1]
+    primary.step(MessageReceived(_broadcast(backup, ViewChange)))
+    new_view = _broadcast(primary, NewView)
+    assert [(p.body.seq_no, p.body.digest) for p in
+            WireMessage.decode(new_view).signed.body.pre_prepares] == [(T, keccak(x))]
+    backup.step(MessageReceived(new_view))
+    assert FetchBlock(T, keccak(x)) in backup.actions  # it never had the old block: asks
+    backup.step(BlockReceived(T, keccak(x), x))
+    primary.step(MessageReceived(_broadcast(backup, Prepare)))
+    backup.step(MessageReceived(_broadcast(primary, Commit)))
+    primary.step(MessageReceived(_broadcast(backup, Commit)))
+    for driven in survivors:
+        assert any(isinstance(a, CommitBlock) and (a.seq_no, a.digest) == (T, keccak(x))
+                   for a in driven.actions)
+
+
+OVERRIDE_PRIMARY_OF_VIEW_1 = 1  # V_1[1 mod 2]
