@@ -102,12 +102,16 @@ def initialize_datadir(datadir: Path, genesis: Genesis) -> BlockHeaderAPI:
     a chain does the same for its future fork blocks), and say so loudly."""
     with open_database(datadir) as db:
         stored = Blockchain.stored_genesis(db)
-        if stored is not None and stored != genesis.source and _updates_only(
-                load_genesis_bytes(stored, available_engines(), origin="stored genesis"),
-                genesis):
-            Blockchain.replace_genesis_source(db, genesis.source)
-            log.warning("genesis of %s updated: engine section now %s", datadir,
-                        genesis.engine_params)
+        if stored is not None and stored != genesis.source:
+            old = load_genesis_bytes(stored, available_engines(), origin="stored genesis")
+            if _updates_only(old, genesis):
+                Blockchain.replace_genesis_source(db, genesis.source)
+                changed = sorted(k for k in {*old.engine_params, *genesis.engine_params}
+                                 if old.engine_params.get(k) != genesis.engine_params.get(k))
+                if changed:
+                    log.warning("updated the genesis of %s: config.%s.%s changed (block 0 "
+                                "and the rest as before)", datadir, genesis.engine,
+                                ", ".join(changed))
         return Blockchain(db, genesis).head()
 
 
