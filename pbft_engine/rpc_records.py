@@ -66,7 +66,8 @@ class ConsensusRecords:
         found: dict[int, dict[str, Any]] = {}
         for key, value in self.store.items(StoreName.STABLE_CHECKPOINTS, start, stop):
             proof = [decode_signed_bytes(m, Checkpoint) for m in rlp.decode(value)]
-            found[read_u64(key)] = self._checkpoint(proof, stable=True)
+            if proof:  # (none: the block before an override, stable by the genesis file)
+                found[read_u64(key)] = self._checkpoint(proof, stable=True)
         pending: dict[int, list[Signed[Checkpoint]]] = {}
         for key, value in self.store.items(StoreName.CHECKPOINTS, start, stop):
             pending.setdefault(read_u64(key), []).append(decode_signed_bytes(value, Checkpoint))
