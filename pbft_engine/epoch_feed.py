@@ -53,10 +53,7 @@ class EpochFeed:
     @property
     def horizon(self) -> int:
         """The highest height whose set the committed head fixes (see the module's doc)."""
-        schedule = self.schedule
-        k, w = schedule.checkpoint_interval, schedule.max_in_flight
-        # (one change per epoch: the next one waits a whole interval after the last known)
-        return max(-(-(self.head + 1 + w) // k) * k, schedule.epochs[-1].first - 1 + k)
+        return self.schedule.horizon(self.head)
 
     def epoch_at(self, height: int) -> Epoch | None:
         """The epoch (number and set) that decides `height`; None above the horizon (not

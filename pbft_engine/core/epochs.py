@@ -222,6 +222,17 @@ class EpochSchedule:
         return EpochSchedule(self.checkpoint_interval, self.max_in_flight, epochs,
                              self.installed)
 
+    def horizon(self, head: int) -> int:
+        """The highest height whose set the executed `head` fixes: a change passing above it
+        takes effect after the first checkpoint c >= head + 1 + max_in_flight, and at least K
+        after the last change known then (one change per epoch); an override from genesis is
+        known from the start. A replica votes only up to here: a backup whose execution lags
+        its certified blocks would otherwise vote on a height above a handover it has not
+        learnt of yet, in the old epoch (the attack review of the epoch on the wire,
+        findings 1 and 2)."""
+        k, last = self.checkpoint_interval, self.epochs[self._known_at(head + 1) - 1]
+        return max(-(-(head + 1 + self.max_in_flight) // k) * k, last.first - 1 + k)
+
     def stable_by_genesis(self, seq_no: int) -> bool:
         """Block 0, and the block before an override: stable without any CHECKPOINT."""
         following = self.epoch_at(seq_no + 1)

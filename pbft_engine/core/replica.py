@@ -450,10 +450,12 @@ class Replica:
             self._bound_raised = True
 
     def _may_vote(self, view: int, seq_no: int) -> bool:
-        """Within the vote limit, in the installed epoch (a member's heights), and beyond
-        what it may have signed before it lost its records."""
-        if seq_no > self._vote_limit() or self.left or (
-                self.epochs.schedule.epoch_at(seq_no) != self.epochs.current):
+        """Within the vote limit, in the installed epoch (a member's heights) at a height whose
+        epoch the executed head fixes (`EpochSchedule.horizon`), and beyond what it may have
+        signed before it lost its records."""
+        schedule = self.epochs.schedule
+        if seq_no > min(self._vote_limit(), schedule.horizon(self.last_exec)) or self.left or (
+                schedule.epoch_at(seq_no) != self.epochs.current):
             return False
         return self.amnesia is None or self.amnesia.may_vote(view, seq_no)
 

@@ -145,8 +145,12 @@ def recover(encoded: bytes, chain_id: int, verifier: Verifier) -> tuple[Any, ...
                 f"undecodable message: {exc}", True)
     body = signed.body
     view, seq_no, digest = _key(body)
+    height = message_height(body)
+    if max(view or 0, seq_no or 0, height, body.epoch) > MAX_LONG:  # a uint64 on the wire
+        return (message, None, None, None, None, None, None, None, None,
+                "a view, seqNo or epoch beyond the audit's 64-bit signed columns", True)
     head = (message, TYPE_NAMES[type(body).__name__], view, seq_no, to_hex(digest), body.replica,
-            message_height(body), body.epoch)
+            height, body.epoch)
     try:
         signer = verifier.recover(encoded_signing_hash(encoded, body, chain_id),
                                   signed.signature)
@@ -155,6 +159,7 @@ def recover(encoded: bytes, chain_id: int, verifier: Verifier) -> tuple[Any, ...
     return (*head, to_hex(signer), None, False)
 
 
+MAX_LONG = 2**63 - 1  # Spark's LongType
 VERIFIER = CoincurveVerifier()
 RECOVERED_ARROW = to_arrow_schema(RECOVERED)
 
