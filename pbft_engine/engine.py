@@ -162,7 +162,7 @@ class PbftEngine(ConsensusEngine):
         self.feed.refresh(head.block_number, head.hash)
         try:
             for line in check_overrides(self.feed.schedule, head.block_number,
-                                        self.engine_params.chain_id, self._certified_block):
+                                        self.engine_params.chain_id, self._certificate_at):
                 self.log.warning("%s", line)
         except ConfigError as exc:
             raise EngineError(str(exc)) from None
@@ -203,10 +203,8 @@ class PbftEngine(ConsensusEngine):
                 replica.amnesia.seq_no, replica.amnesia.view, self.state_file.path)
         self._run_replica(replica)
 
-    def _certified_block(self, number: int) -> tuple[bytes, bytes] | None:
-        header = self.context.canonical_header(number)
-        certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(number))
-        return None if header is None or certificate is None else (header.hash, certificate)
+    def _certificate_at(self, number: int) -> bytes | None:
+        return self.store.get(StoreName.COMMIT_CERTIFICATES, u64(number))
 
     def _run_replica(self, replica: Replica) -> None:
         """Vote with `replica` from here (at start, or when an observer joins the set)."""
@@ -304,8 +302,10 @@ class PbftEngine(ConsensusEngine):
         replica = self.replica
         if replica is None:
             return
-        for epoch in self.feed.schedule.epochs[len(replica.epochs.schedule.epochs):]:
-            assert epoch.passed_at is not None
+        known = {(e.passed_at, e.validators) for e in replica.epochs.schedule.epochs}
+        for epoch in self.feed.schedule.epochs:  # (a change may come before an override)
+            if epoch.passed_at is None or (epoch.passed_at, epoch.validators) in known:
+                continue
             self.log.info("validator-set change passed in block %d: epoch %d (%d validators) "
                           "decides from block %d", epoch.passed_at, epoch.number, epoch.n,
                           epoch.first)

@@ -324,14 +324,14 @@ class ValidatorRegistry(SystemContract):
                           lambda v: v.voter == sender)
         if len({v.voter for v in about if v.add == add}) >= _threshold(validators):
             changed = (*after, subject) if add else tuple(v for v in after if v != subject)
-            if schedule.schedule(changed, passed_at=block_number) is schedule:
+            if schedule.knows(changed, block_number):
                 # the schedule takes the same set passing in the same block for a replay of
-                # the change it knows (a restart's), and voids a change that an override of
-                # genesis takes over from first: recorded, it would never take effect
+                # the change it knows (a restart's): recorded, it would never take effect.
+                # (One an override of genesis voids is recorded all the same: a block below
+                # an override executes as it did before the override was written.)
                 raise SystemContractRevert(
-                    f"this change would never take effect: it makes the set scheduled "
-                    f"already in block {block_number} (one change to a set per block), or "
-                    f"an override of genesis (config.pbft.transitions) comes first")
+                    f"this change makes the set that was scheduled already in block "
+                    f"{block_number}: one change to a set per block")
             _record_change(storage, Change(changed, block_number))
             self._drop_subject(lists, subject, recorded, sender)
             lists.put_of(sender, others)

@@ -201,7 +201,7 @@ class EpochSchedule:
         effect is void (returns this schedule). Any scheduled change fed again (a restart
         replaying the state) changes nothing."""
         change = tuple(validators)
-        if any((e.passed_at, e.validators) == (passed_at, change) for e in self.epochs):
+        if self.knows(change, passed_at):
             return self
         voted = [e.passed_at for e in self.epochs if e.passed_at is not None]
         if voted and passed_at < voted[-1]:
@@ -221,6 +221,11 @@ class EpochSchedule:
                   *(replace(e, number=e.number + 1) for e in later))
         return EpochSchedule(self.checkpoint_interval, self.max_in_flight, epochs,
                              self.installed)
+
+    def knows(self, validators: Sequence[bytes], passed_at: int) -> bool:
+        """A change to `validators` passing in `passed_at` is scheduled here already."""
+        change = tuple(validators)
+        return any((e.passed_at, e.validators) == (passed_at, change) for e in self.epochs)
 
     def horizon(self, head: int) -> int:
         """The highest height whose set the executed `head` fixes: a change passing above it

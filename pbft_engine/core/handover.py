@@ -62,6 +62,8 @@ def owes_block(schedule: EpochSchedule, top: int) -> bool:
     the new set's first block, c + 1, which proves the handover to every replica that
     missed it (a block above c installs the new set) and lets a removed validator leave."""
     cap = schedule.high_watermark_cap()
+    if cap is not None and schedule.epochs[schedule.installed + 1].override:
+        return False  # an override is no handover: its block comes at the chain's pace
     end = cap if cap is not None else schedule.current.first if schedule.current.number else 0
     return top < end
 
@@ -100,9 +102,16 @@ def forget_unproven(replica: Replica, first: int, keep_prepared: bool = False) -
             return False
         return True
 
+    def certifies(seq_no: int, digest: bytes, certificate: bytes) -> bool:
+        try:
+            replica.epochs.verify_certificate(certificate, seq_no, digest)
+        except MessageError:
+            return False
+        return True
+
     replica.future = {k: w for k, w in replica.future.items()
                       if k[2] < first or proven(w.signed)}
-    replica.log.forget_unproven(first, proven, keep_prepared)
+    replica.log.forget_unproven(first, proven, certifies, keep_prepared)
     replica.checkpoints.forget_unproven(first, proven)
 
 
@@ -145,8 +154,10 @@ def schedule_change(replica: Replica, event: ScheduleChange) -> None:
     except ConfigError as exc:  # the adapter read another history than the one fed
         replica._alarm("schedule", str(exc))
         return
-    if replica.epochs.schedule is not known:
-        forget_unproven(replica, replica.epochs.schedule.epochs[-1].first)
+    if replica.epochs.schedule is not known:  # (it may come before an override: not last)
+        change = (event.passed_at, tuple(event.validators))
+        forget_unproven(replica, next(e.first for e in replica.epochs.schedule.epochs
+                                      if (e.passed_at, e.validators) == change))
     install(replica)  # a catch-up may have executed past its handover already
     if replica.active and not replica.request_timer_armed:
         retime_primary(replica)  # the backups time the blocks it owes up to the handover
@@ -280,6 +291,8 @@ def adopt_view_change_checkpoint(replica: Replica, signed: Signed[ViewChange]) -
     checkpoint is below the installed epoch (it caught up past c: its own VIEW-CHANGE
     would be the old epoch's) adopts a later one, which installs the epoch it is of."""
     body, epochs = signed.body, replica.epochs
+    if unexecuted_by_genesis(replica, body.stable_seq_no, body.checkpoint_proof):
+        return False
     behind = epochs.schedule.epoch_at(replica.stable_checkpoint + 1) != epochs.current
     if body.stable_seq_no > replica.stable_checkpoint and not before_installed(epochs, body) and (
             behind or not counts_toward_view(epochs, signed)):
@@ -289,6 +302,16 @@ def adopt_view_change_checkpoint(replica: Replica, signed: Signed[ViewChange]) -
             return False
         replica._adopt_stable(body.stable_seq_no, body.checkpoint_proof)
     return not replica.left and counts_toward_view(epochs, signed)
+
+
+def unexecuted_by_genesis(replica: Replica, seq_no: int,
+                          proof: tuple[Signed[Checkpoint], ...]) -> bool:
+    """A checkpoint stable by the genesis file (the block before an override: no proof)
+    that this replica has not executed: a VIEW-CHANGE or NEW-VIEW on it is not taken yet
+    (nothing in it says which block that is: the replica catches up by certificates, and
+    executing it installs the override; the attack review of the override, finding 1)."""
+    return not proof and seq_no > replica.last_exec and replica.epochs.schedule.stable_by_genesis(
+        seq_no)
 
 
 def joined(replica: Replica, c: int, view: int, signing_bound: SigningBound | None) -> Replica:

@@ -290,10 +290,16 @@ class MessageLog:
                                      signed_key(VIEW_MESSAGE_SEQ_NO, message_type, view))
 
     def forget_unproven(self, first: int, proven: Callable[[Signed[Body]], bool],
+                        certifies: Callable[[int, bytes, bytes], bool],
                         keep_prepared: bool = False) -> None:
-        """A validator-set change: the votes for heights from `first` on that do not verify
-        with the set deciding them now go, in memory and on disk, and so do P (unless
-        `keep_prepared`: an override carries it) and Q there (`handover.forget_unproven`)."""
+        """A validator-set change: the votes and commit certificates for heights from
+        `first` on that do not verify with the set deciding them now go, in memory and on
+        disk, and so do P (unless `keep_prepared`: an override carries it) and Q there
+        (`handover.forget_unproven`)."""
+        for seq_no, (digest, certificate) in list(self.certified.items()):
+            if seq_no >= first and not certifies(seq_no, digest, certificate):
+                del self.certified[seq_no]
+                self.writer.delete(StoreName.COMMIT_CERTIFICATES, u64(seq_no))
         for (_, seq_no), slot in self.certs.items():
             if seq_no < first:
                 continue

@@ -68,6 +68,7 @@ from pbft_engine.core.handover import (
     schedule_change,
     take_installed,
     take_override,
+    unexecuted_by_genesis,
 )
 from pbft_engine.core.log import (
     CheckpointTracker,
@@ -1462,6 +1463,9 @@ class Replica:
             plan = verify_new_view(self.epochs, self.params.log_size, signed)
         except MessageError as exc:
             self._drop(f"new-view: {type(exc).__name__}")
+            return
+        if unexecuted_by_genesis(self, plan.min_s, plan.checkpoint_proof):
+            self._drop("new-view on an override not reached here")
             return
         if body.view > self.view:  # we never asked for this view: the others moved on
             self._count_view_change("new_view")

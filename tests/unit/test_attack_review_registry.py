@@ -203,7 +203,7 @@ def test_a_change_to_a_set_already_scheduled_in_the_same_block_reverts(make: Any
                        h.tx(A, encode_vote(NEWCOMER, True, 0)))
     assert [r.state_root for r in executed.receipts] == [b"\x01", b"\x01", b""]
     assert len(read_changes(h.storage())) == len(h.schedule().epochs) - 1 == 2
-    with pytest.raises(SystemContractRevert, match="scheduled already in block 1"):
+    with pytest.raises(SystemContractRevert, match="was scheduled already in block 1"):
         h.registry.call(ScratchStorage(h.storage()), ADDRESSES[A],
                         encode_vote(NEWCOMER, True, 0), executed.number)
 
