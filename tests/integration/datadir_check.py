@@ -83,7 +83,7 @@ def _check_certificates(
     for number, certificate in stored.items():
         digest = hashes[number] if number <= head else (
             decode_commit_certificate(certificate)[0].body.digest)
-        verify_commit_certificate(certificate, validators=params.validators,
+        verify_commit_certificate(certificate, validators=params.validators, epoch=0,
                                   chain_id=params.chain_id, block_number=number,
                                   block_hash=digest)
     return len(stored) - head

@@ -339,7 +339,7 @@ def assert_no_fork(cluster: Cluster, indices: list[int]) -> None:
         for number, (block_hash, certificate) in enumerate(zip(hashes[i], certificates,
                                                                strict=True), 1):
             signers = verify_commit_certificate(
-                bytes.fromhex(certificate["certificate"][2:]), validators=validators,
+                bytes.fromhex(certificate["certificate"][2:]), validators=validators, epoch=0,
                 chain_id=cluster.description["chain_id"], block_number=number,
                 block_hash=bytes.fromhex(block_hash[2:]))
             assert len(signers) >= 3, f"node {i}: block {number} certified by {signers}"

@@ -46,7 +46,7 @@ def _lag(cluster: Cluster) -> int:
 def _signers(cluster: Cluster, number: int, block_hash: bytes) -> frozenset[int]:
     certificate = rpc(cluster.nodes[OBSERVER], "pbft_getCommitCertificate", hex(number))
     return verify_commit_certificate(
-        bytes.fromhex(certificate["certificate"][2:]), validators=cluster.validators,
+        bytes.fromhex(certificate["certificate"][2:]), validators=cluster.validators, epoch=0,
         chain_id=cluster.description["chain_id"], block_number=number, block_hash=block_hash)
 
 
