@@ -660,9 +660,11 @@ class PbftEngine(ConsensusEngine):
         return committed
 
     def _check_extra_data(self, executed: ExecutedBlock) -> None:
-        """A proposed block commits to the set that decides the next height, or is invalid."""
+        """A proposed block commits to the set that decides the next height (or, carried
+        across an override, to the one before it), or is invalid."""
         expected = self._extra_data(executed.number)
-        if executed.block.header.extra_data != expected:
+        if executed.block.header.extra_data not in (
+                expected, self.feed.carried_set_hash(executed.number)):
             raise BlockValidationError(
                 f"extraData 0x{executed.block.header.extra_data.hex()} does not commit to the "
                 f"validator set of block {executed.number + 1} (0x{expected.hex()})")

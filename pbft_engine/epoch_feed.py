@@ -73,6 +73,17 @@ class EpochFeed:
         first = self.schedule.epoch_at(self.head).number
         return frozenset(v for e in self.schedule.epochs[first:] for v in e.validators)
 
+    def carried_set_hash(self, height: int) -> bytes | None:
+        """What block `height` may commit to besides `next_set_hash`: one the set before an
+        override proposed there (T .. T - 1 + max_in_flight) before anyone knew of it, which
+        the override's first view carries (`handover.stand_on_override`), committed to the
+        set that decided the next height then (the carried blocks' attack review, finding 3)."""
+        schedule = self.schedule
+        for epoch in schedule.epochs:
+            if epoch.override and epoch.first <= height < epoch.first + schedule.max_in_flight:
+                return validators_hash(schedule.epochs[epoch.number - 1].validators)
+        return None
+
     def next_set_hash(self, height: int) -> bytes | None:
         """Block `height`'s extraData: the hash of the set that decides height + 1 (None: not
         known yet from committed state)."""

@@ -214,7 +214,7 @@ class EpochSchedule:
         if change == last.validators:
             raise ConfigError("the change leaves the validator set as it is")
         c = max(handover_checkpoint(passed_at, self.checkpoint_interval, self.max_in_flight),
-                last.first - 1 + self.checkpoint_interval)
+                self._interval_after(last))
         if later and later[0].first <= c + 1:
             return self  # the override takes over before it would
         epochs = (*self.epochs[:known], Epoch(known, c + 1, change, passed_at),
@@ -236,7 +236,15 @@ class EpochSchedule:
         learnt of yet, in the old epoch (the attack review of the epoch on the wire,
         findings 1 and 2)."""
         k, last = self.checkpoint_interval, self.epochs[self._known_at(head + 1) - 1]
-        return max(-(-(head + 1 + self.max_in_flight) // k) * k, last.first - 1 + k)
+        return max(-(-(head + 1 + self.max_in_flight) // k) * k, self._interval_after(last))
+
+    def _interval_after(self, epoch: Epoch) -> int:
+        """The first checkpoint a whole interval K after `epoch`'s first height: the
+        earliest handover of a change after it (one change per epoch). A multiple of K, so
+        a CHECKPOINT is sent there (an override's first height - 1 need not be one; the
+        carried blocks' attack review, finding 4)."""
+        k = self.checkpoint_interval
+        return -(-(epoch.first - 1 + k) // k) * k
 
     def stable_by_genesis(self, seq_no: int) -> bool:
         """Block 0, and the block before an override: stable without any CHECKPOINT."""
@@ -355,7 +363,10 @@ class Membership:
         old set prepared there before the override: `handover.stand_on_override`)."""
         epoch = self.schedule.epoch_at(proof.seq_no)
         named = proof.pre_prepare.body.epoch
-        if epoch.override and named == epoch.number - 1:
+        if epoch.override and named == epoch.number - 1 and (
+                proof.seq_no < epoch.first + self.schedule.max_in_flight):
+            # (only as far as the old primary could have proposed past T - 1: keys of the
+            # gone validators, maybe stolen, forge nothing above; finding 2 of that review)
             epoch = self.schedule.epochs[named]
         self._auth(epoch).verify_prepared_proof(proof)
 

@@ -58,16 +58,19 @@ def plan_new_view(view_changes: Sequence[ViewChange]) -> NewViewPlan:
     """
     best = max(view_changes, key=lambda vc: vc.stable_seq_no)
     min_s = best.stable_seq_no
-    chosen: dict[int, tuple[int, bytes]] = {}
+    # Ranked by epoch first: a certificate an override carries from the epoch before it
+    # (`Membership.verify_prepared_proof`) never outranks one of the override's own set,
+    # whatever its view (the carried blocks' attack review, finding 1).
+    chosen: dict[int, tuple[int, int, bytes]] = {}
     for vc in view_changes:
         for proof in vc.pset:
             if proof.seq_no > min_s:
-                candidate = (proof.view, proof.digest)
+                candidate = (proof.pre_prepare.body.epoch, proof.view, proof.digest)
                 chosen[proof.seq_no] = max(chosen.get(proof.seq_no, candidate), candidate)
     entries = []
     seq_no = min_s + 1
     while seq_no in chosen:
-        entries.append((seq_no, chosen[seq_no][1]))
+        entries.append((seq_no, chosen[seq_no][2]))
         seq_no += 1
     return NewViewPlan(min_s, best.checkpoint_proof, tuple(entries))
 

@@ -46,6 +46,7 @@ class ValidatorSet:
     # The genesis file's overrides (config.pbft.transitions): sets that take over without a
     # vote, so the block before each commits to the set the old schedule named, not theirs
     overrides: tuple[Change, ...] = ()
+    max_in_flight: int = 2  # config.pbft.max_in_flight: how far an override may carry blocks
 
     @property
     def size(self) -> int:

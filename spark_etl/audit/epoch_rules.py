@@ -6,7 +6,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_etl.audit.context import Audit, violations
+from spark_etl.audit.context import Audit, validators_hash, violations
 
 NO_COMMITMENT = "0x"  # extraData of a chain built before the commitment to the next set
 
@@ -25,8 +25,13 @@ def extra_data(audit: Audit) -> DataFrame:
         blocks = blocks.where(~F.col("number").isin(
             [first - 1 for first, _ in audit.validators.overrides]))
     blocks = blocks.select("node", F.col("number").alias("block_number"), "extra_data")
-    expected = audit.validators.hash_at(F.col("block_number") + 1)
+    validators = audit.validators
+    expected = validators.hash_at(F.col("block_number") + 1)
     wrong = ~F.col("extra_data").eqNullSafe(expected)
+    for first, _ in validators.overrides:  # blocks the set before it proposed, carried over
+        carried = F.col("block_number").between(first, first - 1 + validators.max_in_flight)
+        old = F.lit(validators_hash(validators.set_at(first - 1)))
+        wrong = wrong & ~(carried & F.col("extra_data").eqNullSafe(old))
     if not audit.validators.changes:
         committing = blocks.groupBy("node").agg(
             F.max(~F.col("extra_data").eqNullSafe(NO_COMMITMENT)).alias("committing"))

@@ -86,8 +86,12 @@ def read_genesis(path: Path) -> ValidatorSet:
     interval = pbft.get("checkpoint_interval", 10)  # pbft_engine.core.params' default
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
         raise UsageError(f"{path}: config.pbft.checkpoint_interval must be a positive integer")
+    in_flight = pbft.get("max_in_flight", 2)  # pbft_engine.core.params' default
+    if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+        raise UsageError(f"{path}: config.pbft.max_in_flight must be a positive integer")
     return ValidatorSet(parse_addresses(pbft["validators"], str(path)), chain_id, interval,
-                        overrides=_overrides(pbft.get("transitions", []), path))
+                        overrides=_overrides(pbft.get("transitions", []), path),
+                        max_in_flight=in_flight)
 
 
 def _overrides(entries: Any, path: Path) -> tuple[Change, ...]:
