@@ -279,14 +279,21 @@ def tagged_union(tag: str, parts: dict[str, DataFrame]) -> DataFrame:
 
 
 def _paired_union(frames: list[DataFrame], *, allow_missing: bool) -> DataFrame:
-    """The frames' union by name, built pairwise (a balanced tree). Spark analyses the whole
-    plan at each `unionByName`: folded one frame at a time, the audit's ~100 parts were
-    analysed ~100 times over a growing plan (about 4 s of its driver on a 5-block chain)."""
-    while len(frames) > 1:
-        pairs = [frames[i].unionByName(frames[i + 1], allowMissingColumns=allow_missing)
-                 for i in range(0, len(frames) - 1, 2)]
-        frames = pairs + frames[len(frames) - len(frames) % 2:]
-    return frames[0]
+    """The frames' union by name, as one n-ary Union of their plans analysed once. Spark
+    analyses the whole plan at each `unionByName`: the audit's ~100 parts folded one frame
+    at a time were analysed ~100 times over a growing plan (about 4 s of its driver on a
+    5-block chain), and pairwise (a balanced tree) still seven times (1.4-2.9 s)."""
+    if len(frames) == 1:
+        return frames[0]
+    spark = frames[0].sparkSession
+    jvm = spark._jvm
+    assert jvm is not None
+    plans = jvm.PythonUtils.toSeq([frame._jdf.logicalPlan() for frame in frames])
+    union = jvm.org.apache.spark.sql.catalyst.plans.logical.Union(
+        plans, True, allow_missing
+    )
+    return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession,
+                                                                     union), spark)
 
 
 RowFunction = Callable[[dict[str, Any]], Iterable[tuple[Any, ...]]]
