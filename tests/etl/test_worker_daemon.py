@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +16,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from spark_etl.session import WORKER_PATH
 from spark_etl.worker_daemon import installed_pyspark_first
 
 
@@ -37,6 +41,14 @@ def test_the_installed_packages_own_zip_is_left_out_only(tmp_path: Path) -> None
     # a Spark distribution's zip, or no installed package: the zip stays
     assert installed_pyspark_first([str(other), site]) == [str(other), site]
     assert installed_pyspark_first([str(shipped)]) == [str(shipped)]
+
+
+def test_the_interpreters_own_sitecustomize_still_runs(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.CUSTOMIZED = 1\n")
+    path = os.pathsep.join([str(WORKER_PATH), str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", "print(CUSTOMIZED)"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": path})
+    assert run.stdout.strip() == "1", run.stderr
 
 
 class _WhereFrom(DataSource):
