@@ -4,17 +4,21 @@ their path, and Python compiles what it imports from a zip from source each time
 bytecode cache; Spark's planning of a Python data source alone starts three such processes
 in turn. pyspark is imported from the installed package instead when the zip is its own
 copy (`spark_etl.worker_daemon`). Then the interpreter's own sitecustomize, if any, which
-this module hides."""
+this module hides. The processes such a process starts inherit the PYTHONPATH too: in an
+interpreter without spark_etl, this module only runs the interpreter's own."""
 
 import sys
 from importlib.machinery import PathFinder
 from pathlib import Path
 
-from spark_etl.worker_daemon import installed_pyspark_first
-
 HERE = Path(__file__).resolve().parent
 
-sys.path[:] = installed_pyspark_first(sys.path)
+try:
+    from spark_etl.worker_daemon import installed_pyspark_first
+except ImportError:  # another interpreter, started by a process that holds a session
+    pass
+else:
+    sys.path[:] = installed_pyspark_first(sys.path)
 _hidden = PathFinder.find_spec(
     __name__, [p for p in sys.path if Path(p or ".").resolve() != HERE]
 )
