@@ -69,7 +69,7 @@ class Attacker:
         digest = keccak(b"a block nobody proposed")
         prepare = self.wire(Prepare(view, seq_no, digest, 0))
         tampered = bytearray(prepare)
-        tampered[-70] ^= 0x01  # a byte of the body, after signing
+        tampered[prepare.index(digest) + 5] ^= 0x01  # a byte of the body, after signing
         unknown_type = rlp.decode(prepare)
         unknown_type[0] = b"\x63"
         foreign = Authenticator(self.chain_id + 1, self.validators, KeyVerifier())
