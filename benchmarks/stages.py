@@ -278,11 +278,12 @@ def four_validators(ctx: Context) -> None:
         net.close()
 
 
-def _burst_load(ctx: Context, net: BenchNet, name: str) -> Throughput:
-    """3,000 transfers submitted at once (no window) to the default testnet (from fewer
-    senders, more each, with --quick's fewer accounts)."""
+def _burst_load(ctx: Context, net: BenchNet, name: str,
+                targets: list[int] | None = None) -> Throughput:
+    """3,000 transfers submitted at once (no window) to the default testnet's nodes `targets`
+    (all by default; from fewer senders, more each, with --quick's fewer accounts)."""
     senders = min(BURST_SENDERS, ctx.sizes.accounts)
-    outcome = run_load(net, ctx.workdir, name, workload="transfer",
+    outcome = run_load(net, ctx.workdir, name, workload="transfer", targets=targets,
                        senders=senders, per_sender=BURST // senders, window=BURST)
     burst = Throughput.of(outcome)
     ctx.results.details[name] = burst.to_json()
@@ -373,10 +374,14 @@ def _delayed_cluster(ctx: Context, depth: int | None, delay_ms: int,
         links.close()
 
 
+def view_changes(net: BenchNet) -> float:
+    """View changes every running node made so far (the metric counts since each started)."""
+    return sum(value for i in net.running() for key, value in net.cluster.metrics(i).items()
+               if key.startswith("pbft_view_changes_total|"))
+
+
 def _add_view_changes(ctx: Context, net: BenchNet, during: str) -> None:
-    """View changes every node made so far (the metric counts since each node started)."""
-    total = sum(value for i in net.running() for key, value in net.cluster.metrics(i).items()
-                if key.startswith("pbft_view_changes_total|"))
+    total = view_changes(net)
     ctx.results.add(Row("2", f"N=4 view changes during {during}", total, "", target=0,
                         at_most=True, absolute=True))
 
@@ -713,6 +718,13 @@ def large_chain_etl(ctx: Context) -> None:
     etl_large(ctx)
 
 
+def membership_costs(ctx: Context) -> None:
+    """Issue 31, benchmarks/membership.py (imported here: it builds on this module)."""
+    from benchmarks.membership import membership
+
+    membership(ctx)
+
+
 STAGES: dict[str, Callable[[Context], None]] = {
     "reads": read_path,
     "n1": single_validator,
@@ -723,6 +735,8 @@ STAGES: dict[str, Callable[[Context], None]] = {
     "entry": entry_latency,
     "hostile": hostile_rpc,
     "etl-large": large_chain_etl,
+    "membership": membership_costs,
 }
-# Not run unless asked (--only): its chain takes from 15 minutes to an hour to build once.
-OPT_IN_STAGES = {"etl-large"}
+# Not run unless asked (--only): etl-large's chain takes from 15 minutes to an hour to build
+# once; membership starts two testnets and takes some 5 minutes.
+OPT_IN_STAGES = {"etl-large", "membership"}

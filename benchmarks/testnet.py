@@ -100,11 +100,14 @@ class BenchNet:
 
     @classmethod
     def create(
-        cls, directory: Path, validators: int, accounts: int, pbft: dict[str, Any] | None = None
+        cls, directory: Path, validators: int, accounts: int, pbft: dict[str, Any] | None = None,
+        observers: int = 0,
     ) -> BenchNet:
         """A testnet (not started) whose genesis also funds `accounts` accounts and the token;
-        `pbft` overrides genesis config.pbft parameters (such as request_timeout)."""
-        cluster = Cluster.create(directory, validators)
+        `pbft` overrides genesis config.pbft parameters (such as request_timeout); `observers`
+        observer nodes follow the validators (`testnet init --observers`, indices from
+        `validators` on)."""
+        cluster = Cluster.create(directory, validators, observers=observers)
         genesis_path = Path(cluster.description["genesis"])
         document = json.loads(genesis_path.read_text())
         document["alloc"].update(genesis_alloc(accounts))
