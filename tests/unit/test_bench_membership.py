@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.membership import commit_gaps, lag_counts
+from benchmarks.load import BenchError
+from benchmarks.membership import Heads, commit_gaps, follow_delays, lag_counts, median_around
 
 
 def test_commit_gaps_pair_consecutive_blocks_seen_within_the_window() -> None:
@@ -24,8 +25,27 @@ def test_commit_gaps_of_too_few_blocks_are_empty() -> None:
     assert commit_gaps([(1, 0.5, 0, 1)], 0.0, 1.0) == {}
 
 
+def test_the_median_around_a_block_leaves_it_out_and_looks_no_further() -> None:
+    gaps = {1: 9.0, 2: 0.1, 3: 0.2, 4: 5.0, 5: 0.4, 6: 0.3, 7: 9.0}
+    assert median_around(gaps, 4, reach=2) == pytest.approx(0.25)
+    assert median_around(gaps, 7, reach=1) == pytest.approx(0.3)
+    with pytest.raises(BenchError, match="no commit gap near block 20"):
+        median_around(gaps, 20, reach=2)
+
+
+# when, the validators' highest head, then each observer's (read after it)
+READINGS = [Heads(0.0, 10, (10, 9)), Heads(0.1, 12, (10, 13)), Heads(0.2, 12, (12, 12)),
+            Heads(0.3, 14, (13, 12)), Heads(0.4, 14, (14, 14))]
+
+
 def test_lag_counts_every_observer_in_every_reading() -> None:
-    # the validators' highest head, then each observer's (read after it)
-    samples = [(10, [10, 9]), (12, [10, 13]), (12, [12, 12])]
-    assert lag_counts(samples) == Counter({0: 3, 1: 1, 2: 1, -1: 1})
-    assert lag_counts([(5, [])]) == Counter()
+    assert lag_counts(READINGS) == Counter({0: 5, 1: 2, 2: 2, -1: 1})
+    assert lag_counts([Heads(0.0, 5, ())]) == Counter()
+
+
+def test_follow_delays_time_each_block_to_the_slowest_observer() -> None:
+    # block 11 and 12: validators at 0.1, both observers at 0.2; 13 and 14: 0.3 and 0.4
+    assert follow_delays(READINGS) == pytest.approx([0.1, 0.1, 0.1, 0.1])
+    # a block the observers have not all reached by the last reading is left out
+    assert follow_delays(READINGS[:4]) == pytest.approx([0.1, 0.1])
+    assert follow_delays([]) == [] and follow_delays([Heads(0.0, 5, ())]) == []
