@@ -5,9 +5,9 @@
 Each on a default testnet (`pbft-node testnet init`, the benchmark accounts added to its genesis as
 every stage does), nothing tuned:
 
-- **Set changes** (4 validators and 1 observer): under a steady load at STEADY_RATE, once
-  WARM_UP_BLOCKS have committed, validators 0, 1 and 2 vote the observer in
-  (`pbft_proposeValidatorVote`), and later out again (CHANGES); each change takes effect
+- **Set changes** (4 validators and 1 observer): under a steady load (the latency stages'
+  rate, 20 tx/s), once WARM_UP_BLOCKS have committed, validators 0, 1 and 2 vote the observer
+  in (`pbft_proposeValidatorVote`), and later out again (CHANGES); each change takes effect
   after its handover checkpoint c. Reported for each: the commit gap at c (block c's commit
   to block c+1's, as node 0's newHeads showed them to the load generator) against the median
   of the gaps LOCAL_BLOCKS either side of it (a shared machine's load drifts within a load;
@@ -47,14 +47,14 @@ from testkit.cluster import rpc
 from testkit.nodes import wait_for
 
 VALIDATORS = [0, 1, 2, 3]
-STEADY_RATE = 50.0  # tx/s: several transfers a block, well below what 4 validators commit
-STEADY_SECONDS = 90.0  # the load's length: both changes come and pass well within it
-WARM_UP_BLOCKS = 20  # committed under the load before the vote
-AFTER_BLOCKS = 20  # committed after the handover before the load may end
+STEADY_SECONDS = 120.0  # the load's length: both changes come and pass well within it
+WARM_UP_BLOCKS = 12  # committed under the load before a vote
+AFTER_BLOCKS = 12  # committed after a handover before the next vote
 LOCAL_BLOCKS = 10  # the gap at c against the median of the gaps this many blocks around it
 HANDOVER_DEADLINE = 120.0  # seconds for the vote to pass and the observer to join
-BURST_ROUNDS = (0, 2, 2, 0)  # observers running in each burst: alternated, the order
-# reversed in the second half, so the chain's growth from burst to burst weighs on both sides
+# observers running in each burst: pairs, each with and without, the order alternating so the
+# chain's growth from burst to burst weighs on both sides alike
+BURST_ROUNDS = (0, 2, 2, 0, 0, 2)
 HEAD_POLL = 0.1  # seconds between readings of the heads during a burst
 CATCH_UP_DEADLINE = 120.0  # seconds for restarted observers to reach the validators' head
 LATENCY_METRIC = "pbft_commit_latency_seconds"
@@ -100,14 +100,15 @@ class Handover:
 
 
 def set_change(ctx: stages.Context) -> None:
-    count = int(STEADY_RATE * STEADY_SECONDS)
+    rate = ctx.sizes.latency_rate
+    count = int(rate * STEADY_SECONDS)
     net = BenchNet.create(ctx.workdir / "set-change", len(VALIDATORS), ctx.sizes.accounts,
                           observers=1)
     try:
         net.cluster.start()
         views, changes = _views(net), stages.view_changes(net)
         load = start_load(net, ctx.workdir, "set-change-load", workload="transfer",
-                          targets=VALIDATORS, rate=STEADY_RATE, deadline=STEADY_SECONDS + 60,
+                          targets=VALIDATORS, rate=rate, deadline=STEADY_SECONDS + 60,
                           **stages._paced(ctx, count))
         try:
             handovers = [_change(net, change) for change in CHANGES]
@@ -120,8 +121,8 @@ def set_change(ctx: stages.Context) -> None:
         ctx.results.add(Row(
             "31", "set changes 4 -> 5 -> 4: view changes", stages.view_changes(net) - changes,
             "", target=0, at_most=True, absolute=True,
-            note=f"views before {sorted(set(views.values()))}, after "
-            f"{sorted(set(after.values()))} (pbft_status of validators 0-3)"))
+            note=f"pbft_status views of validators 0-3 before {list(views.values())}, after "
+            f"{list(after.values())}"))
     finally:
         net.close()
 
@@ -165,11 +166,14 @@ def _latency_totals(net: BenchNet) -> list[tuple[float, float]]:
 
 def _mean_latencies(before: list[tuple[float, float]], after: list[tuple[float, float]]
                     ) -> list[float]:
-    """Each validator's mean commit latency between the two readings (the primary's, from
-    building the block, is the longest: a backup's starts when it validates)."""
-    if any(a[1] == b[1] for a, b in zip(after, before, strict=True)):
-        raise BenchError("a validator committed nothing under the steady load")
-    return [(a[0] - b[0]) / (a[1] - b[1]) for a, b in zip(after, before, strict=True)]
+    """The mean commit latency between the two readings of each validator that committed
+    through consensus meanwhile (not one that only caught up); the primary's, from building
+    the block, is the longest: a backup's starts when it validates."""
+    means = [(a[0] - b[0]) / (a[1] - b[1]) for a, b in zip(after, before, strict=True)
+             if a[1] > b[1]]
+    if not means:
+        raise BenchError("no validator committed a block through consensus under the load")
+    return means
 
 
 def _add_set_changes(ctx: stages.Context, outcome: dict[str, Any],
@@ -179,21 +183,23 @@ def _add_set_changes(ctx: stages.Context, outcome: dict[str, Any],
     if missing:
         raise BenchError(f"blocks {missing[0]} and {missing[0] + 1} did not both commit under "
                          "the steady load")
-    ctx.results.details["set-change"] = {
-        "rate": STEADY_RATE, "median_gap": statistics.median(gaps.values()), "gaps": gaps,
-        "handovers": [{"change": h.change.label, "passed_at": h.passed, "checkpoint":
-                       h.checkpoint, "gap": gaps[h.checkpoint], "median_around": median_around(
-                           gaps, h.checkpoint, LOCAL_BLOCKS), "commit_latency": h.commit_latency}
-                      for h in handovers]}
-    load = f"{STEADY_RATE:g} tx/s"
+    whole = statistics.median(gaps.values())
+    details: list[dict[str, Any]] = []
+    ctx.results.details["set-change"] = {"rate": ctx.sizes.latency_rate, "median_gap": whole,
+                                         "handovers": details, "gaps": gaps}
+    load = f"{ctx.sizes.latency_rate:g} tx/s"
     for handover in handovers:
         c, label = handover.checkpoint, handover.change.label
+        around = median_around(gaps, c, LOCAL_BLOCKS)
+        details.append({"change": label, "passed_at": handover.passed, "checkpoint": c,
+                        "gap": gaps[c], "median_around": around,
+                        "commit_latency": handover.commit_latency})
         ctx.results.add(Row(
             "31", f"set change {label}: commit gap at handover c", gaps[c] * 1000, "ms",
-            reference=median_around(gaps, c, LOCAL_BLOCKS) * 1000,
+            reference=around * 1000,
             reference_name=f"median gap c-{LOCAL_BLOCKS}..c+{LOCAL_BLOCKS}",
             note=f"{load}; passed in block {handover.passed}, c = {c}; the median gap of the "
-            f"whole load {statistics.median(gaps.values()) * 1000:.0f} ms"))
+            f"whole load {whole * 1000:.0f} ms"))
         ctx.results.add(Row(
             "31", f"set change {label}: gap at c / one pipeline drain", gaps[c] * 1000, "ms",
             reference=2 * handover.commit_latency * 1000,
@@ -320,26 +326,46 @@ def _burst_round(ctx: stages.Context, net: BenchNet, sampler: Sampler, index: in
                  follow_delays(heads.readings), os.getloadavg()[0])
 
 
+def paired_ratios(rounds: Sequence[tuple[int, float]]) -> list[float]:
+    """(observers, figure) of rounds run in pairs, one with observers and one without in each
+    (BURST_ROUNDS): each pair's figure with observers over its figure without (a pair's two
+    rounds are next to each other, so a drift of the machine's load weighs on both alike)."""
+    ratios = []
+    for first, second in zip(rounds[::2], rounds[1::2], strict=True):
+        without, with_observers = sorted((first, second))
+        if without[0] or not with_observers[0]:
+            raise BenchError(f"rounds {first} and {second} are not a pair")
+        ratios.append(with_observers[1] / without[1])
+    return ratios
+
+
 def _add_observer_bursts(ctx: stages.Context, rounds: list[Round]) -> None:
     ctx.results.details["observer-bursts"] = [r.to_json() for r in rounds]
-    without = [r for r in rounds if not r.observers]
     with_two = [r for r in rounds if r.observers]
-    tps = {side[0].observers: statistics.fmean(r.tps for r in side)
-           for side in (without, with_two)}
-    cpu = {side[0].observers: statistics.fmean(r.validator_cpu_ms_per_tx for r in side)
-           for side in (without, with_two)}
-    each = "; each: " + ", ".join(f"{r.observers}: {r.tps:.0f}" for r in rounds)
-    ctx.results.add(Row("31", "N=4 burst, observers stopped", tps[0], "tx/s",
-                        note=f"mean of {len(without)} alternated rounds{each}"))
+    tps = {n: statistics.fmean(r.tps for r in rounds if r.observers == n) for n in (0, 2)}
+    cpu = {n: statistics.fmean(r.validator_cpu_ms_per_tx for r in rounds if r.observers == n)
+           for n in (0, 2)}
+    tps_ratios = paired_ratios([(r.observers, r.tps) for r in rounds])
+    cpu_ratios = paired_ratios([(r.observers, r.validator_cpu_ms_per_tx) for r in rounds])
+    load = f"load average {min(r.load_average for r in rounds):.1f}-" \
+        f"{max(r.load_average for r in rounds):.1f}"
     ctx.results.add(Row(
-        "31", "N=4 burst, 2 observers following", tps[2], "tx/s", reference=tps[0],
-        reference_name="observers stopped", target=0.95,
-        note=f"mean of {len(with_two)}; the observers execute every block on the same cores"))
+        "31", "N=4 burst, observers stopped", tps[0], "tx/s", note="mean; in turn: " + ", ".join(
+            f"{r.observers} observers {r.tps:.0f}" for r in rounds) + f" ({load})"))
+    ctx.results.add(Row("31", "N=4 burst, 2 observers following", tps[2], "tx/s",
+                        reference=tps[0], reference_name="observers stopped (means)"))
     ctx.results.add(Row(
-        "31", "N=4 burst, validators' CPU per tx, 2 observers", cpu[2], "ms", reference=cpu[0],
-        reference_name="observers stopped",
-        note="the 4 validators' CPU time over the burst; the observers' own: "
-        + ", ".join(f"{r.observer_cpu_ms_per_tx:.2f}" for r in with_two) + " ms per tx"))
+        "31", "N=4 burst, 2 observers / none, paired rounds", statistics.fmean(tps_ratios), "x",
+        target=0.95, absolute=True, note="mean of the pairs' ratios: " + ", ".join(
+            f"{r:.2f}" for r in tps_ratios) + "; the observers execute every block on the "
+        "validators' cores"))
+    ctx.results.add(Row(
+        "31", "N=4 burst, validators' CPU per tx, 2 observers / none", statistics.fmean(
+            cpu_ratios), "x", target=1.05, at_most=True, absolute=True,
+        note=f"mean of the pairs' ratios: {', '.join(f'{r:.2f}' for r in cpu_ratios)}; the 4 "
+        f"validators' CPU time over a burst per transfer, {cpu[0]:.2f} ms without observers, "
+        f"{cpu[2]:.2f} ms with (the observers' own: " + ", ".join(
+            f"{r.observer_cpu_ms_per_tx:.2f}" for r in with_two) + " ms)"))
     lag = sum((r.lag for r in with_two), Counter[int]())
     ctx.results.add(Row(
         "31", "observer head lag under the burst, largest", max(lag, default=0), "blocks",

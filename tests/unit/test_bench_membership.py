@@ -8,7 +8,14 @@ from collections import Counter
 import pytest
 
 from benchmarks.load import BenchError
-from benchmarks.membership import Heads, commit_gaps, follow_delays, lag_counts, median_around
+from benchmarks.membership import (
+    Heads,
+    commit_gaps,
+    follow_delays,
+    lag_counts,
+    median_around,
+    paired_ratios,
+)
 
 
 def test_commit_gaps_pair_consecutive_blocks_seen_within_the_window() -> None:
@@ -49,3 +56,12 @@ def test_follow_delays_time_each_block_to_the_slowest_observer() -> None:
     # a block the observers have not all reached by the last reading is left out
     assert follow_delays(READINGS[:4]) == pytest.approx([0.1, 0.1])
     assert follow_delays([]) == [] and follow_delays([Heads(0.0, 5, ())]) == []
+
+
+def test_paired_ratios_divide_within_each_pair_whatever_its_order() -> None:
+    rounds = [(0, 100.0), (2, 90.0), (2, 60.0), (0, 50.0)]
+    assert paired_ratios(rounds) == pytest.approx([0.9, 1.2])
+    with pytest.raises(BenchError, match="not a pair"):
+        paired_ratios([(0, 100.0), (0, 90.0)])
+    with pytest.raises(ValueError):
+        paired_ratios([(0, 100.0), (2, 90.0), (0, 80.0)])  # a round left without its pair
