@@ -47,7 +47,7 @@ from testkit.cluster import rpc
 from testkit.nodes import wait_for
 
 VALIDATORS = [0, 1, 2, 3]
-STEADY_SECONDS = 120.0  # the load's length: both changes come and pass well within it
+STEADY_SECONDS = 100.0  # the load's length: both changes come and pass well within it
 WARM_UP_BLOCKS = 12  # committed under the load before a vote
 AFTER_BLOCKS = 12  # committed after a handover before the next vote
 LOCAL_BLOCKS = 10  # the gap at c against the median of the gaps this many blocks around it
@@ -101,15 +101,15 @@ class Handover:
 
 def set_change(ctx: stages.Context) -> None:
     rate = ctx.sizes.latency_rate
-    count = int(rate * STEADY_SECONDS)
+    paced = stages._paced(ctx, int(rate * STEADY_SECONDS))  # rounded up to whole rounds
+    seconds = paced["senders"] * paced["per_sender"] / rate
     net = BenchNet.create(ctx.workdir / "set-change", len(VALIDATORS), ctx.sizes.accounts,
                           observers=1)
     try:
         net.cluster.start()
         views, changes = _views(net), stages.view_changes(net)
         load = start_load(net, ctx.workdir, "set-change-load", workload="transfer",
-                          targets=VALIDATORS, rate=rate, deadline=STEADY_SECONDS + 60,
-                          **stages._paced(ctx, count))
+                          targets=VALIDATORS, rate=rate, deadline=seconds + 60, **paced)
         try:
             handovers = [_change(net, change) for change in CHANGES]
             outcome = load.wait()
