@@ -51,7 +51,7 @@ STEADY_SECONDS = 100.0  # the load's length: both changes come and pass well wit
 WARM_UP_BLOCKS = 12  # committed under the load before a vote
 AFTER_BLOCKS = 12  # committed after a handover before the next vote
 LOCAL_BLOCKS = 10  # the gap at c against the median of the gaps this many blocks around it
-HANDOVER_DEADLINE = 120.0  # seconds for the vote to pass and the observer to join
+HANDOVER_DEADLINE = 120.0  # seconds for a change to pass, and to join or leave the set
 # observers running in each burst: pairs, each with and without, the order alternating so the
 # chain's growth from burst to burst weighs on both sides alike
 BURST_ROUNDS = (0, 2, 2, 0, 0, 2)
@@ -96,7 +96,7 @@ class Handover:
     change: Change
     passed: int  # b: the block the change passed in
     checkpoint: int  # c: the last block of the old set
-    commit_latency: float  # seconds: the slowest validator's mean, from the vote to c+AFTER
+    commit_latency: float  # seconds: the slowest validator's mean, warm-up to c + AFTER_BLOCKS
 
 
 def set_change(ctx: stages.Context) -> None:

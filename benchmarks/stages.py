@@ -746,5 +746,5 @@ STAGES: dict[str, Callable[[Context], None]] = {
     "observers": observers,
 }
 # Not run unless asked (--only): etl-large's chain takes from 15 minutes to an hour to build
-# once; set-change and observers (issue 31) take some 3 minutes each.
+# once; set-change and observers (issue 31) take some 3 and 8 minutes on 2 cores.
 OPT_IN_STAGES = {"etl-large", "set-change", "observers"}
