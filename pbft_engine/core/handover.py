@@ -214,10 +214,11 @@ def stand_on_override(replica: Replica) -> None:
     its proof is empty, and what the old set's messages held above it goes but P: a block
     the old set prepared above c may have been committed by validators now gone, and PBFT
     carries prepared blocks into the next view (Castro & Liskov, section 4.4): the survivors'
-    VIEW-CHANGEs in the new set carry them (`Membership.verify_prepared_proof`), so the new
-    set's first NEW-VIEW proposes them again. A block committed by the old set had Q of it
-    prepare it, of whom at least n - 2f - 1 survived, which the N - f VIEW-CHANGEs of the
-    survivors' set include when that set is the survivors."""
+    VIEW-CHANGEs in the new set carry them (`Membership.verify_prepared_proof`: only at T ..
+    T - 1 + max_in_flight, ranked below the new set's own), so the new set's first NEW-VIEW
+    proposes them again. A block committed by the old set had a quorum of it prepare it;
+    the N - f VIEW-CHANGEs of the new set are sure to include one of those only when the
+    survivors outnumber f of the old set plus f of the new (docs/validators.md)."""
     epoch = replica.epochs.current
     c = epoch.first - 1
     if epoch.override and replica.stable_checkpoint < c <= replica.last_exec:
