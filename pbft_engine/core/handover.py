@@ -23,7 +23,7 @@ from pbft_engine.core.events import ScheduleChange
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.core.view_change import verify_view_change
 from pbft_engine.errors import ConfigError, MessageError
-from pbft_engine.messages import Body, Checkpoint, Signed, ViewChange
+from pbft_engine.messages import Body, Checkpoint, PreparedProof, Signed, ViewChange
 
 if TYPE_CHECKING:
     from pbft_engine.core.replica import Replica
@@ -85,7 +85,7 @@ def retime_primary(replica: Replica) -> None:
         replica._arm_request_timer()
 
 
-def forget_unproven(replica: Replica, first: int, keep_prepared: bool = False) -> None:
+def forget_unproven(replica: Replica, first: int, keep_verified_prepared: bool = False) -> None:
     """What this replica verified and held for heights from `first` on while it counted
     them in the old epoch (the future buffer, the certStore's votes, CHECKPOINTs), checked
     again with the set that decides them now, and forgotten if it fails: a replica index
@@ -109,9 +109,17 @@ def forget_unproven(replica: Replica, first: int, keep_prepared: bool = False) -
             return False
         return True
 
+    def prepared(proof: PreparedProof) -> bool:
+        try:
+            replica.epochs.verify_prepared_proof(proof)
+        except MessageError:
+            return False
+        return True
+
     replica.future = {k: w for k, w in replica.future.items()
                       if k[2] < first or proven(w.signed)}
-    replica.log.forget_unproven(first, proven, certifies, keep_prepared)
+    replica.log.forget_unproven(first, proven, certifies,
+                                prepared if keep_verified_prepared else None)
     replica.checkpoints.forget_unproven(first, proven)
 
 
@@ -207,6 +215,18 @@ def take_override(replica: Replica) -> bool:
     return True
 
 
+def check_restored(replica: Replica) -> None:
+    """What a restarted replica read back from its store for the heights of epochs after
+    genesis, checked again with the schedule it starts with: it may have been stored while
+    the change that decides those heights was not known yet (killed between committing the
+    block in which it passed and its step, or during a catch-up past it), so a removed
+    validator's early messages would count as another member's (the wire's attack review,
+    finding 3). Its prepared certificates that verify, and Q, stay."""
+    epochs = replica.epochs.schedule.epochs
+    if len(epochs) > 1:
+        forget_unproven(replica, epochs[1].first, keep_verified_prepared=True)
+
+
 def stand_on_override(replica: Replica) -> None:
     """An override takes over after block c = its first height - 1, which no quorum of the
     old set may ever make stable (more than f of it are gone: what the override is for).
@@ -222,7 +242,7 @@ def stand_on_override(replica: Replica) -> None:
     epoch = replica.epochs.current
     c = epoch.first - 1
     if epoch.override and replica.stable_checkpoint < c <= replica.last_exec:
-        forget_unproven(replica, epoch.first, keep_prepared=True)
+        forget_unproven(replica, epoch.first, keep_verified_prepared=True)
         replica.stable_checkpoint = c
         replica.checkpoints.stabilize(c)
         replica.log.truncate_view_change_sets(c)

@@ -291,11 +291,11 @@ class MessageLog:
 
     def forget_unproven(self, first: int, proven: Callable[[Signed[Body]], bool],
                         certifies: Callable[[int, bytes, bytes], bool],
-                        keep_prepared: bool = False) -> None:
+                        prepared: Callable[[PreparedProof], bool] | None = None) -> None:
         """A validator-set change: the votes and commit certificates for heights from
         `first` on that do not verify with the set deciding them now go, in memory and on
-        disk, and so do P (unless `keep_prepared`: an override carries it) and Q there
-        (`handover.forget_unproven`)."""
+        disk, and so do Q and P there (P only where `prepared` refuses it, if given: what an
+        override carries, or a restore checks again) (`handover.forget_unproven`)."""
         for seq_no, (digest, certificate) in list(self.certified.items()):
             if seq_no >= first and not certifies(seq_no, digest, certificate):
                 del self.certified[seq_no]
@@ -311,11 +311,13 @@ class MessageLog:
                     if not proven(vote):
                         self._forget_cert_message(vote)
                         del votes[replica]
-        if not keep_prepared:
-            self.pset = {n: p for n, p in self.pset.items() if n < first}
-            self.writer.delete_range(StoreName.PSET, u64(first), None)
-        self.qset = {k: v for k, v in self.qset.items() if k[0] < first}
-        self.writer.delete_range(StoreName.QSET, u64(first), None)
+        for seq_no, proof in list(self.pset.items()):
+            if seq_no >= first and (prepared is None or not prepared(proof)):
+                del self.pset[seq_no]
+                self.writer.delete(StoreName.PSET, u64(seq_no))
+        if prepared is None:  # (Q is no proof of anything: a restore keeps it)
+            self.qset = {k: v for k, v in self.qset.items() if k[0] < first}
+            self.writer.delete_range(StoreName.QSET, u64(first), None)
 
     def _forget_cert_message(self, message: Signed[Any]) -> None:
         body = message.body

@@ -56,6 +56,7 @@ from pbft_engine.core.handover import (
     awaits_primary,
     before_installed,
     beyond_handover,
+    check_restored,
     complete_proof,
     counts_toward_view,
     high_watermark,
@@ -621,6 +622,7 @@ class Replica:
                 self._resend_view_change()
 
     def _resume(self) -> None:
+        check_restored(self)  # (in a step: what it forgets is written)
         if self.joined:  # (`join`: h, the stable checkpoint and the view, before any vote)
             self._persist_meta()
         if self.params.empty_blocks:
