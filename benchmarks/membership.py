@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -42,7 +41,7 @@ from typing import Any
 from benchmarks import stages
 from benchmarks.load import BenchError, start_load
 from benchmarks.report import Row
-from benchmarks.testnet import BenchNet, Sampler
+from benchmarks.testnet import BenchNet, Poller, Sampler
 from testkit.cluster import rpc
 from testkit.nodes import wait_for
 
@@ -243,32 +242,21 @@ def follow_delays(readings: Sequence[Heads]) -> list[float]:
             for n in range(readings[0].validators + 1, last + 1)]
 
 
-class HeadReader:
+class HeadReader(Poller):
     """A thread reading the validators' heads, then the observers', every HEAD_POLL seconds
     until stopped: the same reads in every burst, with observers or without."""
 
     def __init__(self, net: BenchNet, observers: list[int]) -> None:
+        super().__init__("heads", HEAD_POLL)
         self.nodes = [n.web3() for n in net.cluster.nodes]
         self.observers = observers
         self.readings: list[Heads] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="heads", daemon=True)
 
-    def __enter__(self) -> HeadReader:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            began = time.time()
-            highest = max(self.nodes[i].eth.block_number for i in VALIDATORS)
-            self.readings.append(Heads(began, highest, tuple(
-                self.nodes[i].eth.block_number for i in self.observers)))
-            self._stop.wait(HEAD_POLL)
+    def poll(self) -> None:
+        began = time.time()
+        highest = max(self.nodes[i].eth.block_number for i in VALIDATORS)
+        self.readings.append(Heads(began, highest, tuple(
+            self.nodes[i].eth.block_number for i in self.observers)))
 
 
 @dataclass

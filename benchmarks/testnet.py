@@ -15,7 +15,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from benchmarks.accounts import genesis_alloc
 from chain.genesis import parse_genesis
@@ -56,16 +56,15 @@ class Sample:
     rss: dict[int, int]  # node index -> bytes
 
 
-class Sampler:
-    """A thread that samples the running nodes' CPU time and RSS every SAMPLE_INTERVAL."""
+class Poller:
+    """A thread that calls `poll` every `interval` seconds while its `with` block runs."""
 
-    def __init__(self, net: BenchNet) -> None:
-        self.net = net
-        self.samples: list[Sample] = []
+    def __init__(self, name: str, interval: float) -> None:
+        self._interval = interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def __enter__(self) -> Sampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -73,11 +72,26 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
+    def poll(self) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(OSError, RuntimeError):  # a node stopped meanwhile
-                self.samples.append(self.net.sample())
-            self._stop.wait(SAMPLE_INTERVAL)
+            self.poll()
+            self._stop.wait(self._interval)
+
+
+class Sampler(Poller):
+    """A thread that samples the running nodes' CPU time and RSS every SAMPLE_INTERVAL."""
+
+    def __init__(self, net: BenchNet) -> None:
+        super().__init__("sampler", SAMPLE_INTERVAL)
+        self.net = net
+        self.samples: list[Sample] = []
+
+    def poll(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):  # a node stopped meanwhile
+            self.samples.append(self.net.sample())
 
     def at(self, moment: float) -> Sample:
         """The first sample taken at or after `moment` (the last one if none)."""

@@ -312,7 +312,7 @@ class Membership:
     def quorum_at(self, height: int) -> int:
         return self.schedule.quorum_at(height)
 
-    def epoch_at(self, height: int) -> int:
+    def epoch_number_at(self, height: int) -> int:
         """The number of the epoch of `height`: what a message for it names."""
         return self.schedule.epoch_at(height).number
 
@@ -344,7 +344,7 @@ class Membership:
 
     def with_epoch(self, body: B) -> B:
         """`body` naming the epoch of its height, as every message this replica signs does."""
-        return replace(body, epoch=self.epoch_at(message_height(body)))
+        return replace(body, epoch=self.epoch_number_at(message_height(body)))
 
     def sign(self, body: B, signer: Signer) -> Signed[B]:
         return self.auth_at(message_height(body)).sign(body, signer)

@@ -61,6 +61,7 @@ from tests.unit.pbft.test_pbft_catch_up import SyncPeers
 from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, REMOVED, V0, scheduled, signed
 from tests.unit.test_replica_handover import (
     PASSED_AT,
+    C,
     Driven,
     block,
     checkpoint_from,
@@ -69,7 +70,6 @@ from tests.unit.test_replica_handover import (
     state,
 )
 
-C = 10
 FORGED = b"the removed validator's block 11"
 
 

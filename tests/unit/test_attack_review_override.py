@@ -82,14 +82,13 @@ from tests.unit.pbft.test_pbft_epochs import (
 from tests.unit.test_override import OVERRIDE, SURVIVORS, T
 from tests.unit.test_replica_handover import (
     PASSED_AT,
+    C,
     Driven,
     block,
     checkpoint_from,
     commit_through,
     digest,
 )
-
-C = 10  # the handover checkpoint of a change passing in block 8
 
 
 def replica_at(index: int, head: int, params: EngineParams = OVERRIDE) -> Driven:

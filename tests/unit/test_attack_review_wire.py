@@ -61,6 +61,7 @@ from tests.unit.pbft.helpers import GENESIS, PARAMS, SIGNERS
 from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, REMOVED, V0, scheduled, signed
 from tests.unit.test_replica_handover import (
     PASSED_AT,
+    C,
     Driven,
     block,
     checkpoint_from,
@@ -69,7 +70,6 @@ from tests.unit.test_replica_handover import (
     state,
 )
 
-C = 10
 EARLY = b"the old primary's block 11"  # proposed before the change is known
 X = keccak(EARLY)
 

@@ -104,7 +104,7 @@ class Driven:
         """`body` signed by the member its index names in `epoch_set`, naming `epoch` (by
         default the epoch this replica counts the message's height in)."""
         if epoch is None:
-            epoch = self.replica.epochs.epoch_at(message_height(body))
+            epoch = self.replica.epochs.epoch_number_at(message_height(body))
         wire = WireMessage(signed(body, epoch_set, epoch), blocks)
         return self.step(MessageReceived(wire.encode()))
 
