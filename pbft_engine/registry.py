@@ -252,6 +252,13 @@ class ValidatorRegistry(SystemContract):
     def schedule(self, storage: ContractStorage) -> EpochSchedule:
         return schedule_from(storage, self.genesis_schedule)
 
+    def schedule_in(self, storage: ContractStorage, block_number: int) -> EpochSchedule:
+        """The schedule as block `block_number` executes with it: without the overrides of
+        genesis that start above it. A block runs the same whenever it is executed again,
+        before or after an override was written into the genesis file (a change that a later
+        override voids still counts in the blocks below it, as it did when they first ran)."""
+        return schedule_from(storage, self.genesis_schedule.as_of(block_number))
+
     def counts(self, vote: Vote, block_number: int, schedule: EpochSchedule) -> bool:
         """Whether `vote` counts in block `block_number`: not expired, cast by a voter in
         every set from the one it voted in to the one deciding this block (a removed
@@ -266,13 +273,13 @@ class ValidatorRegistry(SystemContract):
     def live_votes(self, storage: ContractStorage, block_number: int) -> list[Vote]:
         """The votes that count in block `block_number`, by voter in the order of its set:
         a vote counts only while its voter is in the set, so the set's n lists hold them all."""
-        schedule = self.schedule(storage)
+        schedule = self.schedule_in(storage, block_number)
         return [v for voter in schedule.set_at(block_number) for v in votes_of(storage, voter)
                 if self.counts(v, block_number, schedule)]
 
     def pending(self, storage: ContractStorage, block_number: int) -> list[Tally]:
         """The tally of every subject with live votes, as block `block_number` counts it."""
-        threshold = _threshold(self.schedule(storage).set_at(block_number))
+        threshold = _threshold(self.schedule_in(storage, block_number).set_at(block_number))
         votes = self.live_votes(storage, block_number)
         tallies = []
         for subject in dict.fromkeys(v.subject for v in votes):
@@ -300,7 +307,7 @@ class ValidatorRegistry(SystemContract):
         subject, add = _address(subject_word), bool(add_word)
         if add and not subject_word:
             raise SystemContractRevert("the zero address cannot be a validator")
-        schedule = self.schedule(storage)
+        schedule = self.schedule_in(storage, block_number)
         validators = self._check_voter(schedule, sender, epoch, block_number)
         after = schedule.after_changes(block_number)  # after every scheduled change
         if add and subject in after:
@@ -347,7 +354,7 @@ class ValidatorRegistry(SystemContract):
                  block_number: int) -> bytes:
         subject_word, epoch = _arguments(RETRACT_SIGNATURE, args, ("address", "uint64"))
         subject = _address(subject_word)
-        schedule = self.schedule(storage)
+        schedule = self.schedule_in(storage, block_number)
         self._check_voter(schedule, sender, epoch, block_number)
         lists = _Lists(storage)
         recorded_mine = lists.of(sender)
@@ -389,14 +396,14 @@ class ValidatorRegistry(SystemContract):
     def _get_validators(self, storage: ContractStorage, sender: bytes, args: bytes,
                         block_number: int) -> bytes:
         _arguments(GET_VALIDATORS_SIGNATURE, args, ())
-        validators = self.schedule(storage).set_at(block_number)
+        validators = self.schedule_in(storage, block_number).set_at(block_number)
         return (_word(WORD) + _word(len(validators))
                 + b"".join(bytes(WORD - ADDRESS_SIZE) + v for v in validators))
 
     def _epoch(self, storage: ContractStorage, sender: bytes, args: bytes,
                block_number: int) -> bytes:
         _arguments(EPOCH_SIGNATURE, args, ())
-        return _word(self.schedule(storage).epoch_at(block_number).number)
+        return _word(self.schedule_in(storage, block_number).epoch_at(block_number).number)
 
     # The rules.
 

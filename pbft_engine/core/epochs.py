@@ -187,6 +187,10 @@ class EpochSchedule:
             count -= 1
         return count
 
+    def as_of(self, block: int) -> EpochSchedule:
+        """This schedule without the overrides that start above `block` (they are last)."""
+        return replace(self, epochs=self.epochs[:self._known_at(block)])
+
     def after_changes(self, block: int) -> tuple[bytes, ...]:
         """The set after every change known in `block`: what a change passing there
         changes (a later override aside)."""
