@@ -190,6 +190,7 @@ class Replica:
         # The highest head a peer proved with its certificate (block sync's STATUS answers):
         # kept, since one that arrives while this replica is busy is fetched afterwards.
         self.peer_head: tuple[int, bytes] = (head.seq_no, head.block_hash)
+        self.missed_fetches = 0  # fetches in a row that imported nothing
         self.block_due = False
         self.trailing_owed = False  # the last block executed here held transactions
         self.view_change_sends = 0  # our VIEW-CHANGE for this view, sent so many times
@@ -1285,7 +1286,7 @@ class Replica:
     def _on_fetch_completed(self, event: FetchCompleted) -> None:
         if self.fetching is None:
             return
-        self.fetching = None
+        self.fetching, self.missed_fetches = None, 0
         self.executing, self.held = None, None
         if event.seq_no > self.last_exec:
             self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
@@ -1330,6 +1331,11 @@ class Replica:
             self._on_fetch_completed(event.reached)
         else:
             self.fetching = None
+            # A head that two fetches in a row could not reach any of is no longer believed:
+            # a peer claiming one it cannot serve would keep `_lagging()` true for good.
+            self.missed_fetches += 1
+            if self.missed_fetches >= 2:
+                self.peer_head = min(self.peer_head, (self.last_exec, self.last_exec_hash))
 
     # --- view change ------------------------------------------------------------------
 

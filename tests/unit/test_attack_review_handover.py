@@ -16,7 +16,6 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from eth_hash.auto import keccak
 from eth_keys.datatypes import PrivateKey
 
@@ -232,14 +231,13 @@ def test_a_status_above_the_horizon_without_a_certificate_is_not_a_peer_s_commit
     assert [(peer, m.first, m.count) for peer, m in asked] == [(b"a" * 20, 10, 1)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defence in depth, not reachable through the adapter since block sync delivers a head "
-    "only with a verified certificate (`BlockSync._prove_horizon`): "
-    "HALT: PeerCommitted raises `peer_head` for good, whatever its certificate; a claimed "
-    "head that no fetch reaches keeps `_lagging()` true, so the request timer of every "
-    "replica the liar told never starts a view change: a crashed or censoring primary is "
-    "never replaced (one byzantine validator answering STATUS, f = 1)"))
 def test_an_unproved_head_does_not_stop_a_backup_from_changing_view() -> None:
+    """Fixed (defence in depth: block sync delivers a head only with a verified certificate,
+    `BlockSync._prove_horizon`): a claimed head that two fetches in a row reached none of is
+    forgotten (`Replica._on_fetch_failed`; one failure is retried, as
+    test_pbft_catch_up wants), so it no longer keeps `_lagging()` true and the request timer
+    suspects the primary. It was a halt: one byzantine validator answering
+    STATUS kept every replica it told from ever replacing a crashed or censoring primary."""
     driven = lagging(1, PASSED_AT)
     driven.step(RequestReceived(keccak(b"a transfer")))
     driven.step(PeerCommitted(10**9, keccak(b"lie"), b""))  # as _on_status delivers it
