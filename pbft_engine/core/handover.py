@@ -20,10 +20,19 @@ from typing import TYPE_CHECKING
 from pbft_engine.core.actions import LeftValidatorSet, RelayRequests, SendTo
 from pbft_engine.core.epochs import EpochSchedule, Membership, message_height
 from pbft_engine.core.events import ScheduleChange
+from pbft_engine.core.records import VIEW_MESSAGE_SEQ_NO, signed_key
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.core.view_change import verify_view_change
 from pbft_engine.errors import ConfigError, MessageError
-from pbft_engine.messages import Body, Checkpoint, PreparedProof, Signed, ViewChange
+from pbft_engine.messages import (
+    Body,
+    Checkpoint,
+    MessageType,
+    NewView,
+    PreparedProof,
+    Signed,
+    ViewChange,
+)
 
 if TYPE_CHECKING:
     from pbft_engine.core.replica import Replica
@@ -210,8 +219,8 @@ def take_override(replica: Replica) -> bool:
     if not (epoch.override and replica.stable_checkpoint < epoch.first - 1 <= replica.last_exec):
         return False
     enter_epoch(replica)
-    if replica.active:
-        replica._start_view_change(replica.view + 1, "override")
+    # (also from a view change of the old epoch: no quorum of the old set completes it now)
+    replica._start_view_change(replica.view + 1, "override")
     return True
 
 
@@ -266,17 +275,36 @@ def enter_epoch(replica: Replica) -> None:
 
 def leave_old_epoch_view(replica: Replica) -> None:
     """A replica in a view change whose VIEW-CHANGE is the old epoch's (the new set does
-    not count it) asks for the next view: it never signs two for one view. It may not yet
-    at the install, when the handover checkpoint was proved stable (by CHECKPOINTs or a
-    new-set VIEW-CHANGE) before it executed it (`Replica._may_view_change`), so this is
-    asked again after each execution. Otherwise, once fewer than N - f members are left
-    to count in this view, none of them ever times out (the new-view timer waits for N - f
-    VIEW-CHANGEs), and the new set stalls for good (membership seed 662 at N = 6)."""
-    if replica.active or replica.left:  # (one that left signs nothing more)
-        return
+    not count it) waits one new-view timeout for the old set's NEW-VIEW of that view
+    (`completes_own_view_change`: the others may complete the view in the old epoch, then
+    take c stable and go on in it), then asks for the next view: it never signs two for
+    one view. Asking at once left it alone in the next view while the others went on in
+    this one (the wire review's finding 5). Without the timer, once fewer than N - f
+    members are left to count in this view, none of them ever times out (the new-view timer
+    waits for N - f VIEW-CHANGEs), and the new set stalls for good (membership seed 662 at
+    N = 6). It may not ask yet at the install, when the handover checkpoint was proved
+    stable before it executed it (`Replica._may_view_change`), so this runs again after
+    each execution, and the timer is armed only once it may."""
+    if replica.active or replica.left or replica.new_view_timer_armed:
+        return  # (one that left signs nothing more)
     own = replica.view_changes.get(replica.address)  # (a resend puts it back after the install)
-    if own is None or not counts_toward_view(replica.epochs, own.signed):
-        replica._start_view_change(replica.view + 1, "handover")
+    if (own is None or not counts_toward_view(replica.epochs, own.signed)) and (
+            replica._may_view_change(replica.view + 1)):
+        replica._arm_new_view_timer()
+
+
+def completes_own_view_change(replica: Replica, body: NewView) -> bool:
+    """A NEW-VIEW of an epoch before the installed one, for the view this replica asked for
+    in that epoch and still waits in (`leave_old_epoch_view`): the others completed the
+    view change it took part in, as PBFT's, before the handover, so it takes the view too
+    (the heights the NEW-VIEW decides are at or below c, done here)."""
+    if replica.active or body.view != replica.view:
+        return False
+    own = replica.log.signed.get(signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE,
+                                            replica.view))
+    schedule = replica.epochs.schedule
+    return own is not None and (schedule.epoch_at(message_height(own.body))
+                                == schedule.epoch_at(message_height(body)))
 
 
 def awaiting_handover(replica: Replica) -> Signed[Checkpoint] | None:

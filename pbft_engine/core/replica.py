@@ -58,6 +58,7 @@ from pbft_engine.core.handover import (
     beyond_handover,
     check_restored,
     complete_proof,
+    completes_own_view_change,
     counts_toward_view,
     high_watermark,
     install,
@@ -618,6 +619,7 @@ class Replica:
             self._maybe_propose()
         elif read_u64(event.key) == self.view and not self.active:
             if event.kind is TimerKind.NEW_VIEW:
+                self.new_view_timer_armed = False  # (armed again by what still waits)
                 self._start_view_change(self.view + 1, "new_view_timeout")
             else:
                 self._resend_view_change()
@@ -1440,9 +1442,12 @@ class Replica:
         # replicas that already moved further keeps a split (some at v, some at v+1) live.
         at_least = sum(vc.body.view >= self.view for vc in counted)
         if at_least >= quorum and not self.new_view_timer_armed:
-            self.new_view_timer_armed = True
-            self._set_timer(TimerKind.NEW_VIEW, u64(self.view), self.params.escalated(
-                self.params.new_view_timeout_ms, self.views_without_commit - 1))
+            self._arm_new_view_timer()
+
+    def _arm_new_view_timer(self) -> None:
+        self.new_view_timer_armed = True
+        self._set_timer(TimerKind.NEW_VIEW, u64(self.view), self.params.escalated(
+            self.params.new_view_timeout_ms, self.views_without_commit - 1))
 
     def _send_new_view(self, votes: list[Signed[ViewChange]]) -> None:
         chosen = select_view_changes(self.epochs.current, votes)
@@ -1464,7 +1469,8 @@ class Replica:
         signed = wire.signed
         body = signed.body
         if body.view < self.view or (body.view == self.view and self.active) or (
-                before_installed(self.epochs, body)):  # the old set's, for heights done here
+                before_installed(self.epochs, body)  # the old set's, for heights done here
+                and not completes_own_view_change(self, body)):
             self._drop("stale new-view")
             return
         try:

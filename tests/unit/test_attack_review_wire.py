@@ -17,8 +17,8 @@ is a passing test.
 
 Fixed: findings 1 and 2 (a replica votes only up to `EpochSchedule.horizon` of its executed
 head, so no correct replica votes above a handover it has not learnt of) and 4 (the audit).
-Fixed later: 3 (a restore checks again what it stored, `handover.check_restored`). Open
-(a strict xfail): 5.
+Fixed later: 3 (a restore checks again what it stored, `handover.check_restored`) and 5 (a
+replica waits one new-view timeout for the old set's NEW-VIEW of the view it asked for).
 
 One replica driven event by event (the helpers of `test_replica_handover`): four genesis
 validators V0 (K = 10, W = 2), validator V0[2] under test, a change passed in block 8, so the
@@ -233,18 +233,16 @@ def test_the_audit_recovers_a_commit_naming_an_epoch_above_a_long() -> None:
 # --- finding 5: a view change of the old epoch that ends after the handover here ---------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "LIVENESS (pre-existing since the handover, no attacker): V0[2] committed 10 = c and, "
-    "its request timer out, asked for view 1 with its stable checkpoint 0 (epoch 0's "
-    "VIEW-CHANGE); the CHECKPOINTs at 10 then make c stable here and install epoch 1 while "
-    "it waits, so `install` moves it on to view 2 at once (its VIEW-CHANGE for 1 is the old "
-    "epoch's). The others complete view 1 with the old epoch's NEW-VIEW (theirs and V0[2]'s "
-    "VIEW-CHANGEs), take c stable after it and go on in view 1 of epoch 1; V0[2] drops that "
-    "NEW-VIEW as stale (`before_installed`) and everything of view 1 as an old view: it votes "
-    "on nothing until the others change view (f + 1 must ask for 2). With 5 that costs the "
-    "tolerance of one fault; in a 3-set (Q = 3) the new epoch needs it, so only a view "
-    "change, caused by the handover, goes on"))
 def test_a_replica_that_installed_the_new_epoch_during_a_view_change_takes_part_in_it() -> None:
+    """Fixed (`handover.leave_old_epoch_view`, `completes_own_view_change`). It was a
+    liveness loss with no attacker: V0[2] committed 10 = c and, its request timer out, asked
+    for view 1 with its stable checkpoint 0 (epoch 0's VIEW-CHANGE); the CHECKPOINTs at 10
+    then made c stable here and installed epoch 1 while it waited, and the install moved it
+    on to view 2 at once. The others completed view 1 with the old epoch's NEW-VIEW, took c
+    stable after it and went on in view 1 of epoch 1; V0[2] dropped that NEW-VIEW as stale
+    and voted on nothing until the others changed view (in a 3-set the new epoch needed it,
+    so only a view change went on). Now it waits one new-view timeout in view 1 and takes
+    the old set's NEW-VIEW of the view it asked for."""
     driven = Driven(Replica(PARAMS, 2, KEYS[V0[2]], KeyVerifier(),
                             ChainHead(PASSED_AT - 1, GENESIS), block_digest=keccak))
     commit_through(driven, PASSED_AT)
@@ -264,6 +262,27 @@ def test_a_replica_that_installed_the_new_epoch_during_a_view_change_takes_part_
     driven.receive(Prepare(1, C + 1, digest(C + 1), 3), ADDED)
     assert Prepare(1, C + 1, digest(C + 1), 2, epoch=1) in driven.sent(Prepare), (
         f"out of view 1: in view {driven.replica.view}, active {driven.replica.active}")
+
+
+def test_the_old_set_s_new_view_is_stale_to_a_replica_that_asked_in_the_new_epoch() -> None:
+    """The control of the fix above: V0[2] asked for view 1 after installing epoch 1 (its
+    VIEW-CHANGE names checkpoint c), so the old set's NEW-VIEW of view 1, built on epoch 0's
+    VIEW-CHANGEs, is not the view change it took part in: dropped, it still waits."""
+    driven = Driven(Replica(PARAMS, 2, KEYS[V0[2]], KeyVerifier(),
+                            ChainHead(PASSED_AT - 1, GENESIS), block_digest=keccak))
+    commit_through(driven, PASSED_AT)
+    driven.step(ScheduleChange(ADDED, PASSED_AT))
+    commit_through(driven, C)
+    checkpoint_from(driven, (0, 1))
+    driven.step(RequestReceived(keccak(b"a transfer")))
+    driven.step(TimerFired(TimerKind.REQUEST, b""))
+    [own] = [w.signed for w in driven.replica.view_changes.values()]
+    assert (own.body.view, own.body.stable_seq_no, own.body.epoch) == (1, C, 1)
+    view_changes = tuple(signed(ViewChange(1, 0, (), (), (), i), V0) for i in (0, 1, 3))
+    driven.step(MessageReceived(WireMessage(signed(NewView(1, view_changes, (), 1),
+                                                   V0)).encode()))
+    assert driven.replica.dropped["stale new-view"] == 1
+    assert not driven.replica.active
 
 
 # --- what held -----------------------------------------------------------------------------
