@@ -23,13 +23,21 @@ from pbft_engine.core.actions import (
     CancelTimer,
     CommitBlock,
     FetchBlock,
-    FetchCommitted,
     Persist,
     Ready,
     RelayRequests,
     SendTo,
     SetTimer,
     ValidateBlock,
+)
+from pbft_engine.core.catch_up import (
+    catch_up,
+    check_high_checkpoints,
+    fall_behind,
+    lagging,
+    on_fetch_completed,
+    on_fetch_failed,
+    on_peer_committed,
 )
 from pbft_engine.core.epochs import EpochSchedule, Membership
 from pbft_engine.core.events import (
@@ -361,11 +369,11 @@ class Replica:
             case CommitRefused():
                 self._on_commit_refused(event)
             case FetchCompleted():
-                self._on_fetch_completed(event)
+                on_fetch_completed(self, event)
             case FetchFailed():
-                self._on_fetch_failed(event)
+                on_fetch_failed(self, event)
             case PeerCommitted():
-                self._on_peer_committed(event)
+                on_peer_committed(self, event)
             case BlockReceived():
                 self._on_block_received(event)
             case ScheduleChange():
@@ -590,12 +598,12 @@ class Replica:
     def _on_timer(self, event: TimerFired) -> None:
         if event.kind is TimerKind.REQUEST:
             self.request_timer_armed = False
-            if awaits_primary(self) and self.active and self._lagging():
+            if awaits_primary(self) and self.active and lagging(self):
                 # The lag is ours, not the primary's, and the peers may well have committed
                 # these requests already. A lone VIEW-CHANGE here would leave this replica
                 # waiting in view v+1 until the others change view.
                 self._arm_request_timer()
-                self._catch_up()
+                catch_up(self)
             elif awaits_primary(self) and self.active and self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")
         elif event.kind is TimerKind.RELAY:
@@ -973,7 +981,7 @@ class Replica:
         self._drop("validation deadline")
         if slot.timed_out:
             slot.refused = True
-            self._check_high_checkpoints()
+            check_high_checkpoints(self)
         slot.timed_out = True
         self._advance()
 
@@ -1003,7 +1011,7 @@ class Replica:
         elif current:
             self._restart_request_timer()  # our own execution time is not the primary's delay
             self._mark_validated(self.view, event.seq_no)
-        self._check_high_checkpoints()
+        check_high_checkpoints(self)
         self._advance()
 
     def _mark_validated(self, view: int, seq_no: int) -> None:
@@ -1155,7 +1163,7 @@ class Replica:
         if self.active:
             self._replay_future()
         self._advance()
-        self._check_high_checkpoints()
+        check_high_checkpoints(self)
 
     # --- checkpoints, watermarks, falling behind --------------------------------------
 
@@ -1227,117 +1235,7 @@ class Replica:
     def _note_high_checkpoint(self, checkpoint: Signed[Checkpoint]) -> None:
         """Checkpoints above H are kept one per replica; f+1 matching mean we fell behind."""
         self.checkpoints.note_above_window(checkpoint)
-        self._check_high_checkpoints()
-
-    def _busy(self) -> bool:
-        """A block is being built, validated (in this view: an older view's validation no
-        longer holds anything up) or executed here: it may be exactly the block the peers
-        are ahead by, and executing it again after a fetch would be wasted."""
-        return (self.executing is not None or self.building is not None
-                or any(slot.validating for (view, _), slot in self.log.certs.items()
-                       if view == self.view))
-
-    def _lagging(self) -> bool:
-        """This replica is behind the cluster, so a request timer that runs out says nothing
-        about the primary: it is catching up or still validating or executing a block (a
-        slow or loaded machine), it holds the certificate of its next block (whose body it
-        may still be fetching), or peers proved a head above it (`_proved_head`). Not a
-        certificate beyond a gap, which a view change may be needed to fill. (A restarted
-        replica replays such blocks, passing over the requests it pooled meanwhile, so its
-        commits soon stop restarting the timer.)"""
-        if self.fetching is not None or self._proved_head() is not None:
-            return True
-        # Our own work on the blocks the primary proposed excuses it only while it does not
-        # keep passing over the oldest request: a censoring primary that keeps this replica
-        # busy with other blocks is replaced all the same.
-        return self.passed_over <= MAX_PASSED_OVER and (
-            self._busy() or self._certified_run_end() > self.last_exec)
-
-    def _proved_head(self) -> tuple[int, bytes, bytes] | None:
-        """The highest head above this replica's certified run that peers proved: a peer's
-        certified head, or f+1 matching checkpoints (a correct replica executed that far)."""
-        known = self._certified_run_end()
-        vouched = self.checkpoints.vouched_above(known)
-        if vouched is not None and vouched[0] >= self.peer_head[0]:
-            return vouched
-        if self.peer_head[0] > known:
-            return (*self.peer_head, b"")
-        return None
-
-    def _catch_up(self) -> None:
-        """Fetch up to the head peers proved, if nothing else is under way."""
-        if self.fetching is None and not self._busy() and (head := self._proved_head()):
-            self._fall_behind(*head)
-
-    def _check_high_checkpoints(self) -> None:
-        if self.fetching is not None or self._busy():
-            return
-        ahead = self.checkpoints.ahead()
-        if ahead is not None:
-            self._fall_behind(*ahead)
-        elif self.peer_head[0] > self._certified_run_end() + 1:
-            self._fall_behind(*self.peer_head, b"")  # proved while this replica was busy
-
-    def _fall_behind(self, seq_no: int, block_hash: bytes, state_root: bytes) -> None:
-        """Ask the adapter to fetch certified blocks. The uncommitted blocks stay until the
-        fetch succeeds (the watermarks then drop those it passed): a peer that claims a head
-        and then serves nothing must not cost the cluster a prepared block's only copies."""
-        self.fetching = seq_no
-        self._out.append(FetchCommitted(seq_no, block_hash, state_root))
-
-    def _on_fetch_completed(self, event: FetchCompleted) -> None:
-        if self.fetching is None:
-            return
-        self.fetching, self.missed_fetches = None, 0
-        self.executing, self.held = None, None
-        if event.seq_no > self.last_exec:
-            self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
-        self._forget_requests(event.tx_hashes)
-        if event.seq_no > self.low_watermark:
-            self._move_watermarks(event.seq_no)
-        if event.seq_no % self.params.checkpoint_interval == 0:
-            self._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
-        self._after_execution()
-
-    def _on_peer_committed(self, event: PeerCommitted) -> None:
-        """A peer committed a block we have not: fetch it unless our own work is under way.
-        The next block is committed here on the peer's certificate instead, with the body we
-        hold or fetch by digest: a peer that proves its head and then refuses to serve it
-        would otherwise hold us in catch-up."""
-        if event.seq_no <= self.last_exec:
-            return
-        self.peer_head = max(self.peer_head, (event.seq_no, event.block_hash))
-        if self.fetching is not None:
-            return
-        if event.seq_no == self.last_exec + 1 and self._adopt_certificate(event):
-            return
-        if not self._busy():
-            self._fall_behind(event.seq_no, event.block_hash, b"")
-
-    def _adopt_certificate(self, event: PeerCommitted) -> bool:
-        if event.seq_no in self.log.certified:
-            return True
-        try:
-            self.epochs.verify_certificate(event.certificate, event.seq_no, event.block_hash)
-        except MessageError:
-            return False
-        self.log.certify(event.seq_no, event.block_hash, event.certificate)
-        self._advance()
-        return True
-
-    def _on_fetch_failed(self, event: FetchFailed) -> None:
-        """What the fetch imported before it failed is this replica's head now."""
-        if self.fetching != event.target_seq_no:
-            return
-        if event.reached is not None and event.reached.seq_no > self.last_exec:
-            self._on_fetch_completed(event.reached)
-        else:
-            self.fetching = None
-            # A head that two fetches in a row could not reach any of is no longer believed:
-            # a peer claiming one it cannot serve would keep `_lagging()` true for good.
-            self.missed_fetches += 1
-            if self.missed_fetches >= 2:
-                self.peer_head = min(self.peer_head, (self.last_exec, self.last_exec_hash))
+        check_high_checkpoints(self)
 
     # --- view change ------------------------------------------------------------------
 
@@ -1528,7 +1426,7 @@ class Replica:
         self._mark_stable(seq_no)
         if self.last_exec < seq_no and self.fetching is None:
             block_hash, state_root = proof[0].body.value
-            self._fall_behind(seq_no, block_hash, state_root)
+            fall_behind(self, seq_no, block_hash, state_root)
 
     def _adopt_pre_prepare(self, pre_prepare: Signed[PrePrepare], block: bytes | None) -> None:
         body = pre_prepare.body

@@ -235,7 +235,7 @@ def test_an_unproved_head_does_not_stop_a_backup_from_changing_view() -> None:
     """Fixed (defence in depth: block sync delivers a head only with a verified certificate,
     `BlockSync._prove_horizon`): a claimed head that two fetches in a row reached none of is
     forgotten (`Replica._on_fetch_failed`; one failure is retried, as
-    test_pbft_catch_up wants), so it no longer keeps `_lagging()` true and the request timer
+    test_pbft_catch_up wants), so it no longer keeps `catch_up.lagging` true and the request timer
     suspects the primary. It was a halt: one byzantine validator answering
     STATUS kept every replica it told from ever replacing a crashed or censoring primary."""
     driven = lagging(1, PASSED_AT)

@@ -21,6 +21,7 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
+from pbft_engine.core.catch_up import busy
 from pbft_engine.core.records import u64
 from pbft_engine.core.replica import MAX_PASSED_OVER
 from pbft_engine.messages import Checkpoint, PrePrepare, ViewChange
@@ -87,7 +88,7 @@ def test_a_validation_that_never_answers_is_given_up_by_its_deadline() -> None:
     actions = replica.step(TimerFired(TimerKind.VALIDATION, u64(1))).actions
     assert [a.seq_no for a in actions if isinstance(a, ValidateBlock)] == [1]  # once more
     actions = replica.step(TimerFired(TimerKind.VALIDATION, u64(1))).actions
-    assert not replica._busy() and replica.dropped["validation deadline"] == 2
+    assert not busy(replica) and replica.dropped["validation deadline"] == 2
     assert not any(isinstance(a, ValidateBlock) for a in actions)  # not again in this view
     replica.step(BlockValidated(1, keccak(block), True))  # too late: ignored
     assert not replica.log.certs[(0, 1)].validated
@@ -107,7 +108,7 @@ def test_a_censoring_primary_that_keeps_this_replica_busy_is_replaced() -> None:
     for n, tx in enumerate(others, start=1):
         commit_block(replica, n, (tx,))
     propose(replica, len(others) + 1, b"yet another block without it")
-    assert replica._busy()
+    assert busy(replica)
     replica.step(TimerFired(TimerKind.REQUEST, b""))
     assert replica.view == 1 and replica.view_change_reasons == {"request_timeout": 1}
 

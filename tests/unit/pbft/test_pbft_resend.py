@@ -25,6 +25,7 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
+from pbft_engine.core.catch_up import busy
 from pbft_engine.core.records import u64
 from pbft_engine.messages import Commit, KeyVerifier, Prepare, PrePrepare, WireMessage
 from tests.unit.pbft.helpers import GENESIS, PARAMS, SIGNERS, from_peer
@@ -110,7 +111,7 @@ def test_a_block_unanswered_by_its_deadline_is_validated_again_once() -> None:
     replica = backup_validating()
     actions = replica.step(TimerFired(TimerKind.VALIDATION, u64(1))).actions
     assert not [a for a in actions if isinstance(a, ValidateBlock)]
-    assert replica.log.certs[(0, 1)].refused and not replica._busy()
+    assert replica.log.certs[(0, 1)].refused and not busy(replica)
 
 
 def test_a_replica_asking_for_a_view_change_relays_its_oldest_requests_to_every_peer() -> None:

@@ -1,0 +1,139 @@
+"""Falling behind and catching up: when a replica is behind the cluster (a request timer
+that runs out then says nothing about the primary), which head peers proved, and the fetch
+of certified blocks the adapter runs for it (`FetchCommitted` -> `FetchCompleted` /
+`FetchFailed`; `PeerCommitted` from block sync's STATUS answers and announcements).
+Functions of the replica (`core.replica` calls them; its state is the replica's), as in
+`core.handover`. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pbft_engine.core.actions import FetchCommitted
+from pbft_engine.core.events import FetchCompleted, FetchFailed, PeerCommitted
+from pbft_engine.core.status import MAX_PASSED_OVER
+from pbft_engine.errors import MessageError
+
+if TYPE_CHECKING:
+    from pbft_engine.core.replica import Replica
+
+
+def busy(replica: Replica) -> bool:
+    """A block is being built, validated (in this view: an older view's validation no
+    longer holds anything up) or executed here: it may be exactly the block the peers
+    are ahead by, and executing it again after a fetch would be wasted."""
+    return (replica.executing is not None or replica.building is not None
+            or any(slot.validating for (view, _), slot in replica.log.certs.items()
+                   if view == replica.view))
+
+
+def lagging(replica: Replica) -> bool:
+    """This replica is behind the cluster, so a request timer that runs out says nothing
+    about the primary: it is catching up or still validating or executing a block (a
+    slow or loaded machine), it holds the certificate of its next block (whose body it
+    may still be fetching), or peers proved a head above it (`proved_head`). Not a
+    certificate beyond a gap, which a view change may be needed to fill. (A restarted
+    replica replays such blocks, passing over the requests it pooled meanwhile, so its
+    commits soon stop restarting the timer.)"""
+    if replica.fetching is not None or proved_head(replica) is not None:
+        return True
+    # Our own work on the blocks the primary proposed excuses it only while it does not
+    # keep passing over the oldest request: a censoring primary that keeps this replica
+    # busy with other blocks is replaced all the same.
+    return replica.passed_over <= MAX_PASSED_OVER and (
+        busy(replica) or replica._certified_run_end() > replica.last_exec)
+
+
+def proved_head(replica: Replica) -> tuple[int, bytes, bytes] | None:
+    """The highest head above this replica's certified run that peers proved: a peer's
+    certified head, or f+1 matching checkpoints (a correct replica executed that far)."""
+    known = replica._certified_run_end()
+    vouched = replica.checkpoints.vouched_above(known)
+    if vouched is not None and vouched[0] >= replica.peer_head[0]:
+        return vouched
+    if replica.peer_head[0] > known:
+        return (*replica.peer_head, b"")
+    return None
+
+
+def catch_up(replica: Replica) -> None:
+    """Fetch up to the head peers proved, if nothing else is under way."""
+    if replica.fetching is None and not busy(replica) and (head := proved_head(replica)):
+        fall_behind(replica, *head)
+
+
+def check_high_checkpoints(replica: Replica) -> None:
+    if replica.fetching is not None or busy(replica):
+        return
+    ahead = replica.checkpoints.ahead()
+    if ahead is not None:
+        fall_behind(replica, *ahead)
+    elif replica.peer_head[0] > replica._certified_run_end() + 1:
+        fall_behind(replica, *replica.peer_head, b"")  # proved while this replica was busy
+
+
+def fall_behind(replica: Replica, seq_no: int, block_hash: bytes, state_root: bytes) -> None:
+    """Ask the adapter to fetch certified blocks. The uncommitted blocks stay until the
+    fetch succeeds (the watermarks then drop those it passed): a peer that claims a head
+    and then serves nothing must not cost the cluster a prepared block's only copies."""
+    replica.fetching = seq_no
+    replica._out.append(FetchCommitted(seq_no, block_hash, state_root))
+
+
+def on_fetch_completed(replica: Replica, event: FetchCompleted) -> None:
+    if replica.fetching is None:
+        return
+    replica.fetching, replica.missed_fetches = None, 0
+    replica.executing, replica.held = None, None
+    if event.seq_no > replica.last_exec:
+        replica.last_exec, replica.last_exec_hash = event.seq_no, event.block_hash
+    replica._forget_requests(event.tx_hashes)
+    if event.seq_no > replica.low_watermark:
+        replica._move_watermarks(event.seq_no)
+    if event.seq_no % replica.params.checkpoint_interval == 0:
+        replica._send_checkpoint(event.seq_no, event.block_hash, event.state_root)
+    replica._after_execution()
+
+
+def on_peer_committed(replica: Replica, event: PeerCommitted) -> None:
+    """A peer committed a block we have not: fetch it unless our own work is under way.
+    The next block is committed here on the peer's certificate instead, with the body we
+    hold or fetch by digest: a peer that proves its head and then refuses to serve it
+    would otherwise hold us in catch-up."""
+    if event.seq_no <= replica.last_exec:
+        return
+    replica.peer_head = max(replica.peer_head, (event.seq_no, event.block_hash))
+    if replica.fetching is not None:
+        return
+    if event.seq_no == replica.last_exec + 1 and _adopt_certificate(replica, event):
+        return
+    if not busy(replica):
+        fall_behind(replica, event.seq_no, event.block_hash, b"")
+
+
+def _adopt_certificate(replica: Replica, event: PeerCommitted) -> bool:
+    if event.seq_no in replica.log.certified:
+        return True
+    try:
+        replica.epochs.verify_certificate(event.certificate, event.seq_no, event.block_hash)
+    except MessageError:
+        return False
+    replica.log.certify(event.seq_no, event.block_hash, event.certificate)
+    replica._advance()
+    return True
+
+
+def on_fetch_failed(replica: Replica, event: FetchFailed) -> None:
+    """What the fetch imported before it failed is this replica's head now."""
+    if replica.fetching != event.target_seq_no:
+        return
+    if event.reached is not None and event.reached.seq_no > replica.last_exec:
+        on_fetch_completed(replica, event.reached)
+    else:
+        replica.fetching = None
+        # A head that two fetches in a row could not reach any of is no longer believed:
+        # a peer claiming one it cannot serve would keep `lagging` true for good.
+        replica.missed_fetches += 1
+        if replica.missed_fetches >= 2:
+            replica.peer_head = min(replica.peer_head, (replica.last_exec, replica.last_exec_hash))
