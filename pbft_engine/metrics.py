@@ -27,7 +27,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 # Every reason the replica passes to _start_view_change / _count_view_change (a unit test
 # reads them from the replica's source).
 VIEW_CHANGE_REASONS = ("request_timeout", "new_view_timeout", "evidence", "invalid_block",
-                       "join", "new_view")
+                       "join", "new_view", "override")
 # Why this replica refused to vote for a proposed block: it does not decode or execute and
 # its body is the one its header commits to (invalid: the proposer's fault), was not checked
 # by the deadline the core gives a validation (timeout), the copy held is not the proposer's

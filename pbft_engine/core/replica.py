@@ -59,15 +59,11 @@ from pbft_engine.core.events import (
     TimerKind,
 )
 from pbft_engine.core.handover import (
-    adopt_view_change_checkpoint,
     awaiting_handover,
     awaits_primary,
-    before_installed,
     beyond_handover,
     check_restored,
     complete_proof,
-    completes_own_view_change,
-    counts_toward_view,
     high_watermark,
     install,
     joined,
@@ -78,7 +74,6 @@ from pbft_engine.core.handover import (
     schedule_change,
     take_installed,
     take_override,
-    unexecuted_by_genesis,
 )
 from pbft_engine.core.log import (
     CheckpointTracker,
@@ -87,6 +82,11 @@ from pbft_engine.core.log import (
     StoreWriter,
     V,
     hold_future,
+)
+from pbft_engine.core.new_view import (
+    check_view_change_quorum,
+    on_new_view,
+    on_view_change,
 )
 from pbft_engine.core.params import MAX_DOUBLINGS, EngineParams
 from pbft_engine.core.records import (
@@ -111,13 +111,6 @@ from pbft_engine.core.status import (
     ChainHead,
     Mode,
     ReplicaStatus,
-)
-from pbft_engine.core.view_change import (
-    NewViewPlan,
-    plan_new_view,
-    select_view_changes,
-    verify_new_view,
-    verify_view_change,
 )
 from pbft_engine.errors import (
     ConfigError,
@@ -842,9 +835,9 @@ class Replica:
         elif (checkpoint := signed_as(wire.signed, Checkpoint)) is not None:
             self._on_checkpoint(checkpoint)
         elif (view_change := wire_as(wire, ViewChange)) is not None:
-            self._on_view_change(view_change)
+            on_view_change(self, view_change)
         elif (new_view := wire_as(wire, NewView)) is not None:
-            self._on_new_view(new_view)
+            on_new_view(self, new_view)
 
     def _on_phase_message(self, wire: WireMessage[PhaseMessage]) -> None:
         body = wire.signed.body
@@ -1259,11 +1252,16 @@ class Replica:
         self._sign(ViewChange(view, stable, proof, self.log.prepared_above(stable),
                               pre_prepared, self.me))
         self._resend_view_change()
-        self._check_view_change_quorum()
+        check_view_change_quorum(self)
 
     def _count_view_change(self, reason: str) -> None:
         self.view_change_reasons[reason] += 1
         self.views_without_commit += 1
+
+    def _arm_new_view_timer(self) -> None:
+        self.new_view_timer_armed = True
+        self._set_timer(TimerKind.NEW_VIEW, u64(self.view), self.params.escalated(
+            self.params.new_view_timeout_ms, self.views_without_commit - 1))
 
     def _own_view_change(self) -> WireMessage[ViewChange]:
         """VIEW-CHANGE and NEW-VIEW carry digests, not blocks (as in the paper): their size
@@ -1290,136 +1288,8 @@ class Replica:
         self._set_timer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view),
                         self.params.new_view_timeout_ms)
 
-    def _on_view_change(self, wire: WireMessage[ViewChange]) -> None:
-        signed = wire.signed
-        body = signed.body
-        counts = counts_toward_view(self.epochs, signed)
-        if body.view < self.view or (body.view == self.view and self.active):
-            if self.last_new_view is not None and counts:  # the sender missed our NEW-VIEW
-                self._send(self._new_view_wire(), to=body.replica)
-            return
-        if not adopt_view_change_checkpoint(self, signed):
-            self._drop("view-change of another epoch")
-            return
-        sender = self.epochs.current.validators[body.replica]  # (its signature verified)
-        held = self.view_changes.get(sender)
-        if held is not None and held.signed.body.view >= body.view:
-            if held.signed.body.view == body.view and held.signed.body != body:
-                self._record_evidence(held.signed, signed)
-            else:
-                self._drop("duplicate")
-            self._check_view_change_quorum()  # a duplicate re-arms; it never re-sends
-            return
-        try:
-            verify_view_change(self.epochs, signed, self.params.log_size)
-        except MessageError as exc:
-            self._drop(f"view-change: {type(exc).__name__}")
-            return
-        complete_proof(self, body.stable_seq_no, body.checkpoint_proof)
-        self.view_changes[sender] = wire
-        self._check_view_change_quorum()
-
-    def _check_view_change_quorum(self) -> None:
-        # f+1 ask for later views: join the lowest (on a duplicate too: it may not have been able)
-        higher = [w.signed.body.view for r, w in self.view_changes.items()
-                  if r != self.address and w.signed.body.view > self.view]
-        if len(higher) >= self.epochs.current.weak_quorum and self._may_view_change(min(higher)):
-            self._start_view_change(min(higher), "join")
-            return
-        if self.active:
-            return
-        quorum = self.epochs.current.view_change_quorum
-        # (ours too only if of the installed epoch: its checkpoint at or past the handover)
-        counted = [w.signed for w in self.view_changes.values()
-                   if counts_toward_view(self.epochs, w.signed)]
-        votes = [vc for vc in counted if vc.body.view == self.view]
-        if self.me == self.primary and len(votes) >= quorum:
-            self._send_new_view(votes)
-            return
-        # N-f replicas want at least this view: wait for NEW-VIEW, then move on. Counting
-        # replicas that already moved further keeps a split (some at v, some at v+1) live.
-        at_least = sum(vc.body.view >= self.view for vc in counted)
-        if at_least >= quorum and not self.new_view_timer_armed:
-            self._arm_new_view_timer()
-
-    def _arm_new_view_timer(self) -> None:
-        self.new_view_timer_armed = True
-        self._set_timer(TimerKind.NEW_VIEW, u64(self.view), self.params.escalated(
-            self.params.new_view_timeout_ms, self.views_without_commit - 1))
-
-    def _send_new_view(self, votes: list[Signed[ViewChange]]) -> None:
-        chosen = select_view_changes(self.epochs.current, votes)
-        plan = plan_new_view([vc.body for vc in chosen])
-        pre_prepares = tuple(self._sign(PrePrepare(self.view, n, d, self.me))
-                             for n, d in plan.entries)
-        new_view = self._sign(NewView(self.view, chosen, pre_prepares, self.me))
-        self._broadcast(new_view)
-        self._install_new_view(new_view, plan)
-
     def _matches(self, block: bytes, digest: bytes) -> bool:
         return bool(block) and self.block_digest(block) == digest
-
-    def _new_view_wire(self) -> WireMessage[NewView]:
-        assert self.last_new_view is not None
-        return WireMessage(self.last_new_view)
-
-    def _on_new_view(self, wire: WireMessage[NewView]) -> None:
-        signed = wire.signed
-        body = signed.body
-        if body.view < self.view or (body.view == self.view and self.active) or (
-                before_installed(self.epochs, body)  # the old set's, for heights done here
-                and not completes_own_view_change(self, body)):
-            self._drop("stale new-view")
-            return
-        try:
-            plan = verify_new_view(self.epochs, self.params.log_size, signed)
-        except MessageError as exc:
-            self._drop(f"new-view: {type(exc).__name__}")
-            return
-        if unexecuted_by_genesis(self, plan.min_s, plan.checkpoint_proof):
-            self._drop("new-view on an override not reached here")
-            return
-        if body.view > self.view:  # we never asked for this view: the others moved on
-            self._count_view_change("new_view")
-        self.view = body.view
-        self._install_new_view(signed, plan)
-
-    def _install_new_view(self, new_view: Signed[NewView], plan: NewViewPlan) -> None:
-        self._out.append(CancelTimer(TimerKind.NEW_VIEW, u64(self.view)))
-        self._out.append(CancelTimer(TimerKind.VIEW_CHANGE_RESEND, u64(self.view)))
-        self.active, self.new_view_timer_armed = True, False
-        self.proposed, self.held = {}, None  # the new primary builds on O
-        self.last_new_view = new_view
-        self._put(StoreName.META, META_NEW_VIEW, new_view.encode())
-        self._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())
-        self._adopt_checkpoint(plan)
-        if self.left:  # its checkpoint installed an epoch without this replica
-            return
-        # The NEW-VIEW names blocks by digest; the copies held here were checked against
-        # theirs on arrival, and a body missing here is fetched when it is needed.
-        kept = {(n, d): self.log.block_for(n, d) for n, d in plan.entries}
-        self.log.clear_block_store()
-        self.log.forget_view_messages_below(self.view)
-        for pre_prepare in new_view.body.pre_prepares:
-            body = pre_prepare.body
-            self._adopt_pre_prepare(pre_prepare, kept[(body.seq_no, body.digest)])
-        self.seq_no = max([self.low_watermark, self.last_exec, *(n for n, _ in plan.entries)])
-        self._persist_meta()
-        self._check_recovered()
-        self._new_oldest()  # the new primary gets the whole bound again
-        self._arm_trailing_block()
-        self.relayed = set()  # and every waiting request
-        retime_primary(self)  # armed in the old view; a new primary times no one
-        self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= self.view}
-        self._replay_future()
-        self._advance()
-
-    def _adopt_checkpoint(self, plan: NewViewPlan) -> None:
-        """min-s is proven stable by V: move there, and fetch it if we have not executed it."""
-        if plan.min_s <= self.stable_checkpoint:
-            complete_proof(self, plan.min_s, plan.checkpoint_proof)
-        else:
-            self._adopt_stable(plan.min_s, plan.checkpoint_proof)
 
     def _adopt_stable(self, seq_no: int, proof: tuple[Signed[Checkpoint], ...]) -> None:
         self.checkpoints.adopt(seq_no, proof)
@@ -1427,15 +1297,4 @@ class Replica:
         if self.last_exec < seq_no and self.fetching is None:
             block_hash, state_root = proof[0].body.value
             fall_behind(self, seq_no, block_hash, state_root)
-
-    def _adopt_pre_prepare(self, pre_prepare: Signed[PrePrepare], block: bytes | None) -> None:
-        body = pre_prepare.body
-        if body.seq_no <= self.low_watermark:
-            return
-        self._accept_pre_prepare(pre_prepare, block)
-        if body.seq_no <= self.last_exec:  # already in the chain: agree again, never re-execute
-            if self.log.certified.get(body.seq_no, (body.digest,))[0] != body.digest:
-                self._alarm("new_view", f"new view re-proposes another block at {body.seq_no}")
-                return
-            self._mark_validated(body.view, body.seq_no)
 
