@@ -23,9 +23,11 @@ from pbft_engine.core import (
     Action,
     CancelTimer,
     ChainHead,
+    FetchCompleted,
     FetchFailed,
     MessageReceived,
     PeerCommitted,
+    RelayRequests,
     Replica,
     RequestReceived,
     ScheduleChange,
@@ -196,6 +198,66 @@ def test_a_head_claimed_once_no_longer_shields_the_primary() -> None:
     driven.step(TimerFired(TimerKind.REQUEST, b""))
     assert driven.sent(ViewChange)
 
+
+
+# --- finding 3 (older than both commits): a catch-up past c strands the primary of view 0 ------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HALT (no attacker; older than 94e1e82 and db84cae: membership seed 2462 at N = 4 fails "
+    "the same at 7b5daa5): V0[0], primary of view 0 in both sets, was cut off from block 1; "
+    "the others changed to view 1 in epoch 0 (NEW-VIEW on stable checkpoint 0) and went on. "
+    "V0[0] catches up by one fetch to 12, past c = 10: the execution installs epoch 1 while "
+    "its stable checkpoint stays 0. The others' NEW-VIEW of view 1 is then epoch 0's "
+    "(`before_installed`) and not the view change it asked for (`completes_own_view_change`): "
+    "dropped as stale. It stays in view 0, believing itself the primary: it times nobody and "
+    "relays nothing, and could not ask for a view anyway (`_may_view_change`: its stable "
+    "checkpoint is the old epoch's). The transactions clients sent it (the votes, in the "
+    "seed) never reach the others, who idle in view 1, so no later checkpoint ever comes to "
+    "move it"))
+def caught_up_to(head: int) -> Driven:
+    """V0[0], primary of view 0 in both sets, cut off from block 7 on, catches up by one
+    fetch to `head` (the change passed in 8 fed as the fetch passes it), then holds a vote a
+    client sent it; the others' NEW-VIEW of view 1 (epoch 0's: they changed view before c, on
+    stable checkpoint 0) reaches it, and time passes."""
+    driven = Driven(Replica(PARAMS, 0, KEYS[V0[0]], KeyVerifier(),
+                            ChainHead(PASSED_AT - 1, GENESIS), block_digest=keccak))
+    driven.step(PeerCommitted(head, digest(head), b""))
+    driven.step(ScheduleChange(ADDED, PASSED_AT))
+    driven.step(FetchCompleted(head, digest(head), state(head), ()))
+    driven.step(RequestReceived(keccak(b"a vote")))
+    view_changes = tuple(signed(ViewChange(1, 0, (), (), (), i), V0) for i in (1, 2, 3))
+    driven.step(MessageReceived(WireMessage(signed(NewView(1, view_changes, (), 1),
+                                                   V0)).encode()))
+    run_timers(driven)
+    return driven
+
+
+def reaches_the_others(driven: Driven) -> bool:
+    """In their view, or its waiting vote relayed to one of them."""
+    return driven.replica.view >= 1 or any(isinstance(a, RelayRequests) for a in driven.actions)
+
+
+def test_a_primary_that_caught_up_below_the_handover_joins_the_others_view() -> None:
+    """The control of finding 3: caught up to 9 (below c), it takes the NEW-VIEW."""
+    assert reaches_the_others(caught_up_to(C - 1))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HALT (no attacker; older than 94e1e82 and db84cae: membership seed 2462 at N = 4 fails "
+    "the same at 7b5daa5): V0[0] catches up to 12, past c = 10, so the execution installs "
+    "epoch 1 while its stable checkpoint stays 0. The others' NEW-VIEW of view 1 is epoch "
+    "0's (`before_installed`) and not a view change it asked for (`completes_own_view_change`): "
+    "dropped as stale. It stays in view 0 believing itself the primary: it times nobody and "
+    "relays nothing, and could not ask for a view anyway (`_may_view_change`: its stable "
+    "checkpoint is the old epoch's). The transactions clients sent it (the votes, in the "
+    "seed) never reach the others, who idle in view 1, so no later checkpoint comes to move "
+    "it either"))
+def test_a_primary_that_caught_up_past_the_handover_joins_the_others_view() -> None:
+    driven = caught_up_to(12)
+    assert (driven.replica.epochs.current.number, driven.replica.stable_checkpoint) == (1, 0)
+    assert reaches_the_others(driven), (
+        f"alone in view {driven.replica.view} with the only copy of the vote")
 
 # --- what held: the old set's NEW-VIEW after the install (db84cae) ----------------------------
 
