@@ -9,9 +9,17 @@ in depth: block sync delivers a head only with a verified certificate), a byzant
 primary, or the network's timing. Each finding is a strict xfail naming the interleaving (it
 asserts the outcome only, so it passes once fixed); each attack that held is a passing test.
 
+Open: 1. a replica restarted during the one new-view timeout of `leave_old_epoch_view`
+never leaves its old-epoch view (db84cae: the timer is not persisted, nothing re-arms it);
+2. a head claimed again every request timeout still shields the primary (94e1e82 forgets a
+head only between two claims; defence in depth); 3. older than both commits, found by the
+membership seeds (2462 at N = 4): a primary that caught up past c drops the others'
+old-epoch NEW-VIEW and stays alone in view 0 with the only copy of the votes.
+
 One replica driven event by event (the helpers of `test_replica_handover`): four genesis
-validators V0 (K = 10, W = 2), validator V0[2] under test, the change to ADDED (4 -> 5:
-f = 1, the view-change quorum N - f = 4) passed in block 8, so the handover checkpoint c = 10.
+validators V0 (K = 10, W = 2), validator V0[2] under test unless a test says otherwise, the
+change to ADDED (4 -> 5: f = 1, the view-change quorum N - f = 4) passed in block 8, so the
+handover checkpoint c = 10.
 """
 
 from __future__ import annotations
