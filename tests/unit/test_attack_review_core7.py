@@ -207,22 +207,9 @@ def test_a_head_claimed_once_no_longer_shields_the_primary() -> None:
     assert driven.sent(ViewChange)
 
 
-
 # --- finding 3 (older than both commits): a catch-up past c strands the primary of view 0 ------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HALT (no attacker; older than 94e1e82 and db84cae: membership seed 2462 at N = 4 fails "
-    "the same at 7b5daa5): V0[0], primary of view 0 in both sets, was cut off from block 1; "
-    "the others changed to view 1 in epoch 0 (NEW-VIEW on stable checkpoint 0) and went on. "
-    "V0[0] catches up by one fetch to 12, past c = 10: the execution installs epoch 1 while "
-    "its stable checkpoint stays 0. The others' NEW-VIEW of view 1 is then epoch 0's "
-    "(`before_installed`) and not the view change it asked for (`completes_own_view_change`): "
-    "dropped as stale. It stays in view 0, believing itself the primary: it times nobody and "
-    "relays nothing, and could not ask for a view anyway (`_may_view_change`: its stable "
-    "checkpoint is the old epoch's). The transactions clients sent it (the votes, in the "
-    "seed) never reach the others, who idle in view 1, so no later checkpoint ever comes to "
-    "move it"))
 def caught_up_to(head: int) -> Driven:
     """V0[0], primary of view 0 in both sets, cut off from block 7 on, catches up by one
     fetch to `head` (the change passed in 8 fed as the fetch passes it), then holds a vote a
