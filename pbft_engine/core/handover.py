@@ -276,7 +276,7 @@ def enter_epoch(replica: Replica) -> None:
 def leave_old_epoch_view(replica: Replica) -> None:
     """A replica in a view change whose VIEW-CHANGE is the old epoch's (the new set does
     not count it) waits one new-view timeout for the old set's NEW-VIEW of that view
-    (`completes_own_view_change`: the others may complete the view in the old epoch, then
+    (`takes_old_new_view`: the others may complete the view in the old epoch, then
     take c stable and go on in it), then asks for the next view: it never signs two for
     one view. Asking at once left it alone in the next view while the others went on in
     this one (the wire review's finding 5). Without the timer, once fewer than N - f
@@ -293,18 +293,26 @@ def leave_old_epoch_view(replica: Replica) -> None:
         replica._arm_new_view_timer()
 
 
-def completes_own_view_change(replica: Replica, body: NewView) -> bool:
-    """A NEW-VIEW of an epoch before the installed one, for the view this replica asked for
-    in that epoch and still waits in (`leave_old_epoch_view`): the others completed the
-    view change it took part in, as PBFT's, before the handover, so it takes the view too
-    (the heights the NEW-VIEW decides are at or below c, done here)."""
+def takes_old_new_view(replica: Replica, body: NewView) -> bool:
+    """A NEW-VIEW of an epoch before the installed one that this replica takes all the same
+    (the heights it decides, at or below c, are done here: its entries are agreed again,
+    never executed again):
+    - for the view it asked for in that epoch and still waits in (`leave_old_epoch_view`):
+      the others completed the view change it took part in, before the handover;
+    - for a view above its own: the others moved on while it crossed the handover without
+      them (a fetch past c, in view 0 with no stable checkpoint of the new epoch, so it
+      could not ask for a view itself: membership seed 2462 at N = 4). It signed nothing in
+      that view. Not across an override, whose old set may have lost its keys to anyone."""
+    schedule = replica.epochs.schedule
+    epoch = schedule.epoch_at(message_height(body))
+    if body.view > replica.view:
+        return not any(e.override for e in schedule.epochs
+                       if epoch.number < e.number <= replica.epochs.current.number)
     if replica.active or body.view != replica.view:
         return False
     own = replica.log.signed.get(signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE,
                                             replica.view))
-    schedule = replica.epochs.schedule
-    return own is not None and (schedule.epoch_at(message_height(own.body))
-                                == schedule.epoch_at(message_height(body)))
+    return own is not None and schedule.epoch_at(message_height(own.body)) == epoch
 
 
 def awaiting_handover(replica: Replica) -> Signed[Checkpoint] | None:

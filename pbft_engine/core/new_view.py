@@ -15,9 +15,9 @@ from pbft_engine.core.handover import (
     adopt_view_change_checkpoint,
     before_installed,
     complete_proof,
-    completes_own_view_change,
     counts_toward_view,
     retime_primary,
+    takes_old_new_view,
     unexecuted_by_genesis,
 )
 from pbft_engine.core.records import META_NEW_VIEW, StoreName, u64
@@ -109,7 +109,7 @@ def on_new_view(replica: Replica, wire: WireMessage[NewView]) -> None:
     body = signed.body
     if body.view < replica.view or (body.view == replica.view and replica.active) or (
             before_installed(replica.epochs, body)  # the old set's, for heights done here
-            and not completes_own_view_change(replica, body)):
+            and not takes_old_new_view(replica, body)):
         replica._drop("stale new-view")
         return
     try:

@@ -68,6 +68,7 @@ from pbft_engine.core.handover import (
     install,
     joined,
     joining_checkpoint,
+    leave_old_epoch_view,
     left_action,
     owes_block,
     retime_primary,
@@ -624,6 +625,7 @@ class Replica:
                 self._start_view_change(self.view + 1, "new_view_timeout")
             else:
                 self._resend_view_change()
+                leave_old_epoch_view(self)  # (its wait is not persisted: a restart loses it)
 
     def _resume(self) -> None:
         check_restored(self)  # (in a step: what it forgets is written)

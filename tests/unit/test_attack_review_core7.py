@@ -1,7 +1,7 @@
 """Attack review of two core changes of session 7 (issue 31): 94e1e82 (`missed_fetches`: a
 claimed head that two fetches in a row reached none of is forgotten) and db84cae (a replica
 whose VIEW-CHANGE for view v was the old epoch's waits one new-view timeout for the old set's
-NEW-VIEW of v, `handover.leave_old_epoch_view` and `completes_own_view_change`; the NEW_VIEW
+NEW-VIEW of v, `handover.leave_old_epoch_view` and `takes_old_new_view`; the NEW_VIEW
 timer clears `new_view_timer_armed`; `take_override` asks for the next view, active or not).
 
 The attacker is a crash and restart at the wrong moment, a lying peer in block sync (defence
@@ -146,17 +146,13 @@ def test_a_replica_waiting_for_the_old_set_s_new_view_moves_on_when_its_timer_fi
     assert moves_on_from_view_1(asked_in_the_old_epoch_then_installed())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HALT (no attacker beyond one silent member, f = 1): V0[2] asked for view 1 in epoch 0, "
-    "then installed epoch 1 and armed the one new-view timeout of `leave_old_epoch_view`; "
-    "it restarts before that timer fires. The timer is not persisted and nothing re-arms it: "
-    "`_resume` only resends its old-epoch VIEW-CHANGE(1), and `leave_old_epoch_view` runs "
-    "again only after an execution or a stable checkpoint, neither of which comes while the "
-    "new set is stuck in view 1. Three members asked for view 1 from c, the fifth is silent: "
-    "V0[2]'s VIEW-CHANGE does not count, so nobody has N - f = 4 for at least view 1, no "
-    "new-view timer ever runs, and the new set stalls for good (before db84cae the install "
-    "had moved it to view 2, persisted, at once)"))
 def test_a_replica_restarted_while_waiting_for_the_old_set_s_new_view_still_moves_on() -> None:
+    """Finding 1, fixed: V0[2] asked for view 1 in epoch 0, then installed epoch 1 and armed
+    the one new-view timeout of `leave_old_epoch_view`; it restarted before that timer
+    fired. The timer is not persisted, and `leave_old_epoch_view` ran again only after an
+    execution or a stable checkpoint: with one silent member the new set stalled for good
+    (no one had N - f = 4 VIEW-CHANGEs it counts). Each VIEW-CHANGE resend now arms the wait
+    again."""
     assert moves_on_from_view_1(restarted(asked_in_the_old_epoch_then_installed()))
 
 
@@ -238,17 +234,14 @@ def test_a_primary_that_caught_up_below_the_handover_joins_the_others_view() -> 
     assert reaches_the_others(caught_up_to(C - 1))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HALT (no attacker; older than 94e1e82 and db84cae: membership seed 2462 at N = 4 fails "
-    "the same at 7b5daa5): V0[0] catches up to 12, past c = 10, so the execution installs "
-    "epoch 1 while its stable checkpoint stays 0. The others' NEW-VIEW of view 1 is epoch "
-    "0's (`before_installed`) and not a view change it asked for (`completes_own_view_change`): "
-    "dropped as stale. It stays in view 0 believing itself the primary: it times nobody and "
-    "relays nothing, and could not ask for a view anyway (`_may_view_change`: its stable "
-    "checkpoint is the old epoch's). The transactions clients sent it (the votes, in the "
-    "seed) never reach the others, who idle in view 1, so no later checkpoint comes to move "
-    "it either"))
 def test_a_primary_that_caught_up_past_the_handover_joins_the_others_view() -> None:
+    """Finding 3, fixed (older than both commits: membership seed 2462 at N = 4): V0[0]
+    caught up to 12, past c = 10, so the execution installed epoch 1 while its stable
+    checkpoint stayed 0. The others' NEW-VIEW of view 1, epoch 0's, was dropped as stale:
+    it stayed in view 0 believing itself the primary, timing nobody and relaying nothing
+    (and could not ask for a view: its stable checkpoint was the old epoch's), with the
+    only copy of the votes. A NEW-VIEW of an earlier epoch for a view above its own is now
+    taken (`handover.takes_old_new_view`)."""
     driven = caught_up_to(12)
     assert (driven.replica.epochs.current.number, driven.replica.stable_checkpoint) == (1, 0)
     assert reaches_the_others(driven), (

@@ -234,7 +234,7 @@ def test_the_audit_recovers_a_commit_naming_an_epoch_above_a_long() -> None:
 
 
 def test_a_replica_that_installed_the_new_epoch_during_a_view_change_takes_part_in_it() -> None:
-    """Fixed (`handover.leave_old_epoch_view`, `completes_own_view_change`). It was a
+    """Fixed (`handover.leave_old_epoch_view`, `takes_old_new_view`). It was a
     liveness loss with no attacker: V0[2] committed 10 = c and, its request timer out, asked
     for view 1 with its stable checkpoint 0 (epoch 0's VIEW-CHANGE); the CHECKPOINTs at 10
     then made c stable here and installed epoch 1 while it waited, and the install moved it

@@ -115,6 +115,19 @@ def test_the_survivors_stand_on_the_block_before_it_and_commit_the_next_by_thems
     assert any(isinstance(a, CommitBlock) and a.seq_no == T for a in backup.actions)
 
 
+def test_the_old_set_s_new_view_for_a_later_view_does_not_move_a_survivor() -> None:
+    """An old-epoch NEW-VIEW for a view above a replica's own is taken after a handover by
+    vote (`handover.takes_old_new_view`: the others moved on while it crossed c by a fetch),
+    never across an override: the old set's gone validators may have lost their keys, and
+    three of its four keys would send every survivor to a view no one else is in."""
+    driven = survivor(0)
+    view_changes = tuple(signed(ViewChange(5, 0, (), (), (), i), V0) for i in (0, 2, 3))
+    driven.step(MessageReceived(WireMessage(signed(NewView(5, view_changes, (), 1),
+                                                   V0)).encode()))
+    assert driven.replica.dropped["stale new-view"] == 1
+    assert (driven.replica.view, driven.replica.active) == (1, False)
+
+
 def test_a_view_change_from_the_block_before_it_needs_no_checkpoint_proof() -> None:
     """What makes the new set able to change view: its VIEW-CHANGEs carry the stable
     checkpoint 36 with no proof, and only where the genesis file says so."""
