@@ -59,7 +59,7 @@ CHECKPOINTS_FETCHED = (
     "known bug: the audit reports checkpoint-missing at the checkpoints a validator was down "
     "for, between its kill and the handover that removed it, though it fetched those blocks "
     "(see CHECKPOINTS_FETCHED's comment)")
-# - Met in one of the first four runs: the validator voted out while it was down, started
+# - Met in one of seven runs here: the validator voted out while it was down, started
 #   again, catches up as a validator across its removal and leaves the set (LeftValidatorSet)
 #   with a catch-up (FetchCommitted) in the same step; that catch-up runs on the new
 #   observer's block sync (PbftEngine._fetch reads self.sync after _leave replaced it),
