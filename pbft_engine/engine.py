@@ -465,7 +465,8 @@ class PbftEngine(ConsensusEngine):
             case CommitBlock():
                 self._tasks.spawn(self._commit(action), "block commit")
             case FetchCommitted():
-                self._tasks.spawn(self._fetch(action), "catch-up")
+                assert self.sync is not None
+                self._tasks.spawn(self._fetch(action, self.sync), "catch-up")
             case FetchBlock():
                 assert self.sync is not None
                 self.sync.want_block(action.seq_no, action.digest)
@@ -639,16 +640,21 @@ class PbftEngine(ConsensusEngine):
         block = committed_block(encoded)
         return BlockCommitted(seq_no, block.hash, block.state_root, block.tx_hashes)
 
-    async def _fetch(self, action: FetchCommitted) -> None:
-        assert self.sync is not None
+    async def _fetch(self, action: FetchCommitted, sync: BlockSync) -> None:
+        """The replica's catch-up, on the replica's block sync: one that left the set in the
+        same step (`LeftValidatorSet`) fetches nothing, since the observer it becomes follows
+        on its own (run on the observer's sync, it imported outside the observer's loop, whose
+        epoch feed then stayed below the head: it stopped following for good)."""
+        if self.replica is None or sync is not self.sync:
+            return
         self.log.info("catching up to block %d from peers", action.target_seq_no)
         try:
-            outcome = await self.sync.fetch(action.target_seq_no, action.block_hash)
+            outcome = await sync.fetch(action.target_seq_no, action.block_hash)
         except _LOCAL_FAILURES:
             raise
         except Exception:
             self.log.exception("catch-up to block %d failed", action.target_seq_no)
-            outcome = self.sync.failed(action.target_seq_no)
+            outcome = sync.failed(action.target_seq_no)
         self._step(outcome)
 
     def _extra_data(self, seq_no: int) -> bytes:
