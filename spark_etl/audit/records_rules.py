@@ -162,7 +162,9 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
     blocks past it) is stable nowhere, and is not required. A validator voted in is asked
     only for the multiples from the first block of its first epoch on (`_joined`): as an
     observer it collected no CHECKPOINTs, and the handover checkpoint is the old set's.
-    Skipped without K."""
+    Nor is a multiple m required of a node whose own validator was not voting around it
+    (`_voting_around`): one down across checkpoints catches up by fetching certified
+    blocks (DESIGN.md section 4) and never holds those in between. Skipped without K."""
     interval = audit.validators.checkpoint_interval
     if interval is None:
         return no_violations(audit)
@@ -189,8 +191,8 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
         F.explode(F.when(start <= stop, F.sequence(start, stop, k))).alias("block_number"),
     )
     missing = expected.join(proven_stable(audit), "block_number", "left_semi").join(
-        stable, ["node", "block_number"], "left_anti"
-    )
+        _voting_around(audit, interval), ["node", "block_number"], "left_semi"
+    ).join(stable, ["node", "block_number"], "left_anti")
     proven_not_stable = proven_here.join(stable, ["node", "block_number"], "left_anti")
     return violations(
         missing.join(proven_here, ["node", "block_number"], "left_anti"),
@@ -207,6 +209,31 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
         F.format_string("the node serves Q validators' matching CHECKPOINTs for %d but says "
                         "it is not stable", "block_number"),
     ))
+
+
+def _voting_around(audit: Audit, interval: int) -> DataFrame:
+    """(node, block_number): the multiples m of K that a node must hold, as far as its
+    voting goes: every one for a node that names no address as its own (the manifest's
+    `validator`); for one that does, those around which that address was voting: its valid
+    COMMITs for block m and for a block after m, up to m + K, are in the export. A replica
+    that committed both through consensus was live when the CHECKPOINTs at m came (each
+    replica sends its own on executing m). The node's word, as in `_joined`: one that
+    leaves its own COMMITs out of its certificates is asked for fewer, and its blocks,
+    certificates and checkpoints are checked all the same."""
+    commits = signatures(audit).where(F.col("valid") & (F.col("type") == "commit")).select(
+        F.col("signer").alias("validator"), "seq_no").distinct()
+    manifest = audit.data.export_manifest
+    named = manifest.where(F.col("validator").isNotNull()).select(
+        "node", F.lower(F.col("validator")).alias("validator")).distinct()
+    voted = named.join(commits, "validator").select("node", "seq_no")
+    after = voted.select("node", F.col("seq_no").alias("later"))
+    m = F.col("seq_no")
+    around = voted.where(m % interval == 0).join(after, "node").where(
+        (F.col("later") > m) & (F.col("later") <= m + interval)).select(
+        "node", m.alias("block_number")).distinct()
+    unnamed = manifest.select("node").distinct().join(named, "node", "left_anti")
+    return audit.union(around, audit.data.blocks.select("node", F.col("number").alias(
+        "block_number")).join(unnamed, "node", "left_semi"))
 
 
 def _joined(audit: Audit) -> DataFrame:

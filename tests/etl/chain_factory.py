@@ -156,8 +156,8 @@ def commits_for(validators: Validators, number: int, digest: bytes) -> list[Sign
     view = 0 if number <= VIEW_CHANGE_AFTER else 1
     replicas: Iterable[int] = (
         (0, 1, 2, 3) if number % 3 == 0 else (0, 1, 2) if view == 0 else (1, 2, 3))
-    if len(validators.signers) != 4:  # a set voted in: its first Q
-        replicas = range(quorum(len(validators.signers)))
+    if len(validators.signers) != 4:  # a set voted in: every member
+        replicas = range(len(validators.signers))
     return [validators.sign(Commit(view, number, digest, r)) for r in replicas]
 
 

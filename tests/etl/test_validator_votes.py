@@ -9,7 +9,7 @@ handover checkpoint) and it votes from c+1; an original validator, a backup, is 
 SIGKILL and the chain goes on with four of five; three of the others vote it out; started
 again it follows as an observer of epoch 2; every transfer a node accepted commits, no node
 changes view, and `pbft-etl run --genesis` from that observer and the added validator audits
-the whole chain, with its three epochs (sound but for a known bug, below). Last, a view change
+the whole chain, sound, with its three epochs. Last, a view change
 in epoch 2 needs the added validator."""
 
 from __future__ import annotations
@@ -48,31 +48,6 @@ ROLE_DEADLINE = 120.0  # seconds for a change to reach its handover and take eff
 COMMIT_DEADLINE = 60.0  # seconds for what was accepted to commit (and reach a follower)
 AFTER_KILL = 10  # transfers accepted after the kill that must commit, with 4 of 5
 STALL_WINDOW = 15.0  # seconds a follower behind the validators may fetch nothing and not move
-# Two known bugs end the script as an expected failure, each only on its own symptom, after
-# everything else was checked (the test passes whole once both are fixed):
-# - Met every run: checkpoint-missing requires of a node every multiple of K up to the highest
-#   stable checkpoint it names (spark_etl/audit/records_rules.py), but a validator down across
-#   several checkpoints catches up by fetching certified blocks (DESIGN.md section 4, "Falling
-#   behind") and never holds those in between, and the handover checkpoint c, at which it
-#   still votes, is stable on it. Either the rule or the node is wrong.
-CHECKPOINTS_FETCHED = (
-    "known bug: the audit reports checkpoint-missing at the checkpoints a validator was down "
-    "for, between its kill and the handover that removed it, though it fetched those blocks "
-    "(see CHECKPOINTS_FETCHED's comment)")
-# - Met in one of seven runs here: the validator voted out while it was down, started
-#   again, catches up as a validator across its removal and leaves the set (LeftValidatorSet)
-#   with a catch-up (FetchCommitted) in the same step; that catch-up runs on the new
-#   observer's block sync (PbftEngine._fetch reads self.sync after _leave replaced it),
-#   outside Observer._fetch, so no on_progress refreshes the epoch feed after its last
-#   segment: the feed's horizon stays at the head reached, every head a peer reports is above
-#   it, _prove_horizon fetches the block at the horizon, held already, and nothing is fetched
-#   again. The script starts it once more (an observer from the start) and goes on.
-STALLED_AFTER_LEAVING = (
-    "known bug: the validator voted out while down, started again, stopped following after "
-    "its catch-up as a leaving validator (a FetchCommitted run on the observer's block sync "
-    "leaves the epoch feed stale; see STALLED_AFTER_LEAVING's comment)")
-
-
 @pytest.fixture(scope="module")
 def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cluster = Cluster.create(tmp_path_factory.mktemp("votes"), 4, observers=1)
@@ -275,16 +250,15 @@ def check_epoch_1(net: Cluster, c: int) -> None:
     assert set(certificate["signers"]) <= {*members, observer}
 
 
-def kill_a_backup(net: Cluster, load: SteadyLoad) -> tuple[int, int]:
+def kill_a_backup(net: Cluster, load: SteadyLoad) -> int:
     """SIGKILL of an original validator that is not the primary (the load routed around it
     first, and what it accepted committed); the four others go on, a quorum of epoch 1's
-    five. The node's index, and the last checkpoint stable on it before it went down."""
+    five. The node's index."""
     members, observer = members_of(net)
     primary = net.status(0)["primary"].lower()
     victim = max(i for i in range(4) if members[i] != primary)
     load.route(*(i for i in range(5) if i != victim))
     wait_committed(net, 0, load.accepted(victim))
-    held = net.status(victim)["stableCheckpoint"]  # at least, when it goes down
     assert net.stop(victim, signal.SIGKILL) == -signal.SIGKILL
     sent = len(load.accepted())
     after = wait_accepted(load, sent + AFTER_KILL)[sent:]
@@ -292,7 +266,7 @@ def kill_a_backup(net: Cluster, load: SteadyLoad) -> tuple[int, int]:
     certificate = rpc(net.nodes[0], "pbft_getCommitCertificate", hex(block))
     assert certificate["epoch"] == "0x1"
     assert set(certificate["signers"]) == {*members, observer} - {members[victim]}
-    return victim, held
+    return victim
 
 
 def vote_out(net: Cluster, victim: int) -> int:
@@ -325,17 +299,13 @@ def follows(net: Cluster, node: int) -> bool:
     return wait_for(outcome, COMMIT_DEADLINE, f"node {node} at block {target}") == "followed"
 
 
-def restart_as_observer(net: Cluster, victim: int) -> list[str]:
-    """Started again, the validator voted out follows as an observer of epoch 2; the known
-    bugs met on the way."""
+def restart_as_observer(net: Cluster, victim: int) -> None:
+    """Started again, the validator voted out follows as an observer of epoch 2 (it left the
+    set during its catch-up, whose fetch once ran on the observer's block sync and left it
+    stalled: a059582)."""
     net.start(victim)
     wait_role(net, [victim], ("observer", 2))
-    if follows(net, victim):
-        return []
-    net.stop(victim)  # started again, it is an observer from the start
-    net.start(victim)
-    assert follows(net, victim), "started again as an observer, it does not follow"
-    return [STALLED_AFTER_LEAVING]
+    assert follows(net, victim), "voted out while down and started again, it does not follow"
 
 
 def audit(net: Cluster, capsys: pytest.CaptureFixture[str], out: Path, nodes: list[int]
@@ -364,9 +334,9 @@ def test_the_script_of_issue_31_under_a_steady_load(
         wait_committed(net, OBSERVER, wait_accepted(load, 3, via=OBSERVER))  # it serves
         first_change = check_scheduled(net, vote_the_observer_in(net))
         check_epoch_1(net, first_change)
-        victim, held = kill_a_backup(net, load)
+        victim = kill_a_backup(net, load)
         second_change = -(-(vote_out(net, victim) + 2) // 10) * 10
-        known = restart_as_observer(net, victim)
+        restart_as_observer(net, victim)
         before = len(load.accepted(victim))
         load.route(*range(5))
         forwarded = wait_committed(net, victim,
@@ -386,11 +356,8 @@ def test_the_script_of_issue_31_under_a_steady_load(
     head = net.wait_idle(last)
     result, output = audit(net, capsys, tmp_path, [victim, OBSERVER])
     down = net.nodes[victim].rpc_url
-    unexplained = [v for v in result["violations"] if not (
-        v["rule"] == "checkpoint-missing" and v["node"] == down
-        and held < v["block_number"] < second_change)]
-    assert unexplained == [], output
-    known += [CHECKPOINTS_FETCHED] if result["violations"] else []
+    # (checkpoint-missing asks nothing of it for the checkpoints it was down for)
+    assert result["violations"] == [], output
     assert result["nodes"] == {net.nodes[i].rpc_url: head + 1 for i in (victim, OBSERVER)}
     remaining = [m for m in members if m != members[victim]]
     assert [(e["epoch"], e["first_block"], e["validators"]) for e in result["epochs"]] == [
@@ -402,8 +369,6 @@ def test_the_script_of_issue_31_under_a_steady_load(
     exported = {r["hash"] for r in data.transactions.where(F.col("node") == down)
                 .select("hash").collect()}
     assert {"0x" + h.hex() for h in accepted} <= exported
-    if known:
-        pytest.xfail("; ".join(known))
 
 
 def test_a_view_change_in_epoch_2_needs_the_added_validator(net: Cluster) -> None:
