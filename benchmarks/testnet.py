@@ -90,7 +90,8 @@ class Sampler(Poller):
         self.samples: list[Sample] = []
 
     def poll(self) -> None:
-        with contextlib.suppress(OSError, RuntimeError):  # a node stopped meanwhile
+        # a node stopped meanwhile (KeyError: a zombie's /proc status has no VmRSS)
+        with contextlib.suppress(OSError, RuntimeError, KeyError):
             self.samples.append(self.net.sample())
 
     def at(self, moment: float) -> Sample:

@@ -18,9 +18,12 @@ whose header hashes to the digest arrives (`BlockReceived`).
 Observers (`pbft_engine.observer`) follow through this module alone. A validator asks only
 validators and believes only their answers; it serves anyone the transport let in, and after
 each commit it announces its new head (a STATUS with the block's certificate) to the observers
-connected to it, so they fetch each block as it commits instead of at their next poll. An
-observer asks every peer (each answer is verified all the same) and hears the validators'
-announcements, checking a certificate only for a head above what it already knows.
+connected to it: the block itself with its certificate (COMMITTED, encoded once for all of
+them), so they import it without asking back; or, when the replica no longer holds its body,
+a STATUS with the certificate, and they fetch it. An observer asks every peer (each answer is
+verified all the same) and hears the validators' announcements, checking a certificate only
+for a head above what it already knows; what it does with a pushed block is its own
+(`Observer`).
 
 The messages and their encoding: `pbft_engine.sync_messages`.
 """
@@ -31,7 +34,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import rlp
@@ -66,6 +69,7 @@ from pbft_engine.sync_messages import (
     MAX_BLOCKS_PER_REQUEST,
     Block,
     Blocks,
+    Committed,
     GetBlock,
     GetBlocks,
     GetStatus,
@@ -81,6 +85,8 @@ log = logging.getLogger(__name__)
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # below the transport's frame cap
 REQUEST_TIMEOUT_S = 10.0
 MAX_WANTED_BLOCKS = 256  # bodies asked for at once (a window holds fewer)
+# A block larger than this is announced (STATUS), not pushed: a push goes to every observer.
+MAX_PUSHED_BYTES = MAX_RESPONSE_BYTES
 HEADER_NUMBER_INDEX = 8  # an Ethereum header's fields: ..., difficulty, number, ...
 
 
@@ -119,6 +125,10 @@ def certified_block_hash(
     return block_hash
 
 
+# A block ready to import: (number, encoded block, commit certificate, the certified hash).
+CertifiedBlock = tuple[int, bytes, bytes, bytes]
+
+
 class BlockSync:
     """Block sync for one replica: serves peers and fetches what the replica is missing."""
 
@@ -136,12 +146,14 @@ class BlockSync:
         on_peer_fault: Callable[[bytes, str], None] = lambda peer, kind: None,
         sources: Callable[[], frozenset[bytes]] | None = None,
         observer: bool = False,
+        on_pushed: Callable[[bytes, Committed], None] | None = None,
     ) -> None:
         self.context = context
         # The connected peers asked and believed (default: all): a validator's adapter gives
         # the connected validators, so an observer's word is never part of its decisions.
         self.sources = sources or context.peers
         self.observer = observer  # hears the validators' announcements
+        self.on_pushed = on_pushed  # (validator, message): an observer's, for their pushes
         self.store = store
         self.feed = feed  # which set decides which height, as committed state says
         self.deliver = deliver
@@ -159,6 +171,9 @@ class BlockSync:
         self._request_ids = itertools.count(1)
         self._pending: dict[int, tuple[bytes, asyncio.Future[Blocks]]] = {}
         self._status_asked: set[bytes] = set()
+        # The last NEW-VIEW a STATUS carried that was not above this replica's view: every
+        # peer sends the same one at every poll, and decoding it costs more than the poll.
+        self._old_new_view = b""
         self._proving = False  # a head above the horizon is being proved (`_prove_horizon`)
         self._serving: set[bytes] = set()  # one range served at a time per peer
         self._tasks = BackgroundTasks()
@@ -198,15 +213,25 @@ class BlockSync:
             self.context.send_sync(peer, encode_sync(GetStatus()))
 
     def announce(self, seq_no: int) -> None:
-        """Block `seq_no` committed here: tell the connected observers (the peers that are no
-        source: a STATUS with its certificate; they fetch the block). Validators learn of it
-        through consensus."""
+        """Block `seq_no` committed here: push it with its certificate to the connected
+        observers (the peers that are no source), encoded once for all of them, so that they
+        import it without asking back; a STATUS with the certificate instead when the replica
+        no longer holds the body (a new view cleared it) or it is over MAX_PUSHED_BYTES: they
+        fetch it. Each goes through the transport's bounded queue of that observer, which
+        drops what does not fit (never waits): an observer that missed a push fetches it.
+        Validators learn of the block through consensus."""
         observers = self.context.peers() - self.sources()
+        if not observers:
+            return
         certificate = self.store.get(StoreName.COMMIT_CERTIFICATES, u64(seq_no))
         head = self.context.head()
-        if not observers or certificate is None or head.block_number != seq_no:
+        if certificate is None or head.block_number != seq_no:
             return
-        announcement = encode_sync(Status(seq_no, head.hash, certificate, b""))
+        block = self.held_block(seq_no, head.hash)
+        announcement = encode_sync(
+            Committed(seq_no, block, certificate)
+            if block is not None and len(block) <= MAX_PUSHED_BYTES
+            else Status(seq_no, head.hash, certificate, b""))
         for peer in observers:
             self.context.send_sync(peer, announcement)
 
@@ -249,6 +274,9 @@ class BlockSync:
         elif isinstance(message, Block):
             if sender in self.sources():
                 self._on_block(sender, message)
+        elif isinstance(message, Committed):
+            if self.on_pushed is not None and sender in self.feed.members():
+                self.on_pushed(sender, message)
         else:
             pending = self._pending.get(message.request_id)
             if pending is not None and pending[0] == sender and not pending[1].done():
@@ -289,6 +317,25 @@ class BlockSync:
             return
         self.deliver(PeerCommitted(status.head_number, status.head_hash, status.certificate))
 
+    def certify(self, sender: bytes, pushed: Committed) -> bytes | None:
+        """The hash of a validator's pushed block if its certificate is one of a quorum of the
+        set of its height; None if not (counted against `sender`), or if that set is not known
+        yet: the block is above the horizon, proved as a STATUS's head would be."""
+        head = self.context.head()
+        self.feed.refresh(head.block_number, head.hash)
+        epoch = self.feed.epoch_at(pushed.number)
+        if epoch is None:
+            self._prove_horizon(sender)
+            return None
+        try:
+            return certified_block_hash(pushed.block, pushed.certificate, number=pushed.number,
+                                        epoch=epoch, chain_id=self.context.chain_id)
+        except PeerLied as exc:
+            self.on_peer_fault(sender, exc.kind)
+            log.warning("block sync: 0x%s pushed a false block %d: %s", sender.hex(),
+                        pushed.number, exc)
+            return None
+
     def _prove_horizon(self, peer: bytes) -> None:
         """One at a time: the block at the feed's horizon and its certificate, from `peer`
         (a head above the horizon implies it holds it); a peer that cannot serve it proved
@@ -315,13 +362,18 @@ class BlockSync:
             self.deliver(PeerCommitted(horizon, block_hash, certificate))
 
     def _offer_new_view(self, data: bytes, view: int) -> None:
-        """A NEW-VIEW for a view above ours goes to the replica, which verifies it."""
+        """A NEW-VIEW for a view above ours goes to the replica, which verifies it (views only
+        grow: one found not above ours never will be)."""
+        if data == self._old_new_view:
+            return
         try:
             new_view = decode_signed_bytes(data, NewView)
         except MessageError:
             return
         if new_view.body.view > view:
             self.deliver(MessageReceived(WireMessage(new_view).encode()))
+        else:
+            self._old_new_view = data
 
     def _on_block(self, sender: bytes, answer: Block) -> None:
         """A copy of a wanted body: the replica checks it against the digest, and asks again
@@ -511,11 +563,17 @@ class BlockSync:
         """Verify every certificate with the set of its block's height, execute each block
         on the one before it, then commit them (with the certificates) in one batch; nothing
         of it if one fails."""
-        certified = [
+        return await self.import_certified([
             (number, block, certificate, certified_block_hash(
                 block, certificate, number=number, epoch=self._epoch_at(number),
                 chain_id=self.context.chain_id))
-            for number, (block, certificate) in blocks]
+            for number, (block, certificate) in blocks])
+
+    async def import_certified(self, certified: Sequence[CertifiedBlock]
+                               ) -> list[ExecutedBlock]:
+        """Execute verified blocks (consecutive, the first after the head or at or below it)
+        each on the one before it, then commit them with their certificates in one batch;
+        nothing of it if one fails (PeerLied: it executes to another hash, or not at all)."""
         chain: list[tuple[ExecutedBlock, Callable[[WriteBatch], None]]] = []
         async with self.chain_lock:
             head = self.context.head().block_number

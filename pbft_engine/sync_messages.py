@@ -7,6 +7,7 @@ Wire format (canonical RLP lists, first item the kind):
   BLOCKS      [3, request id, [[block, commit certificate], ...]]
   GET_BLOCK   [4, seqNo, digest]
   BLOCK       [5, seqNo, digest, block]
+  COMMITTED   [6, number, block, commit certificate]   (a validator's push to its observers)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class SyncKind(IntEnum):
     BLOCKS = 3
     GET_BLOCK = 4
     BLOCK = 5
+    COMMITTED = 6
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,24 @@ class Block:
         return [self.seq_no, self.digest, self.block]
 
 
-SyncMessage = GetStatus | Status | GetBlocks | Blocks | GetBlock | Block
+@dataclass(frozen=True)
+class Committed:
+    """A block as it committed, with its commit certificate: all an observer needs to import
+    it without asking back."""
+
+    number: int
+    block: bytes
+    certificate: bytes
+
+    def fields(self) -> list[Any]:
+        return [self.number, self.block, self.certificate]
+
+
+SyncMessage = GetStatus | Status | GetBlocks | Blocks | GetBlock | Block | Committed
 _KINDS: dict[type, SyncKind] = {
     GetStatus: SyncKind.GET_STATUS, Status: SyncKind.STATUS,
     GetBlocks: SyncKind.GET_BLOCKS, Blocks: SyncKind.BLOCKS,
-    GetBlock: SyncKind.GET_BLOCK, Block: SyncKind.BLOCK,
+    GetBlock: SyncKind.GET_BLOCK, Block: SyncKind.BLOCK, Committed: SyncKind.COMMITTED,
 }
 
 
@@ -127,6 +142,7 @@ def decode_sync(data: bytes) -> SyncMessage:
         SyncKind.BLOCKS: _decode_blocks,
         SyncKind.GET_BLOCK: _decode_get_block,
         SyncKind.BLOCK: _decode_block,
+        SyncKind.COMMITTED: _decode_committed,
     }
     if kind not in decoders:
         raise MessageError(f"block sync: unknown message kind {kind}")
@@ -167,6 +183,11 @@ def _decode_get_block(fields: list[Any]) -> GetBlock:
 def _decode_block(fields: list[Any]) -> Block:
     seq_no, digest, block = _exactly(fields, 3)
     return Block(_uint(seq_no), _digest(digest), _bytes(block))
+
+
+def _decode_committed(fields: list[Any]) -> Committed:
+    number, block, certificate = _exactly(fields, 3)
+    return Committed(_uint(number), _bytes(block), _bytes(certificate))
 
 
 def _decode_status(fields: list[Any]) -> Status:
