@@ -17,13 +17,12 @@ whose header hashes to the digest arrives (`BlockReceived`).
 
 Observers (`pbft_engine.observer`) follow through this module alone. A validator asks only
 validators and believes only their answers; it serves anyone the transport let in, and after
-each commit it announces its new head (a STATUS with the block's certificate) to the observers
-connected to it: the block itself with its certificate (COMMITTED, encoded once for all of
-them), so they import it without asking back; or, when the replica no longer holds its body,
-a STATUS with the certificate, and they fetch it. An observer asks every peer (each answer is
-verified all the same) and hears the validators' announcements, checking a certificate only
-for a head above what it already knows; what it does with a pushed block is its own
-(`Observer`).
+each commit it pushes the block with its certificate to the observers connected to it
+(COMMITTED, encoded once for all of them), so they import it without asking back; when the
+replica no longer holds the body it announces a STATUS with the certificate instead, and they
+fetch it. An observer asks every peer (each answer is verified all the same) and hears the
+validators' announcements, checking a certificate only for a head above what it already knows;
+what it does with a pushed block is its own (`Observer`).
 
 The messages and their encoding: `pbft_engine.sync_messages`.
 """
