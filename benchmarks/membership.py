@@ -26,6 +26,11 @@ every stage does), nothing tuned:
   would be the cost (here the observers' own execution shares the two cores); and, read
   throughout every burst (validators' heads first, then the observers', so a lag is never an
   artefact of the reading order), the largest number of blocks an observer was behind.
+  After each burst, in the same state, the latency stages' rate (20 tx/s) for PACED_SECONDS:
+  the validators' CPU per transfer again, over the same seconds with observers and without
+  (a burst that the observers' share of the cores slows down lasts longer, and what a
+  validator spends per second whatever it commits, its timers, polls and these benchmark
+  reads, then counts for more per transfer: the paced rounds leave that out of the ratio).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks import stages
-from benchmarks.load import BenchError, start_load
+from benchmarks.load import BenchError, Throughput, run_load, start_load
 from benchmarks.report import Row
 from benchmarks.testnet import BenchNet, Poller, Sampler
 from testkit.cluster import rpc
@@ -55,6 +60,7 @@ HANDOVER_DEADLINE = 120.0  # seconds for a change to pass, and to join or leave 
 # chain's growth from burst to burst weighs on both sides alike
 BURST_ROUNDS = (0, 2, 2, 0, 0, 2)
 HEAD_POLL = 0.1  # seconds between readings of the heads during a burst
+PACED_SECONDS = 30.0  # the paced load after each burst
 CATCH_UP_DEADLINE = 120.0  # seconds for restarted observers to reach the validators' head
 LATENCY_METRIC = "pbft_commit_latency_seconds"
 
@@ -265,6 +271,7 @@ class Round:
     tps: float
     validator_cpu_ms_per_tx: float
     observer_cpu_ms_per_tx: float
+    paced_validator_cpu_ms_per_tx: float  # at the latency stages' rate, after the burst
     lag: Counter[int]  # blocks behind -> readings (each observer in each reading)
     delays: list[float]  # seconds each block reached the observers after the validators
     load_average: float  # the machine's, over the last minute, after the burst
@@ -308,10 +315,23 @@ def _burst_round(ctx: stages.Context, net: BenchNet, sampler: Sampler, index: in
                                    targets=VALIDATORS)
     cpu = sampler.cpu_between(burst.start, burst.last_commit)
     per_tx = 1000 / burst.transactions
+    paced = _paced_validator_cpu(ctx, net, sampler, f"observers-{len(observers)}-paced-{index}")
     return Round(len(observers), burst.end_to_end_tps,
                  sum(cpu.get(i, 0.0) for i in VALIDATORS) * per_tx,
-                 sum(cpu.get(i, 0.0) for i in observers) * per_tx, lag_counts(heads.readings),
-                 follow_delays(heads.readings), os.getloadavg()[0])
+                 sum(cpu.get(i, 0.0) for i in observers) * per_tx, paced,
+                 lag_counts(heads.readings), follow_delays(heads.readings), os.getloadavg()[0])
+
+
+def _paced_validator_cpu(ctx: stages.Context, net: BenchNet, sampler: Sampler, name: str
+                         ) -> float:
+    """The validators' CPU time (ms) per committed transfer over PACED_SECONDS of transfers at
+    the latency stages' rate, sent to the validators."""
+    rate = ctx.sizes.latency_rate
+    load = Throughput.of(run_load(
+        net, ctx.workdir, name, workload="transfer", targets=VALIDATORS, rate=rate,
+        deadline=PACED_SECONDS + 60, **stages._paced(ctx, int(rate * PACED_SECONDS))))
+    cpu = sampler.cpu_between(load.start, load.last_commit)
+    return sum(cpu.get(i, 0.0) for i in VALIDATORS) * 1000 / load.transactions
 
 
 def paired_ratios(rounds: Sequence[tuple[int, float]]) -> list[float]:
@@ -354,6 +374,16 @@ def _add_observer_bursts(ctx: stages.Context, rounds: list[Round]) -> None:
         f"validators' CPU time over a burst per transfer, {cpu[0]:.2f} ms without observers, "
         f"{cpu[2]:.2f} ms with (the observers' own: " + ", ".join(
             f"{r.observer_cpu_ms_per_tx:.2f}" for r in with_two) + " ms)"))
+    paced = {n: statistics.fmean(r.paced_validator_cpu_ms_per_tx for r in rounds
+                                 if r.observers == n) for n in (0, 2)}
+    paced_ratios = paired_ratios([(r.observers, r.paced_validator_cpu_ms_per_tx)
+                                  for r in rounds])
+    ctx.results.add(Row(
+        "31", f"N=4 at {ctx.sizes.latency_rate:g} tx/s, validators' CPU per tx, 2 observers / "
+        "none", statistics.fmean(paced_ratios), "x", target=1.05, at_most=True, absolute=True,
+        note=f"mean of the pairs' ratios: {', '.join(f'{r:.2f}' for r in paced_ratios)}; "
+        f"{PACED_SECONDS:g} s after each burst, {paced[0]:.2f} ms per transfer over the 4 "
+        f"without observers, {paced[2]:.2f} ms with"))
     lag = sum((r.lag for r in with_two), Counter[int]())
     ctx.results.add(Row(
         "31", "observer head lag under the burst, largest", max(lag, default=0), "blocks",
