@@ -556,6 +556,10 @@ class BlockSync:
             segment = [entry for entry in blocks if entry[0] <= self.feed.horizon]
             imported.extend(await self._import_segment(segment))
             blocks = blocks[len(segment):]
+        # and once more after the last: whoever imports next (a replica's catch-up, the
+        # observer, a proof of a head above the horizon) reads the schedule of this head
+        head = self.context.head()
+        self.feed.refresh(head.block_number, head.hash)
 
     async def _import_segment(self, blocks: list[tuple[int, tuple[bytes, bytes]]]
                               ) -> list[ExecutedBlock]:
