@@ -25,6 +25,7 @@ restarts), and the member hands the forgery to every peer that asks it for a low
 3. HALT with one crashed member, no forgery (older than 068fcc4, the case beside (a) and
 (b)): a replica whose VIEW-CHANGE for view v is the NEW epoch's drops the old set's NEW-VIEW
 of v, which the others are active in, and with one member down nobody ever moves again.
+The forgery spreads: a member holding it answers a VIEW-CHANGE for a lower view with it.
 Held: the resend's re-arm never moves on a replica whose VIEW-CHANGE the installed epoch
 counts; the old set's NEW-VIEW re-proposing heights up to c is agreed again but never voted on
 or executed again by a replica that installed the new epoch before executing c.
@@ -183,8 +184,7 @@ def test_a_new_view_of_a_retired_set_does_not_fork_the_installed_one() -> None:
 
 def in_view(view: int) -> Driven:
     """E in view 0 of epoch 4 with a transaction waiting; epoch 0's forged NEW-VIEW for
-    `view` reaches it. (It relays the NEW-VIEW it holds to every member that asks it for a
-    lower view, `on_view_change`, and they take it alike: one copy spreads to them all.)"""
+    `view` reaches it."""
     driven = member_of_epoch_4()
     driven.step(RequestReceived(keccak(b"a transfer")))
     driven.step(forged_new_view(view))
@@ -194,27 +194,30 @@ def in_view(view: int) -> Driven:
 def changes_view(driven: Driven) -> bool:
     """Its primary is silent: when its request timer runs out, it asks for the next view
     with a VIEW-CHANGE its peers can decode (every view is a uint64 on the wire)."""
+    before = driven.replica.view
     driven.step(TimerFired(TimerKind.REQUEST, b""))
-    return any(vc.view > driven.replica.view - 1 and vc.view <= MAX_UINT64  # type: ignore[attr-defined]
+    return any(before < vc.view <= MAX_UINT64  # type: ignore[attr-defined]
                for vc in driven.sent(ViewChange))
 
 
 def test_a_replica_in_a_high_view_still_asks_for_the_next() -> None:
-    """The control of finding 2: a forged NEW-VIEW for a high view below the last."""
-    driven = in_view(MAX_UINT64 - 4)
-    assert driven.replica.view == MAX_UINT64 - 4
-    assert changes_view(driven)
+    """The control of finding 2: the same forgery for a view below the last (taken today:
+    the replica is in that view when its timer runs out)."""
+    assert changes_view(in_view(MAX_UINT64 - 4))
 
 
-def test_a_member_that_took_a_new_view_relays_it_to_a_member_asking_for_a_lower_view() -> None:
-    """Why one copy of finding 2's NEW-VIEW is enough: F asks E for view 1 (epoch 4's
-    VIEW-CHANGE, on the handover checkpoint) and gets the NEW-VIEW E holds, epoch 0's."""
+@pytest.mark.xfail(strict=True, reason=(
+    "SPREAD (finding 2's, and finding 1's, reach): E took epoch 0's forged NEW-VIEW and "
+    "holds it as its last; F asks E for view 1 (epoch 4's VIEW-CHANGE, on the handover "
+    "checkpoint) and `on_view_change` answers a VIEW-CHANGE for a lower view with that "
+    "NEW-VIEW, which F takes alike (b): one copy reaches every member that changes view"))
+def test_a_member_relays_no_new_view_of_a_retired_set() -> None:
     driven = in_view(MAX_UINT64)
     actions = driven.receive(
         ViewChange(1, HANDOVER, driven.replica.checkpoints.proof(HANDOVER), (), (), 3), E4)
     relayed = [b for a in actions if isinstance(a, SendTo) and a.replica == 3
                if isinstance(b := WireMessage.decode(a.data).signed.body, NewView)]
-    assert [(b.view, b.epoch) for b in relayed] == [(MAX_UINT64, 0)]
+    assert all(b.epoch == 4 for b in relayed), [(b.view, b.epoch) for b in relayed]
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -303,9 +306,9 @@ def test_resends_never_move_on_a_replica_whose_view_change_the_installed_epoch_c
 def test_the_old_set_s_new_view_above_the_head_at_or_below_c_is_never_voted_again() -> None:
     """ME at block 8 learns from the new set's VIEW-CHANGE that c = 10 is stable (epoch 1
     installed, 9 and 10 not executed: fetched), then the old set's NEW-VIEW of view 1 (b)
-    re-proposes 1 .. 10 (prepared in view 0 by V0[0], V0[1], V0[3]). ME takes view 1 but
-    signs nothing, validates and executes nothing for those heights (h = c): they come by
-    the fetch, with their certificates."""
+    re-proposes 1 .. 10 (prepared in view 0 by V0[0], V0[1], V0[3]). ME takes view 1 (b)
+    but signs nothing, validates and executes nothing for those heights (h = c): they come
+    by the fetch, with their certificates."""
     driven = Driven(Replica(PARAMS, ME, KEYS[V0[ME]], KeyVerifier(),
                             ChainHead(PASSED_AT, GENESIS), block_digest=keccak))
     driven.step(ScheduleChange(ADDED, PASSED_AT))
@@ -321,10 +324,10 @@ def test_the_old_set_s_new_view_above_the_head_at_or_below_c_is_never_voted_agai
     before = len(driven.actions)
     driven.step(MessageReceived(WireMessage(signed(NewView(1, view_changes, o_set, 1),
                                                    V0)).encode()))
-    assert (replica.view, replica.active, replica.halted) == (1, True, False)
+    assert (replica.active, replica.halted) == (True, False)  # (in view 1 today, by (b))
     after = driven.actions[before:]
     assert not [a for a in after if isinstance(a, ValidateBlock | CommitBlock)]
     assert not [b for a in after if isinstance(a, Broadcast)
                 if isinstance(b := WireMessage.decode(a.data).signed.body, Prepare | Commit)]
     driven.step(FetchCompleted(C, digest(C), state(C), ()))
-    assert (replica.last_exec, replica.view, replica.active) == (C, 1, True)
+    assert (replica.last_exec, replica.active) == (C, True)
