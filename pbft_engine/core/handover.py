@@ -294,20 +294,26 @@ def leave_old_epoch_view(replica: Replica) -> None:
 
 
 def takes_old_new_view(replica: Replica, body: NewView) -> bool:
-    """A NEW-VIEW of an epoch before the installed one that this replica takes all the same
-    (the heights it decides, at or below c, are done here: its entries are agreed again,
-    never executed again):
+    """A NEW-VIEW of the epoch just replaced that this replica takes all the same (the
+    heights it decides, at or below c, are done here: its entries are agreed again, never
+    executed again):
     - for the view it asked for in that epoch and still waits in (`leave_old_epoch_view`):
       the others completed the view change it took part in, before the handover;
     - for a view above its own: the others moved on while it crossed the handover without
       them (a fetch past c, in view 0 with no stable checkpoint of the new epoch, so it
       could not ask for a view itself: membership seed 2462 at N = 4). It signed nothing in
-      that view. Not across an override, whose old set may have lost its keys to anyone."""
-    schedule = replica.epochs.schedule
+      that view.
+    Only the set just replaced, and not by an override: consecutive epochs differ by one
+    member, so N - f keys of that set are never the installed set's f faulty members' and
+    the removed one's (whose key may be anyone's once c is stable: research/membership.md
+    8.3); an older set's may be (two rotated-out keys and one faulty member sign a NEW-VIEW
+    of the genesis set), and an override's old set may have lost any number."""
+    schedule, current = replica.epochs.schedule, replica.epochs.current
     epoch = schedule.epoch_at(message_height(body))
+    if epoch.number != current.number - 1 or current.override:
+        return False
     if body.view > replica.view:
-        return not any(e.override for e in schedule.epochs
-                       if epoch.number < e.number <= replica.epochs.current.number)
+        return True
     if replica.active or body.view != replica.view:
         return False
     own = replica.log.signed.get(signed_key(VIEW_MESSAGE_SEQ_NO, MessageType.VIEW_CHANGE,

@@ -110,6 +110,11 @@ def on_new_view(replica: Replica, wire: WireMessage[NewView]) -> None:
     if body.view < replica.view or (body.view == replica.view and replica.active) or (
             before_installed(replica.epochs, body)  # the old set's, for heights done here
             and not takes_old_new_view(replica, body)):
+        if body.view == replica.view and not (replica.active or replica.new_view_timer_armed):
+            # Members are active in this view, and leave it only for f + 1 VIEW-CHANGEs:
+            # wait one new-view timeout, then ask for the next (with one member down,
+            # nobody moved again otherwise: the attack review core8, finding 3).
+            replica._arm_new_view_timer()
         replica._drop("stale new-view")
         return
     try:

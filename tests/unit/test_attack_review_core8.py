@@ -16,7 +16,10 @@ NEW-VIEW of epoch 0 needs no CHECKPOINT at all (its VIEW-CHANGEs may stand on bl
 empty proof). Each finding is a strict xfail naming the interleaving (it asserts the outcome
 only, so it passes once fixed); each attack that held is a passing test.
 
-Open: 1. FORK: epoch 0's NEW-VIEW, forged with two rotated-out keys and one byzantine
+All three are fixed (only the epoch just replaced, and not by an override, may move a replica
+by its NEW-VIEW; a replica waiting in v that gets the old set's NEW-VIEW of v it cannot take
+waits one new-view timeout, then asks for v + 1). They were:
+1. FORK: epoch 0's NEW-VIEW, forged with two rotated-out keys and one byzantine
 member's, makes two correct members of epoch 4 active in view 1 with no VIEW-CHANGE of
 epoch 4 behind it; they commit at 41 a block other than the one a third member committed at
 41 in view 0. 2. HALT: the same forgery for view 2**64 - 1 puts a member in a view it can
@@ -41,7 +44,6 @@ The replica under test is E (index 2 in epoch 4); D is the one byzantine member 
 
 from __future__ import annotations
 
-import pytest
 from eth_hash.auto import keccak
 
 from encoding.rlp import MAX_UINT64
@@ -162,17 +164,6 @@ def test_without_the_old_set_s_new_view_view_1_s_proposal_waits() -> None:
     assert view_1_commits_y(prepared_x()) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FORK (068fcc4's (b), with keys the design lets go after their handover: "
-    "research/membership.md 8.3 counts V_e's faults only until c_e is stable, and the "
-    "docstring of takes_old_new_view trusts every old set but an override's): E and F "
-    "prepared X at 41 in view 0 of epoch 4 and sent their COMMITs, and C committed X. "
-    "Epoch 0's NEW-VIEW for view 1, built from VIEW-CHANGEs of A and B (rotated out by the "
-    "votes of epochs 2 and 4, keys retired) and D (epoch 4's one byzantine member) on block "
-    "0, reaches E and F. Both take it (view 1 > 0, no override since epoch 0): active in "
-    "view 1 with no VIEW-CHANGE of epoch 4 behind it, so no O carries X into view 1, and "
-    "seqNo falls back to the head, 40. D, view 1's primary in epoch 4, proposes Y at 41: E "
-    "and F prepare it, and D, E, F (Q = 3) commit Y at 41 where C committed X"))
 def test_a_new_view_of_a_retired_set_does_not_fork_the_installed_one() -> None:
     driven = prepared_x()
     driven.step(forged_new_view(1))
@@ -206,11 +197,6 @@ def test_a_replica_in_a_high_view_still_asks_for_the_next() -> None:
     assert changes_view(in_view(MAX_UINT64 - 4))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SPREAD (finding 2's, and finding 1's, reach): E took epoch 0's forged NEW-VIEW and "
-    "holds it as its last; F asks E for view 1 (epoch 4's VIEW-CHANGE, on the handover "
-    "checkpoint) and `on_view_change` answers a VIEW-CHANGE for a lower view with that "
-    "NEW-VIEW, which F takes alike (b): one copy reaches every member that changes view"))
 def test_a_member_relays_no_new_view_of_a_retired_set() -> None:
     driven = in_view(MAX_UINT64)
     actions = driven.receive(
@@ -220,14 +206,6 @@ def test_a_member_relays_no_new_view_of_a_retired_set() -> None:
     assert all(b.epoch == 4 for b in relayed), [(b.view, b.epoch) for b in relayed]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HALT (068fcc4's (b), the keys of finding 1): epoch 0's NEW-VIEW for view 2**64 - 1 "
-    "(its primary in epoch 0 is D) is taken by E (above its view, no override since epoch "
-    "0) and persisted. At its next request timeout Replica.step raises OverflowError "
-    "(`signed_key` packs view + 1 into 8 bytes): a traceback in the engine instead of a "
-    "VIEW-CHANGE, at every timeout and after every restart. Every member that asks E for a "
-    "lower view gets the NEW-VIEW back and takes it too, so once the primary of view "
-    "2**64 - 1 (epoch 4's F) is silent, no view change is ever possible"))
 def test_a_new_view_of_a_retired_set_for_the_last_view_does_not_halt_the_replica() -> None:
     assert changes_view(in_view(MAX_UINT64))
 
@@ -259,19 +237,6 @@ def old_set_s_new_view_of_view_1() -> MessageReceived:
     return MessageReceived(WireMessage(signed(NewView(1, view_changes, (), 1), V0)).encode())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HALT with one crashed member (older than 068fcc4: (a) takes the old set's NEW-VIEW "
-    "for the view a replica waits in only if its own VIEW-CHANGE is of that epoch, and (b) "
-    "only for a view above its own): V0[0], V0[1] and V0[3] missed the CHECKPOINTs at c = "
-    "10 and asked for view 1 in epoch 0; V0[1] sent the NEW-VIEW, V0[3] took it (a), and "
-    "both installed epoch 1 afterwards, active in view 1 (V0[1] its primary in both sets). "
-    "ME and the added validator had c stable and asked for view 1 in epoch 1; then V0[0] "
-    "crashed. ME drops the NEW-VIEW of view 1 (stale: its own VIEW-CHANGE is epoch 1's), "
-    "each time V0[1] sends it back for its VIEW-CHANGE; V0[3] times V0[1]'s block 11 out "
-    "and asks for view 2. Nobody moves again: ME and the added one count 3 < N - f = 4 "
-    "VIEW-CHANGEs at or above view 1 (theirs, V0[3]'s), so their new-view timers never "
-    "run; V0[1] and they see one VIEW-CHANGE for view 2 (< f + 1 = 2 to join); V0[1], a "
-    "primary, times no one; two active members of five commit nothing (Q = 4)"))
 def test_a_replica_that_asked_in_the_new_epoch_does_not_stay_out_of_the_old_set_s_view() -> None:
     driven = asked_for_view_1_in_the_new_epoch()
     driven.step(new_epoch_view_change(1, 4))  # the added validator
