@@ -193,7 +193,10 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
     missing = expected.join(proven_stable(audit), "block_number", "left_semi").join(
         _voting_around(audit, interval), ["node", "block_number"], "left_semi"
     ).join(stable, ["node", "block_number"], "left_anti")
-    proven_not_stable = proven_here.join(stable, ["node", "block_number"], "left_anti")
+    # (Q others' CHECKPOINTs do not make m stable on a replica that has not executed m: its
+    # own must be among them, pbft_engine.core.log `stable`; killed before, it holds them)
+    proven_not_stable = proven_here.join(stable, ["node", "block_number"], "left_anti").join(
+        _executed_here(audit), ["node", "block_number"], "left_semi")
     return violations(
         missing.join(proven_here, ["node", "block_number"], "left_anti"),
         "checkpoint-missing",
@@ -234,6 +237,22 @@ def _voting_around(audit: Audit, interval: int) -> DataFrame:
     unnamed = manifest.select("node").distinct().join(named, "node", "left_anti")
     return audit.union(around, audit.data.blocks.select("node", F.col("number").alias(
         "block_number")).join(unnamed, "node", "left_semi"))
+
+
+def _executed_here(audit: Audit) -> DataFrame:
+    """(node, block_number): checkpoints whose seqNo the node executed, as far as its rows
+    say: its own CHECKPOINT (signed by the address it names) is among them; every one of a
+    node that names none."""
+    manifest = audit.data.export_manifest
+    named = manifest.where(F.col("validator").isNotNull()).select(
+        "node", F.lower(F.col("validator")).alias("signer")).distinct()
+    rows = audit.data.checkpoints.select("node", "message").distinct()
+    own = rows.join(_checkpoint_votes(audit), "message").join(named, ["node", "signer"]).select(
+        "node", F.col("seq_no").alias("block_number"))
+    unnamed = manifest.select("node").distinct().join(named, "node", "left_anti")
+    everyone = audit.data.checkpoints.select(
+        "node", F.col("seq_no").alias("block_number")).join(unnamed, "node", "left_semi")
+    return audit.union(own, everyone).distinct()
 
 
 def _joined(audit: Audit) -> DataFrame:

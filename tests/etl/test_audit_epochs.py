@@ -219,3 +219,28 @@ def test_a_validator_voted_in_must_hold_the_stable_checkpoints_of_its_own_epochs
     violations = find_violations(Audit(data, trusted(data)), (checkpoint_missing,))
     assert {(v.rule, v.node, v.block_number) for v in violations} == {
         ("checkpoint-missing", NODE_B, 5)}
+
+
+def test_q_checkpoints_without_the_node_s_own_are_not_a_stable_checkpoint_it_hides(
+    spark: SparkSession, epoch_chain: ServedChain,
+) -> None:
+    """Node A serves the CHECKPOINTs of replicas 0, 1 and 2 at 5 (Q of the genesis set) and
+    says 5 is not stable. Named as validator 0, whose own CHECKPOINT is among them, it
+    executed 5 and held it stable: checkpoint-missing. Named as validator 3, it may have been
+    killed before executing 5 (a replica's checkpoint is stable only with its own among Q,
+    pbft_engine.core.log), so nothing is required of it there."""
+    tables = copy.deepcopy(export_rows(epoch_chain, (NODE_A, NODE_B)))
+    for row in tables["checkpoints"]:
+        if row["node"] == NODE_A and row["seq_no"] == 5:
+            row["stable"] = False
+
+    def found(named: str) -> set[tuple[str, str | None, int | None]]:
+        for row in tables["export_manifest"]:
+            row["validator"] = named if row["node"] == NODE_A else None
+        data = dataset(spark, tables)
+        return {(v.rule, v.node, v.block_number)
+                for v in find_violations(Audit(data, trusted(data)), (checkpoint_missing,))}
+
+    assert found("0x" + GENESIS.signers[0].address.hex()) == {
+        ("checkpoint-missing", NODE_A, 5)}
+    assert found("0x" + GENESIS.signers[3].address.hex()) == set()
