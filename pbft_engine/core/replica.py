@@ -642,6 +642,7 @@ class Replica:
         for (view, seq_no), slot in sorted(self.log.certs.items()):
             if view == self.view and seq_no not in self.log.certified:
                 self._resend_own(slot)
+        self._arm_resend_timer()  # (the timer died with the process; these may be lost too)
         self._advance()
 
     def _open_own_slots(self) -> frozenset[int]:

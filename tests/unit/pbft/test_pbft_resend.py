@@ -17,6 +17,7 @@ from pbft_engine.core import (
     BuildBlock,
     ChainHead,
     EngineParams,
+    Ready,
     RelayRequests,
     Replica,
     RequestReceived,
@@ -28,6 +29,7 @@ from pbft_engine.core import (
 from pbft_engine.core.catch_up import busy
 from pbft_engine.core.records import u64
 from pbft_engine.messages import Commit, KeyVerifier, Prepare, PrePrepare, WireMessage
+from pbft_engine.record_store import MemoryConsensusStore
 from tests.unit.pbft.helpers import GENESIS, PARAMS, SIGNERS, from_peer
 
 BLOCK = b"block 1"
@@ -170,3 +172,32 @@ def test_no_empty_block_while_a_block_is_in_flight() -> None:
     actions = replica.step(TimerFired(TimerKind.TRAILING_BLOCK, b"")).actions
     assert not [a for a in actions if isinstance(a, BuildBlock)]
     assert not replica.block_due
+
+
+def test_a_restarted_primary_keeps_sending_its_open_pre_prepare() -> None:
+    """The primary restarts with block 1 proposed and not certified: it sends the
+    PRE-PREPARE again at once, and again every request timeout while the block stays open
+    (the resend timer died with the process). Before, it sent it once: a validator that
+    was not listening then never got it, and with one that cannot ask for a view change
+    yet (an added validator, joined at the handover without its checkpoint's proof) the
+    chain stopped for good (simulator: chaos seed 41 at N = 2 with set changes)."""
+    store = MemoryConsensusStore()
+
+    def written(ready: Ready) -> list[Action]:
+        if ready.persist is not None:
+            store.apply(ready.persist.ops)
+        return list(ready.actions)
+
+    replica = Replica(PARAMS, 0, SIGNERS[0], KeyVerifier(), ChainHead(0, GENESIS),
+                      block_digest=keccak)
+    written(replica.start())
+    written(replica.step(RequestReceived(TX)))
+    assert pre_prepares(written(replica.step(BlockBuilt(1, DIGEST, BLOCK, (TX,))))) == [
+        (1, (BLOCK,))]
+    restarted = Replica.restore(PARAMS, 0, SIGNERS[0], KeyVerifier(), ChainHead(0, GENESIS),
+                                store, block_digest=keccak, signing_bound=replica.signing_bound)
+    actions = written(restarted.start())
+    assert pre_prepares(actions) == [(1, (BLOCK,))]
+    assert timer(actions, TimerKind.RESEND) == PARAMS.request_timeout_ms
+    actions = written(restarted.step(TimerFired(TimerKind.RESEND, b"")))
+    assert pre_prepares(actions) == [(1, (BLOCK,))]
