@@ -51,7 +51,7 @@ def check_no_churn(cluster: Cluster, nodes: list[Node], limit_ms: int, quiet_ms:
     byzantine one counts), the others join it, and may move on if that view's primary is
     faulty. So with stranded replicas the cluster gets a few more settle-and-watch rounds;
     anything else that keeps it from settling, or moves a settled view, fails."""
-    f = cluster.epochs.current.f
+    f = cluster.epochs.schedule.epochs[-1].f  # (the last set's: the one that settles)
 
     def voting() -> list[Node] | None:
         """The replicas that settled, if the rest are stranded (None: not settled yet)."""
@@ -86,9 +86,11 @@ def check_no_churn(cluster: Cluster, nodes: list[Node], limit_ms: int, quiet_ms:
 
 def settled(cluster: Cluster, nodes: list[Node] | None = None) -> bool:
     """Every honest node (of `nodes`) is up, idle, at the same height, and holds nothing
-    executable: every transaction that became executable on one of them committed."""
+    executable: every transaction that became executable on one of them committed. A node
+    outside the validator set (a spare, or removed) follows to that height."""
     nodes = cluster.honest() if nodes is None else nodes
-    return (all(node.up and not node.busy and not node.ready for node in nodes)
+    return (all(node.following or (node.up and not node.busy and not node.ready)
+                for node in nodes)
             and len({len(node.chain.blocks) for node in nodes}) == 1)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -26,8 +27,23 @@ from pbft_engine.core import (
     ValidateBlock,
 )
 from pbft_engine.core.replica import Replica
+from pbft_engine.messages import (
+    Authenticator,
+    Commit,
+    KeyVerifier,
+    decode_commit_certificate,
+    encode_commit_certificate,
+)
 from tests.simulation import cluster as cluster_module
-from tests.simulation.cluster import Cluster, ExecutorFaults, Node, _Queued
+from tests.simulation import scenario
+from tests.simulation.cluster import (
+    CHAIN_ID,
+    Cluster,
+    ExecutorFaults,
+    Node,
+    SafetyViolation,
+    _Queued,
+)
 from tests.simulation.scenario import kind_of, replay_command, run_seed
 
 # CI seeds per size: the quorum edge cases (N = 2, 3, 5, 6) and the cheap sizes get more, the
@@ -35,6 +51,10 @@ from tests.simulation.scenario import kind_of, replay_command, run_seed
 # (ten fewer at N = 7 and ten more at N = 1 than before the hostile worlds, which cost ~5%).
 CI_SEEDS = {1: 160, 2: 100, 3: 100, 4: 150, 5: 40, 6: 40, 7: 50, 8: 20, 9: 20, 10: 20}
 
+
+# Random seeds that meet a gap the simulator found and the core has not closed: skipped
+# here, each a strict xfail below (`test_a_replica_keeps_no_view_of_an_older_epoch`).
+KNOWN_GAPS = {(3, 7), (4, 7)}
 
 _SEEN: Counter[str] = Counter()  # the hostile events of the random seeds run so far
 _RAN: set[int] = set()
@@ -44,6 +64,8 @@ _RAN: set[int] = set()
 def test_random_seeds(n: int, seed_count: int | None) -> None:
     failures = []
     for seed in range(seed_count or CI_SEEDS[n]):
+        if (seed, n) in KNOWN_GAPS:
+            continue
         try:
             _SEEN.update(run_seed(seed, n).seen)
         except AssertionError as exc:
@@ -122,7 +144,9 @@ def test_hostile_world_and_the_old_way(
     monkeypatch: pytest.MonkeyPatch, world: str, seed: int, n: int, event: str,
     old_way: Callable[[pytest.MonkeyPatch], None],
 ) -> None:
-    """The seed passes, its hostile world happened in it, and handled the old way it fails."""
+    """The seed passes, its hostile world happened in it, and handled the old way it fails
+    (the seed as it ran before seeds of every class voted set changes)."""
+    monkeypatch.setattr(scenario, "CHANGE_SHARE", 0.0)
     cluster = run_seed(seed, n)
     assert cluster.seen[event], f"{world}: no {event!r} in seed {seed} at N = {n}"
     old_way(monkeypatch)
@@ -335,4 +359,103 @@ def test_membership_seeds_that_found_handover_gaps(seed: int, n: int) -> None:
     and a new-set VIEW-CHANGE installed the new epoch before they executed c, too early
     for their VIEW-CHANGE(2); the other three waited for a fourth of the new epoch for
     good: the next view is asked for once c is executed (`handover.leave_old_epoch_view`)."""
+    run_seed(seed, n)
+
+
+# --- set changes in every class (issue 31): the invariant, and the gaps they found ---------
+
+
+def test_the_certificate_invariant_fails_on_a_certificate_of_another_set() -> None:
+    """`check_certificates` (run after every seed of every class) refuses a block whose
+    certificate is a quorum of another epoch's set, or of its own set naming another
+    epoch: it can fail. Four validators and a spare voted in (4 -> 5, Q 3 -> 4)."""
+    cluster = Cluster(4, spare=1)
+    cluster.vote(4, True)
+    assert cluster.run_until(lambda: cluster.nodes[4].up, 20_000)
+    transfer = cluster.submit(b"a transfer in the new epoch")
+    assert cluster.run_until(lambda: cluster.committed(transfer) == 5, 20_000)
+    cluster.check_certificates()
+    schedule = cluster.epochs.schedule
+    height = schedule.epochs[1].first  # the new set's first block
+    chain = cluster.nodes[2].chain
+    entry = chain.blocks[height - 1]
+    view = decode_commit_certificate(entry.certificate)[0].body.view
+
+    def signed_by(nodes: range, epoch: int) -> bytes:
+        """COMMITs of these nodes naming `epoch` (a node's index is its number in both
+        sets: the new one is the old one and node 4)."""
+        auth = Authenticator(CHAIN_ID, (), KeyVerifier(), epoch)
+        return encode_commit_certificate(
+            auth.sign(Commit(view, height, entry.block_hash, i, epoch=epoch),
+                      cluster.nodes[i].signer) for i in nodes)
+
+    for planted in (signed_by(range(3), 0),  # the old set's quorum, naming the old epoch
+                    signed_by(range(1, 5), 0),  # a quorum of the new set naming the old epoch
+                    signed_by(range(1, 4), 1)):  # the new set naming its epoch, the old Q
+        chain.blocks[height - 1] = replace(entry, certificate=planted)
+        with pytest.raises(SafetyViolation, match=f"block {height} on node 2"):
+            cluster.check_certificates()
+    chain.blocks[height - 1] = replace(entry, certificate=signed_by(range(1, 5), 1))
+    cluster.check_certificates()  # (Q = 4 of the new set, naming its epoch: the real thing)
+
+
+@pytest.mark.xfail(strict=True, reason="a joiner misses the PRE-PREPARE of c+1 (issue 31)")
+def test_a_joiner_the_quorum_needs_causes_no_view_change() -> None:
+    """One validator votes a second in (Q 1 -> 2) while transactions flow. The primary
+    proposes c+1 as soon as c is stable (its own CHECKPOINT), before the joiner, which
+    follows by block sync, holds c and starts its replica; the PRE-PREPARE reached it while
+    it followed and was dropped (a follower keeps only CHECKPOINTs; the engine's observer
+    keeps nothing). It comes again with the primary's resend, one to two request timeouts
+    after it went out (`_arm_resend_timer` sends what was open when it was armed), and the
+    joiner's request timer, started when it joined and reported the pool, runs out first:
+    the change causes a view change ("No view change caused by a change itself"). The same
+    whenever the new set's quorum needs a joiner (honest N = 4 with a laggard, + 1; chaos,
+    honest and gapped seeds at N = 1 to 3 did it). A follower that keeps the messages for
+    the heights of the epoch it joins and feeds them after `Replica.join`, as it keeps the
+    CHECKPOINTs, passes (tried in the simulator); the seed classes that allow no view
+    change draw no such change meanwhile (`scenario._fitting`, steady)."""
+    cluster = Cluster(1, spare=1)
+    for i in range(30):
+        cluster.at(100 * i, partial(cluster.submit, b"transfer %d" % i))
+    cluster.at(500, partial(cluster.vote, 1, True))
+    assert cluster.run_until(lambda: cluster.nodes[1].up and all(
+        cluster.committed(tx) == 2 for tx in cluster.registry), 20_000)
+    assert [node.view_changes for node in cluster.nodes] == [0, 0]
+
+
+@pytest.mark.xfail(strict=True, reason="no CHECKPOINT at c after a crash at c (issue 31)")
+def test_a_replica_that_crashed_as_it_committed_c_still_hands_over() -> None:
+    """Two validators vote a third in (the handover needs both old CHECKPOINTs at c = 4).
+    Validator 1's chain commits block 4 and the node crashes before its core hears of it
+    (`arm_crash` at "chain"). Restored at head 4, its core never signs CHECKPOINT(4): only
+    BlockCommitted and FetchCompleted sign one, and a restored head carries no state root.
+    Without a change that costs nothing (the next checkpoint proves the window); at a
+    handover the high watermark stops at c until the checkpoint at c is stable, so the chain
+    stops at 4 for good, the two changing views for ever (chaos seed 39 at N = 1, 1 -> 2,
+    drew it when chaos seeds first voted changes)."""
+    cluster = Cluster(2, spare=1)
+    cluster.vote(2, True)
+    cluster.arm_crash(1, "chain", countdown=4)  # its fourth block committed: c
+    transfers = [cluster.submit(b"transfer %d" % i) for i in range(3)]
+    assert cluster.run_until(lambda: len(cluster.epochs.schedule.epochs) == 2, 5_000)
+    assert cluster.epochs.schedule.handover == 4
+    cluster.run_for(1_000)
+    transfers += [cluster.submit(b"later %d" % i) for i in range(3)]
+    assert cluster.run_until(lambda: cluster.all_committed(transfers), 30_000), (
+        f"heights {cluster.heights()}, views {cluster.views()}")
+    assert cluster.write_crashes == [(cluster.write_crashes[0][0], 1, "chain")]
+
+
+@pytest.mark.xfail(strict=True, reason="a view proved in an older epoch is not joined (issue 31)")
+@pytest.mark.parametrize(("seed", "n"), sorted(KNOWN_GAPS))
+def test_a_replica_keeps_no_view_of_an_older_epoch(seed: int, n: int) -> None:
+    """Chaos seeds 3 and 4 at N = 7 with set changes: a replica missed the view change to
+    view 1 (or 2) and caught up past later handovers. The NEW-VIEW that proves the view is
+    of an older epoch, and a NEW-VIEW counts only in its own epoch, so installed in a later
+    one the replica refuses what the STATUS polls bring and stays in the older view while
+    the others work in the newer: on the idle, healed cluster it never joins them
+    (`check_no_churn`: never settled); under load it would ask alone for the next view and
+    be stranded there, out of the quorum (one of the f faults spent) until the next view
+    change. Views are monotonic across epochs: the view an older epoch's NEW-VIEW proves
+    (checked with that epoch's set) could be adopted."""
     run_seed(seed, n)
