@@ -35,12 +35,13 @@ honest and gapped still ZERO view changes and their latency bound (an honest see
 each vote early in a burst: it passes while the pipeline is full), the first primary's
 removal among their changes (its successor fits the envelope too). Each class draws only changes
 after which every set the votes may pass through (in any order) keeps its faulty members
-within f, and, except in the slow class, a quorum of genesis validators the changes never
-remove: a quorum that needs a joiner changes the view today (`_fitting`). Adds and removals
-are drawn at every N from 1 to 10 (the membership class; at N = 1 an add comes first), the
-removed primary in every class, the rest in the membership class as above. After every
-seed of every class, every block of every honest chain carries a quorum of the set of its
-own height's epoch, every COMMIT naming that epoch (`Cluster.check_certificates`).
+within f, and a quorum of genesis validators the changes never remove: a quorum that needs
+a joiner changes the view today (`_fitting`; the membership class draws such changes).
+Adds and removals are drawn at every N from 1 to 10 (the membership class; at N = 1 an
+add comes first), the removed primary in every class, the rest in the membership class
+as above. After every seed of every class, every block of every honest chain carries a
+quorum of the set of its own height's epoch, every COMMIT naming that epoch
+(`Cluster.check_certificates`).
 
 The latency bound (`invariants.check_latency`): a transaction that became executable at time
 t, with `ahead` others executable by then (give or take the gossip spread) and not yet
@@ -484,7 +485,7 @@ def run_chaos(seed: int, n: int, rng: random.Random) -> Cluster:
     world.poisoners, world.slow = poisoners, slow
     _hostile_world(cluster, world)
     outside = [*faulty, *slow, *([wiped] if amnesia else [])]
-    # (steady: a view change a change causes would move a settled view, `check_no_churn`)
+    # (a view change a change caused would move a settled view: `check_no_churn`)
     changes, change_rng = _draw_changes(seed, n, _fitting(n, outside))
     timeline += _vote(cluster, changes, change_rng.sample(range(0, CHAOS_MS, 50), len(changes)))
 
@@ -725,8 +726,9 @@ def run_slow(seed: int, n: int, rng: random.Random) -> Cluster:
     _hostile_world(cluster, hostile.draw(
         hostile.generator(seed, n), candidates=list(range(n)), budget=max(1, (n - 1) // 3),
         horizon_ms=4_000, request_timeout_ms=cluster.params.request_timeout_ms))
-    # (its machines' faults pass, and view changes are allowed: any set fits)
-    changes, change_rng = _draw_changes(seed, n, _fitting(n, (), steady=False))
+    # (its machines' faults pass; a joiner the quorum needs would only add view changes,
+    # and escalated rounds make them dear: `_fitting` keeps them out here too)
+    changes, change_rng = _draw_changes(seed, n, _fitting(n, ()))
     clients = Workload(cluster, rng, econ.fees, econ.max_gas)
     # Few transactions: every round here costs a few view changes, and CI time.
     accounts = [clients.account() for _ in range(1 if variant == "dear transactions" else 2)]
@@ -739,8 +741,9 @@ def run_slow(seed: int, n: int, rng: random.Random) -> Cluster:
     clients.play()
     try:
         if changes:
+            # (one transaction after the install: each round here costs view changes)
             _check_membership_settles(cluster, clients, econ.fees, change_rng, (),
-                                      SLOW_SETTLE_LIMIT_MS)
+                                      SLOW_SETTLE_LIMIT_MS, fresh=0)
         check_settles(cluster, SLOW_SETTLE_LIMIT_MS)
     except LivenessFailure as exc:
         raise LivenessFailure(f"{variant}: {exc}") from None
@@ -850,13 +853,12 @@ def _passes_through(n: int, plan: Plan) -> set[tuple[int, ...]]:
     return reached
 
 
-def _fitting(n: int, bad: Iterable[int], primaries: Iterable[int] | None = None, *,
-             steady: bool = True) -> Fits:
+def _fitting(n: int, bad: Iterable[int], primaries: Iterable[int] | None = None) -> Fits:
     """Changes fit if they add no `bad` node (faulty, or outside the class's envelope) and
     every set they may pass through (the votes may commit in any order: `_passes_through`)
     has at most f bad members; where no view change is allowed, its first member (view 0's
-    primary) is one of `primaries` and not bad. `steady`: and a quorum of it are validators
-    of genesis that the changes never remove, nor bad. A quorum that needs a member that
+    primary) is one of `primaries` and not bad; and a quorum of it are validators of
+    genesis that the changes never remove, nor bad. A quorum that needs a member that
     joins at the handover waits for the new primary's PRE-PREPARE of c+1 to be sent again
     (the joiner was still following when it went out, and followers keep only
     CHECKPOINTs): one to two request timeouts, by which the request timers have run out,
@@ -875,7 +877,7 @@ def _fitting(n: int, bad: Iterable[int], primaries: Iterable[int] | None = None,
             if allowed is not None and (members[0] not in allowed or members[0] in bad):
                 return False
             kept = [i for i in members if i < n and i not in removed and i not in bad]
-            if steady and len(kept) < (len(members) + f + 2) // 2:
+            if len(kept) < (len(members) + f + 2) // 2:
                 return False
         return True
 
@@ -1036,10 +1038,11 @@ def _lagging_replica(cluster: Cluster, rng: random.Random, n: int, changes: Plan
 
 def _check_membership_settles(cluster: Cluster, clients: Workload, fees: Fees,
                               rng: random.Random, faulty: Iterable[int],
-                              limit_ms: int = LIVENESS_LIMIT_MS) -> None:
+                              limit_ms: int = LIVENESS_LIMIT_MS, fresh: int = 3) -> None:
     """Every change voted in passed (each vote was committed), the last set is installed on
-    every correct member (not `faulty`), new transactions commit on every one, the removed
-    leave, and every correct node outside the set follows the chain to the members' head."""
+    every correct member (not `faulty`), `fresh` new transactions commit on every one, then
+    one more, the removed leave, and every correct node outside the set follows the chain
+    to the members' head."""
     voted, faulty = len(cluster.votes), sorted(faulty)
     if not cluster.run_until(lambda: len(cluster.epochs.schedule.epochs) > voted
                              or all(v in _committed_votes(cluster) for v in cluster.votes),
@@ -1055,8 +1058,8 @@ def _check_membership_settles(cluster: Cluster, clients: Workload, fees: Fees,
         return all(node.replica is not None and node.replica.epochs.current.validators == final
                    for node in members)
 
-    fresh = [cluster.submit(clients.tx(clients.account(), fees.rich(rng))) for _ in range(3)]
-    done = cluster.run_until(lambda: installed() and cluster.all_committed(fresh, members),
+    new = [cluster.submit(clients.tx(clients.account(), fees.rich(rng))) for _ in range(fresh)]
+    done = cluster.run_until(lambda: installed() and cluster.all_committed(new, members),
                              limit_ms)
     cluster.check_safety()
     if not done:
