@@ -7,7 +7,7 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--seeds", type=int, default=None,
-                     help="simulator seeds per cluster size (default: the CI split, 480 in total)")
+                     help="simulator seeds per cluster size (default: the CI split, 400 in total)")
 
 
 @pytest.fixture
