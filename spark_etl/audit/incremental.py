@@ -360,14 +360,15 @@ def new_state(before: AuditState | None, result: AuditResult, rows: dict[str, li
     nodes = {}
     for node, start in opens.items():
         old = before.nodes.get(node) if before else None
+        kept = old or NodeState(None, None, None, None, False, start, "", {})
         mine = last.get(node)
         top = mine["last"] if mine else None
         nodes[node] = NodeState(
-            last_block=top["number"] if top else old and old.last_block,
-            hash=top["hash"] if top else old and old.hash,
-            state_root=top["state_root"] if top else old and old.state_root,
-            stable_checkpoint=stable.get(node, old and old.stable_checkpoint),
-            committing=bool(mine and mine["committing"]) or bool(old and old.committing),
+            last_block=top["number"] if top else kept.last_block,
+            hash=top["hash"] if top else kept.hash,
+            state_root=top["state_root"] if top else kept.state_root,
+            stable_checkpoint=stable.get(node, kept.stable_checkpoint),
+            committing=bool(mine and mine["committing"]) or kept.committing,
             open_range=start,
             manifest=closed_digest(manifest, node, start),
             digests={b: d for b, d in digests.get(node, {}).items() if start <= b <= boundary},
