@@ -213,10 +213,11 @@ class Audit:
         self.recovery_cpu_seconds = spark.sparkContext.accumulator(0.0)
         if self.one_partition is None:
             self.one_partition = self.data.estimated_bytes() <= ONE_PARTITION_BYTES
-        whole = self.data if self.whole is None else self.whole
+        whole = self.whole
         if self.one_partition:
-            self.data, whole = self.data.in_one_partition(), whole.in_one_partition()
-        self.whole = whole
+            self.data = self.data.in_one_partition()
+            whole = whole and whole.in_one_partition()
+        self.whole = whole or self.data  # a full audit's rules read the same frames
 
     @property
     def exported(self) -> Dataset:
