@@ -194,12 +194,14 @@ def test_each_planted_fault_is_caught_by_its_rule(
 
 
 def _certify_another_block(tables: Tables, chain: ServedChain, node: str, number: int) -> bytes:
-    """`node` holds another block at `number`, with a valid certificate of replicas 0..2."""
+    """`node` holds another block at `number`, with a valid certificate of the replicas of
+    its own (signed by the set of that height)."""
     other = bytes(32 * [0xAB])
     rows(tables, "blocks", node, number=number)[0]["hash"] = to_hex(other)
     certificate = rows(tables, "commit_certificates", node, block_number=number)
+    signers = chain.set_at(number)
     for row in certificate:
-        set_message(row, chain.validators.sign(Commit(0, number, other, row["replica"])))
+        set_message(row, signers.sign(Commit(0, number, other, row["replica"])))
         row.update(block_hash=to_hex(other), digest=to_hex(other))
     return other
 
