@@ -54,12 +54,12 @@ from pbft_engine.messages import (
 )
 from tests.unit.pbft.helpers import GENESIS, PARAMS
 from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, V0, signed
+from tests.unit.test_attack_review_wire import committed_c_after_the_change
 from tests.unit.test_replica_handover import (
     PASSED_AT,
     C,
     Driven,
     checkpoint_from,
-    commit_through,
     digest,
     state,
 )
@@ -115,11 +115,7 @@ def asked_in_the_old_epoch_then_installed() -> Driven:
     stable checkpoint 0 (epoch 0's VIEW-CHANGE); the CHECKPOINTs at 10 then install epoch 1
     while it waits (the scenario of test_attack_review_wire, finding 5): it arms the NEW_VIEW
     timer of `leave_old_epoch_view`, in memory only."""
-    driven = Driven(Replica(PARAMS, ME, KEYS[V0[ME]], KeyVerifier(),
-                            ChainHead(PASSED_AT - 1, GENESIS), block_digest=keccak))
-    commit_through(driven, PASSED_AT)
-    driven.step(ScheduleChange(ADDED, PASSED_AT))
-    commit_through(driven, C)
+    driven = committed_c_after_the_change()  # (V0[ME])
     driven.step(RequestReceived(keccak(b"a transfer")))
     driven.step(TimerFired(TimerKind.REQUEST, b""))
     checkpoint_from(driven, (0, 1))

@@ -233,6 +233,16 @@ def test_the_audit_recovers_a_commit_naming_an_epoch_above_a_long() -> None:
 # --- finding 5: a view change of the old epoch that ends after the handover here ---------------
 
 
+def committed_c_after_the_change() -> Driven:
+    """V0[2] committed block 8, in which the change to ADDED passed, and then 9 and c = 10."""
+    driven = Driven(Replica(PARAMS, 2, KEYS[V0[2]], KeyVerifier(),
+                            ChainHead(PASSED_AT - 1, GENESIS), block_digest=keccak))
+    commit_through(driven, PASSED_AT)
+    driven.step(ScheduleChange(ADDED, PASSED_AT))
+    commit_through(driven, C)
+    return driven
+
+
 def test_a_replica_that_installed_the_new_epoch_during_a_view_change_takes_part_in_it() -> None:
     """Fixed (`handover.leave_old_epoch_view`, `takes_old_new_view`). It was a
     liveness loss with no attacker: V0[2] committed 10 = c and, its request timer out, asked
@@ -243,11 +253,7 @@ def test_a_replica_that_installed_the_new_epoch_during_a_view_change_takes_part_
     and voted on nothing until the others changed view (in a 3-set the new epoch needed it,
     so only a view change went on). Now it waits one new-view timeout in view 1 and takes
     the old set's NEW-VIEW of the view it asked for."""
-    driven = Driven(Replica(PARAMS, 2, KEYS[V0[2]], KeyVerifier(),
-                            ChainHead(PASSED_AT - 1, GENESIS), block_digest=keccak))
-    commit_through(driven, PASSED_AT)
-    driven.step(ScheduleChange(ADDED, PASSED_AT))
-    commit_through(driven, C)
+    driven = committed_c_after_the_change()
     driven.step(RequestReceived(keccak(b"a transfer")))
     driven.step(TimerFired(TimerKind.REQUEST, b""))
     [own] = [w.signed for w in driven.replica.view_changes.values()]
@@ -268,11 +274,7 @@ def test_the_old_set_s_new_view_is_stale_to_a_replica_that_asked_in_the_new_epoc
     """The control of the fix above: V0[2] asked for view 1 after installing epoch 1 (its
     VIEW-CHANGE names checkpoint c), so the old set's NEW-VIEW of view 1, built on epoch 0's
     VIEW-CHANGEs, is not the view change it took part in: dropped, it still waits."""
-    driven = Driven(Replica(PARAMS, 2, KEYS[V0[2]], KeyVerifier(),
-                            ChainHead(PASSED_AT - 1, GENESIS), block_digest=keccak))
-    commit_through(driven, PASSED_AT)
-    driven.step(ScheduleChange(ADDED, PASSED_AT))
-    commit_through(driven, C)
+    driven = committed_c_after_the_change()
     checkpoint_from(driven, (0, 1))
     driven.step(RequestReceived(keccak(b"a transfer")))
     driven.step(TimerFired(TimerKind.REQUEST, b""))
