@@ -97,22 +97,17 @@ def _violations(rows: list[Row]) -> list[Violation]:
     return sorted(found, key=Violation.sort_key)
 
 
-Extra = Callable[[Audit], dict[str, DataFrame]]
-
-
-def _results(audit: Audit, rules: tuple[Rule, ...], extra: Extra) -> DataFrame:
+def _results(audit: Audit, rules: tuple[Rule, ...]) -> DataFrame:
     """Everything the report needs, as rows of one query (`result` says what each is): the
-    violations of every rule, the counts (of the whole export), the consensus figures, and
-    the `extra` parts. Collected at once, it is one Spark job (in one partition: of one
-    stage) instead of one per count."""
-    data = audit.exported
+    violations of every rule, the counts, and the consensus figures. Collected at once, it
+    is one Spark job (in one partition: of one stage) instead of one per count."""
+    data = audit.data
     parts = {
         "violation": union_all(*(rule(audit) for rule in rules)),
         "blocks": data.blocks.groupBy("node").agg(F.count("*").alias("count")),
         "transactions": data.transactions.agg(F.count("*").alias("count")),
         "signatures": signatures(audit).agg(F.count("*").alias("count")),
         "figure": figure_rows(audit),
-        **extra(audit),
     }
     return tagged_union("result", parts)
 
@@ -120,18 +115,13 @@ def _results(audit: Audit, rules: tuple[Rule, ...], extra: Extra) -> DataFrame:
 def run_audit(data: Dataset, validators: ValidatorSet, rules: tuple[Rule, ...] = RULES,
               one_partition: bool | None = None) -> AuditResult:
     """Every rule over `data`; `one_partition` as `Audit` takes it (None: by the size)."""
-    return audit_with(Audit(data, validators, one_partition), rules)[0]
-
-
-def audit_with(audit: Audit, rules: tuple[Rule, ...] = RULES,
-               extra: Extra = lambda _: {}) -> tuple[AuditResult, dict[str, list[Row]]]:
-    """Every rule of `audit`, and the rows of each `extra` part (collected in the same job)."""
     started = time.monotonic()
+    audit = Audit(data, validators, one_partition)
     try:
         if not audit.one_partition:
             signatures(audit)  # recovered first, in parallel: the step's wall time is its own
         recovery_seconds = time.monotonic() - started
-        rows = audit.collect(_results(audit, rules, extra))
+        rows = audit.collect(_results(audit, rules))
     finally:
         audit.release()
     if audit.one_partition:  # recovered in the one task that needed them: its CPU time
@@ -141,8 +131,8 @@ def audit_with(audit: Audit, rules: tuple[Rule, ...] = RULES,
         kinds.setdefault(row["result"], []).append(row)
     counts = {kind: sum(row["count"] for row in kinds.get(kind, []))
               for kind in ("transactions", "signatures")}
-    result = AuditResult(
-        validators=audit.validators,
+    return AuditResult(
+        validators=validators,
         blocks={row["node"]: row["count"] for row in kinds.get("blocks", [])},
         transactions=counts["transactions"],
         signatures=counts["signatures"],
@@ -152,8 +142,7 @@ def audit_with(audit: Audit, rules: tuple[Rule, ...] = RULES,
         violations=_violations(kinds.get("violation", [])),
         figures=figures_of(kinds.get("figure", [])),
     )
-    return result, kinds
 
 
-__all__ = ["RULES", "Audit", "AuditResult", "Rule", "ValidatorSet", "Violation", "audit_with",
+__all__ = ["RULES", "Audit", "AuditResult", "Rule", "ValidatorSet", "Violation",
            "find_violations", "run_audit"]

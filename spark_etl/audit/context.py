@@ -176,34 +176,14 @@ ONE_PARTITION = {
 }
 
 
-@dataclass(frozen=True)
-class Carried:
-    """What an incremental audit takes from the audit before it (`audit.incremental`): every
-    block up to `boundary` was audited then. Per node, its last block at or below the
-    boundary (node, number, hash), whose hash the next block's parent must be; the views its
-    valid COMMITs up to the boundary named (node, view, first block), which
-    view-change-missing asks a record of; the nodes whose blocks up to it commit to a set in
-    extraData (a node never mixes commitments and 0x)."""
-
-    boundary: int
-    last_blocks: tuple[tuple[str, int, str], ...]
-    named_views: tuple[tuple[str, int, int], ...]
-    committing: tuple[str, ...]
-
-
 @dataclass
 class Audit:
     """One audit run: rules read `data`, and share `signatures` (recovered once, cached).
-    `one_partition` (None: decided from the data's size) runs every table in one partition.
-    An incremental audit's `data` holds only the blocks above `carried.boundary`; the few
-    rules that read a whole table cheaply (no signature, no Python: block numbers, row
-    counts, block 0) read `whole`, the export as it is (None: `data`)."""
+    `one_partition` (None: decided from the data's size) runs every table in one partition."""
 
     data: Dataset
     validators: ValidatorSet
     one_partition: bool | None = None
-    whole: Dataset | None = None
-    carried: Carried | None = None
     _cache: dict[str, DataFrame] = field(default_factory=dict)
     # CPU time the Python workers spent recovering signatures (the per-core rate's divisor)
     recovery_cpu_seconds: Accumulator[float] = field(init=False)
@@ -213,17 +193,8 @@ class Audit:
         self.recovery_cpu_seconds = spark.sparkContext.accumulator(0.0)
         if self.one_partition is None:
             self.one_partition = self.data.estimated_bytes() <= ONE_PARTITION_BYTES
-        whole = self.whole
         if self.one_partition:
             self.data = self.data.in_one_partition()
-            whole = whole and whole.in_one_partition()
-        self.whole = whole or self.data  # a full audit's rules read the same frames
-
-    @property
-    def exported(self) -> Dataset:
-        """The whole export (`whole`, set once the audit is made)."""
-        assert self.whole is not None
-        return self.whole
 
     def cached(self, name: str, build: Callable[[], DataFrame]) -> DataFrame:
         """`build()` computed once per audit and kept for every rule: in one partition, cached
