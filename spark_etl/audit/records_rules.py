@@ -190,13 +190,13 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
         "node", "reached",
         F.explode(F.when(start <= stop, F.sequence(start, stop, k))).alias("block_number"),
     )
-    missing = expected.join(proven_stable(audit), "block_number", "left_semi").join(
-        _voting_around(audit, interval), ["node", "block_number"], "left_semi"
+    missing = _named_only_where(audit, expected.join(
+        proven_stable(audit), "block_number", "left_semi"), _voting_around(audit, interval)
     ).join(stable, ["node", "block_number"], "left_anti")
     # (Q others' CHECKPOINTs do not make m stable on a replica that has not executed m: its
     # own must be among them, pbft_engine.core.log `stable`; killed before, it holds them)
-    proven_not_stable = proven_here.join(stable, ["node", "block_number"], "left_anti").join(
-        _executed_here(audit), ["node", "block_number"], "left_semi")
+    proven_not_stable = _named_only_where(audit, proven_here.join(
+        stable, ["node", "block_number"], "left_anti"), _executed_here(audit))
     return violations(
         missing.join(proven_here, ["node", "block_number"], "left_anti"),
         "checkpoint-missing",
@@ -214,45 +214,47 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
     ))
 
 
+def _own_addresses(audit: Audit) -> DataFrame:
+    """(node, validator): the address each node names as its own (the manifest's)."""
+    return audit.data.export_manifest.where(F.col("validator").isNotNull()).select(
+        "node", F.lower(F.col("validator")).alias("validator")).distinct()
+
+
+def _named_only_where(audit: Audit, required: DataFrame, where: DataFrame) -> DataFrame:
+    """`required` (node, block_number, ...): all of it for a node that names no address,
+    only the rows in `where` for one that does (the node's word, as in `_joined`)."""
+    named = _own_addresses(audit)
+    return audit.union(
+        required.join(named, "node", "left_anti"),
+        required.join(named.select("node"), "node", "left_semi").join(
+            where, ["node", "block_number"], "left_semi"))
+
+
 def _voting_around(audit: Audit, interval: int) -> DataFrame:
-    """(node, block_number): the multiples m of K that a node must hold, as far as its
-    voting goes: every one for a node that names no address as its own (the manifest's
-    `validator`); for one that does, those around which that address was voting: its valid
-    COMMITs for block m and for a block after m, up to m + K, are in the export. A replica
-    that committed both through consensus was live when the CHECKPOINTs at m came (each
-    replica sends its own on executing m). The node's word, as in `_joined`: one that
-    leaves its own COMMITs out of its certificates is asked for fewer, and its blocks,
-    certificates and checkpoints are checked all the same."""
+    """(node, block_number): the multiples m of K around which the address a node names was
+    voting: its valid COMMITs for block m and for a block after m, up to m + K, are in the
+    export. A replica that committed both through consensus was live when the CHECKPOINTs
+    at m came (each replica sends its own on executing m). One that leaves its own COMMITs
+    out of its certificates is asked for fewer; its blocks, certificates and checkpoints
+    are checked all the same."""
     commits = signatures(audit).where(F.col("valid") & (F.col("type") == "commit")).select(
         F.col("signer").alias("validator"), "seq_no").distinct()
-    manifest = audit.data.export_manifest
-    named = manifest.where(F.col("validator").isNotNull()).select(
-        "node", F.lower(F.col("validator")).alias("validator")).distinct()
-    voted = named.join(commits, "validator").select("node", "seq_no")
-    after = voted.select("node", F.col("seq_no").alias("later"))
-    m = F.col("seq_no")
-    around = voted.where(m % interval == 0).join(after, "node").where(
-        (F.col("later") > m) & (F.col("later") <= m + interval)).select(
-        "node", m.alias("block_number")).distinct()
-    unnamed = manifest.select("node").distinct().join(named, "node", "left_anti")
-    return audit.union(around, audit.data.blocks.select("node", F.col("number").alias(
-        "block_number")).join(unnamed, "node", "left_semi"))
+    voted = _own_addresses(audit).join(commits, "validator").select("node", "seq_no")
+    seq_no = F.col("seq_no")
+    at = voted.where(seq_no % interval == 0).select("node", seq_no.alias("block_number"))
+    # each later COMMIT names the multiple below it: m < n <= m + K
+    after = voted.where(seq_no > interval).select(
+        "node", (F.floor((seq_no - 1) / interval) * interval).alias("block_number"))
+    return at.join(after, ["node", "block_number"], "left_semi")
 
 
 def _executed_here(audit: Audit) -> DataFrame:
-    """(node, block_number): checkpoints whose seqNo the node executed, as far as its rows
-    say: its own CHECKPOINT (signed by the address it names) is among them; every one of a
-    node that names none."""
-    manifest = audit.data.export_manifest
-    named = manifest.where(F.col("validator").isNotNull()).select(
-        "node", F.lower(F.col("validator")).alias("signer")).distinct()
+    """(node, block_number): checkpoints whose seqNo the node executed, as its rows say:
+    its own CHECKPOINT (signed by the address it names) is among them."""
     rows = audit.data.checkpoints.select("node", "message").distinct()
-    own = rows.join(_checkpoint_votes(audit), "message").join(named, ["node", "signer"]).select(
-        "node", F.col("seq_no").alias("block_number"))
-    unnamed = manifest.select("node").distinct().join(named, "node", "left_anti")
-    everyone = audit.data.checkpoints.select(
-        "node", F.col("seq_no").alias("block_number")).join(unnamed, "node", "left_semi")
-    return audit.union(own, everyone).distinct()
+    return rows.join(_checkpoint_votes(audit), "message").join(
+        _own_addresses(audit).withColumnRenamed("validator", "signer"), ["node", "signer"]).select(
+        "node", F.col("seq_no").alias("block_number")).distinct()
 
 
 def _joined(audit: Audit) -> DataFrame:
