@@ -34,6 +34,7 @@ import aiohttp
 from benchmarks.accounts import SignedTx, bench_account, sign_workload
 
 RECEIPT_BATCH = 10  # blocks of receipts per verification request
+SLOWEST = 12  # transactions whose blocks a latency run reports
 
 
 @dataclass
@@ -70,6 +71,9 @@ class Outcome:
     rejected: dict[str, int] = field(default_factory=dict)
     blocks: list[tuple[int, float, int, int]] = field(default_factory=list)  # n, seen, ts, txs
     latencies: list[float] = field(default_factory=list)
+    # the slowest transactions: latency, its block, and its block's and the block before's
+    # arrival at the entry node, seconds after the transaction was sent (what the tail is)
+    slowest: list[tuple[float, int, float, float]] = field(default_factory=list)
     receipts_ok: int = 0
     receipts_failed: int = 0
     timed_out: bool = False
@@ -108,6 +112,7 @@ class HeadWatcher:
         self.want_receipts = receipts
         self.heads: dict[int, tuple[float, int]] = {}  # number -> (seen, timestamp)
         self.receipt_times: dict[str, float] = {}
+        self.receipt_blocks: dict[str, int] = {}
         self.failed: set[str] = set()
         self.changed = asyncio.Condition()
         self.version = 0  # bumped on every new head and every fetched block of receipts
@@ -149,6 +154,7 @@ class HeadWatcher:
             arrived = time.time()
             for receipt in receipts:
                 self.receipt_times[receipt["transactionHash"]] = arrived
+                self.receipt_blocks[receipt["transactionHash"]] = number
                 if receipt["status"] != "0x1":
                     self.failed.add(receipt["transactionHash"])
             await self._bump()
@@ -266,6 +272,16 @@ class LoadGenerator:
                 watchers[target].receipt_times[h] - sent
                 for h, (sent, target) in self.sent_at.items()
             )
+            self.outcome.slowest = self._slowest(watchers)
+
+    def _slowest(self, watchers: list[HeadWatcher]) -> list[tuple[float, int, float, float]]:
+        slowest = []
+        for tx_hash, (sent, target) in self.sent_at.items():
+            watcher = watchers[target]
+            block = watcher.receipt_blocks[tx_hash]
+            seen = [watcher.heads.get(n, (sent, 0))[0] - sent for n in (block, block - 1)]
+            slowest.append((watcher.receipt_times[tx_hash] - sent, block, *seen))
+        return sorted(slowest, reverse=True)[:SLOWEST]
 
     async def _verify_receipts(self, rpc: RpcClient, numbers: list[int]) -> dict[int, int]:
         """Every accepted transaction's receipt must say success; returns block sizes."""

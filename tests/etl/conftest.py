@@ -3,12 +3,20 @@ turned into the exported tables of two nodes, to plant faults in."""
 
 from __future__ import annotations
 
+import atexit
 import copy
+import functools
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from cli.etl import main
 from spark_etl import schemas
@@ -16,7 +24,7 @@ from spark_etl.audit import Audit, ValidatorSet
 from spark_etl.export import NodeInfo, manifest_rows
 from spark_etl.rows import bundle_row, evidence_row, view_change_rows
 from spark_etl.session import spark_session
-from spark_etl.tables import Dataset
+from spark_etl.tables import Dataset, to_record_batch
 from tests.etl.chain_factory import CHAIN_ID, ServedChain, build_chain, epoch_rows
 
 NODE_A = "http://node-a:8545"
@@ -28,7 +36,8 @@ Tables = dict[str, list[dict[str, Any]]]
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    small_data = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"}
+    small_data = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1",
+                  "spark.sql.codegen.wholeStage": "false"}
     session = spark_session("local[2]", "pbft-etl-tests", small_data)
     yield session
     session.stop()
@@ -91,14 +100,23 @@ def tables(clean_tables: Tables) -> Tables:
 
 
 def dataset(spark: SparkSession, tables: Tables) -> Dataset:
-    return Dataset(
-        **{
-            t.name: spark.createDataFrame(
-                [tuple(row[n] for n in t.schema.names) for row in tables[t.name]], t.schema
-            )
-            for t in schemas.TABLES
-        }
-    )
+    """The tables as an audit reads an export: Parquet files read with their schemas (about
+    3x faster to audit than frames of driver-side rows, whose every job ships the rows)."""
+    root = tempfile.mkdtemp(dir=_datasets_root())
+    for t in schemas.TABLES:
+        arrow_schema = to_arrow_schema(t.schema, timezone="UTC")
+        rows = [tuple(row[n] for n in t.schema.names) for row in tables[t.name]]
+        os.mkdir(os.path.join(root, t.name))
+        pq.write_table(pa.Table.from_batches([to_record_batch(rows, arrow_schema)]),
+                       os.path.join(root, t.name, "part-0.parquet"))
+    return Dataset.read(spark, root)
+
+
+@functools.cache
+def _datasets_root() -> str:
+    root = tempfile.mkdtemp(prefix="pbft-etl-datasets-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
 @pytest.fixture(scope="session")
