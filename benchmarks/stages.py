@@ -701,6 +701,9 @@ def entry_latency(ctx: Context) -> None:
             for entry, targets in entries.items():
                 name = f"entry-{entry}-{when}".replace(" ", "-")
                 note = _before_entry_latency(ctx, net, when, name, laggard)
+                if targets is None and when == "while a node catches up":
+                    # the others in turn: the laggard's receipts wait for its catch-up
+                    targets = [i for i in range(net.size) if i != laggard]
                 summary = _latency_at(ctx, net, name, targets)
                 for label, target in (("p50", 40.0), ("p99", 150.0)):
                     ctx.results.add(Row(

@@ -361,7 +361,7 @@ class Node(RpcBackend):
         self.pool.check_static(tx)
         return Candidate(tx, recover_sender(tx), len(raw))
 
-    def _admit(self, item: Candidate) -> PoolEntry:
+    def _admit(self, item: Candidate, *, gossiped: bool = False) -> PoolEntry:
         """Admit a transaction after its sender's lower nonces waiting in the gossip backlog:
         a gap that gossip already brought here is filled before the transaction is judged
         (a load balancer sends one account's consecutive nonces to different validators).
@@ -370,7 +370,8 @@ class Node(RpcBackend):
         self._gossip.discard(item.tx.hash)
         for earlier in self._gossip.take_before(item.sender, item.tx.nonce, GOSSIP_SLICE):
             self._admit_gossiped(earlier)
-        return self.pool.add(item.tx, item.size, base_fee=self.next_base_fee())
+        return self.pool.add(item.tx, item.size, base_fee=self.next_base_fee(),
+                             gossiped=gossiped)
 
     def _on_peer_message(self, sender: bytes, channel: int, payload: bytes) -> None:
         if channel == Channel.ENGINE:
@@ -416,7 +417,7 @@ class Node(RpcBackend):
 
     def _admit_gossiped(self, item: Candidate) -> None:
         try:
-            self._admit(item)
+            self._admit(item, gossiped=True)
         except TxPoolError as exc:
             self.metrics.gossip_refused.inc()
             log.debug("gossiped transaction refused: %s", exc.message)

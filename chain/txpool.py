@@ -103,6 +103,7 @@ class PoolEntry:
     sender: bytes
     size: int
     arrival: int
+    gossiped: bool = False  # accepted by another validator first (see `_check_queue`)
 
     @property
     def cost(self) -> int:
@@ -277,9 +278,11 @@ class TxPool:
     def entries(self) -> Iterable[PoolEntry]:
         return self._by_hash.values()
 
-    def add(self, tx: SignedTransactionAPI, size: int, *, base_fee: int = 0) -> PoolEntry:
+    def add(self, tx: SignedTransactionAPI, size: int, *, base_fee: int = 0,
+            gossiped: bool = False) -> PoolEntry:
         """Admit `tx` (already decoded; `size` its encoded length) or raise TxPoolError;
-        `base_fee` is the next block's, the fee floor unless `price_limit` is higher."""
+        `base_fee` is the next block's, the fee floor unless `price_limit` is higher;
+        `gossiped`: another validator accepted it first."""
         if tx.hash in self._by_hash:
             raise TxPoolError("already known")
         if size > self.limits.max_transaction_size:
@@ -295,9 +298,9 @@ class TxPool:
         gapped = replaced is None and tx.nonce > self._next_nonce(account_nonce, queue)
         if replaced is not None:
             self._check_replacement(replaced.tx, tx)
-        elif gapped:
+        elif gapped and not gossiped:
             self._check_queue(account_nonce, queue)
-        entry = PoolEntry(tx, sender, size, next(self._arrivals))
+        entry = PoolEntry(tx, sender, size, next(self._arrivals), gossiped)
         self._check_funds(entry, account_nonce, queue, max(base_fee, self.limits.price_limit))
         self._check_capacity(entry, replaced, queue, gapped=gapped)
         if replaced is not None:
@@ -329,10 +332,16 @@ class TxPool:
         return nonce
 
     def _check_queue(self, account_nonce: int, queue: dict[int, PoolEntry] | None) -> None:
-        """Gapped transactions are held up to geth's per-account bound. The bound counts
-        transactions, not the size of the gap: consecutive nonces sent to several validators
-        at once arrive out of order, and gossip fills the gaps."""
-        gapped = len(queue or ()) - (self._next_nonce(account_nonce, queue) - account_nonce)
+        """A client's gapped transactions are held up to Besu's per-account bound. The bound
+        counts transactions, not the size of the gap: consecutive nonces sent to several
+        validators at once arrive out of order, and gossip fills the gaps. It counts what
+        this node's clients sent: what another validator accepted first is outstanding
+        there whatever this node does (refusing its successors here would strand it), so
+        gossip is bounded per sender by `max_per_sender` and in all by `max_queued`."""
+        if not queue:
+            return
+        run_end = self._next_nonce(account_nonce, queue)
+        gapped = sum(1 for nonce, entry in queue.items() if nonce > run_end and not entry.gossiped)
         if gapped >= self.limits.max_queued_per_sender:
             raise TxPoolError(
                 f"nonce too high: {gapped} transactions with a nonce gap are already queued "

@@ -215,3 +215,22 @@ def test_a_gap_waiting_in_the_gossip_backlog_is_filled_before_judging(node: Node
     with pytest.raises(TxPoolError, match="nonce too high: 4 transactions"):
         for nonce in range(30, 35):  # a gap that nothing here fills is still a gap
             node.submit_raw_transaction(tx(nonce=nonce).encode())
+
+
+def test_gossip_behind_a_gap_never_gets_a_client_refused(node: Node) -> None:
+    """A load balancer's spray: nonces 10-29 came by gossip (other validators accepted them)
+    while 0-9 are still on the wire. A client's nonce 30 sent here is accepted (its account
+    allows 4 behind a gap, but those 20 are outstanding at their origins: refusing 30 would
+    strand 31 onwards wherever they went), and so is gossip beyond the bound; the client's
+    own gapped transactions are still bounded."""
+    for nonce in range(10, 30):
+        node._admit_gossiped(candidate(nonce=nonce))
+    assert node.pool.queued_count() == 20
+    for nonce in range(30, 34):
+        node.submit_raw_transaction(tx(nonce=nonce).encode())
+    with pytest.raises(TxPoolError, match="nonce too high: 4 transactions"):
+        node.submit_raw_transaction(tx(nonce=40).encode())
+    for nonce in range(10):
+        node._queue_gossip(tx(nonce=nonce).encode())
+    node.submit_raw_transaction(tx(nonce=34).encode())  # the backlog fills the gap first
+    assert node.pool.queued_count() == 0 and node.executable_count(100) == 35
