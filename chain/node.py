@@ -24,6 +24,7 @@ from prometheus_client.core import Metric
 
 from chain import ordered_trie
 from chain.blockchain import Blockchain, ExecutedBlock
+from chain.collector import CycleCollector
 from chain.engine import ConsensusEngine, EngineContext, RpcHandler, TimerHandle
 from chain.errors import NodeError, TxPoolError
 from chain.genesis import Genesis, load_genesis_bytes
@@ -267,6 +268,7 @@ class Node(RpcBackend):
         self._gossip_waiting = asyncio.Event()
         self._gossip_task: asyncio.Task[None] | None = None
         self._eviction_task: asyncio.Task[None] | None = None
+        self._collector = CycleCollector()
         self.tx_builder = self.blockchain.vm_at(self.blockchain.head()).get_transaction_builder()
         self.head_listeners: list[Callable[[CommittedBlock], None]] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="block-exec")
@@ -311,6 +313,7 @@ class Node(RpcBackend):
         self._gossip_task = loop.create_task(self._admit_gossip(), name="gossip admission")
         self._eviction_task = loop.create_task(self._evict_expired(), name="pool eviction")
         await self.engine.start()
+        self._collector.start()
         if config.validator_key is not None and self.engine.status().get("role") == "observer":
             log.warning("the key %s is not in the validator set: running as an observer",
                         config.validator_key.public_key.to_checksum_address())
@@ -328,6 +331,7 @@ class Node(RpcBackend):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._collector.stop()
         await self.engine.stop()
         if self.transport is not None:
             await self.transport.stop()
