@@ -57,6 +57,7 @@ from pbft_engine.core import (
     ValidateBlock,
 )
 from pbft_engine.core.epochs import EpochSchedule
+from pbft_engine.core.joining import JoinBuffer, handover_to_join
 from pbft_engine.core.records import META_STATE, StoreName, u64
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.epoch_feed import EpochFeed
@@ -136,6 +137,8 @@ class PbftEngine(ConsensusEngine):
         self.budget = PeerBudget(time.monotonic)
         self.feed = EpochFeed(EpochSchedule.genesis(self.engine_params), self._read_schedule)
         self._joining = False  # an observer's switch to validator is under way
+        # What an observer with a node key keeps for the replica it starts if it joins.
+        self.join_buffer: JoinBuffer | None = None
         self.records = ConsensusRecords(self.store, lambda: self.feed.schedule)
 
     @staticmethod
@@ -227,6 +230,15 @@ class PbftEngine(ConsensusEngine):
         await self.observer.stop()
         self.observer = None
         self._run_replica(self._joined_replica(self.context.head()))
+        self._feed_kept()
+
+    def _feed_kept(self) -> None:
+        """The consensus messages kept while this node followed, in order (`core.joining`):
+        among them the new primary's PRE-PREPARE of c+1, which may have gone out before this
+        node held c; dropped, it would come again only after the request timers ran out."""
+        buffer, self.join_buffer = self.join_buffer, None
+        for data in buffer.take() if buffer is not None else ():
+            self._step(MessageReceived(data))
 
     def _joined_replica(self, head: BlockHeaderAPI) -> Replica:
         """The replica of a validator added by a vote, at `head` = c (`Replica.join`)."""
@@ -261,11 +273,8 @@ class PbftEngine(ConsensusEngine):
         key = self.context.validator_key
         if key is None:
             return None
-        address = key.public_key.to_canonical_address()
-        head = self.context.head().block_number
-        joining = (e for e in self.feed.schedule.epochs
-                   if e.first > head and address in e.validators)
-        return next((e.first - 1 for e in joining), None)
+        return handover_to_join(self.feed.schedule, key.public_key.to_canonical_address(),
+                                self.context.head().block_number)
 
     def _on_observer_progress(self) -> None:
         if self._joins_now():
@@ -327,6 +336,8 @@ class PbftEngine(ConsensusEngine):
             chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
             on_peer_fault=self.metrics.peer_fault, on_progress=self._on_observer_progress,
             stop_at=self._handover_to_join)
+        self.join_buffer = None if address is None else JoinBuffer(
+            self.engine_params, KeyVerifier(), address)
         self.sync = self.observer.sync
         self.observer.start()
         who = f"0x{address.hex()}" if address is not None else "without a node key"
@@ -364,10 +375,19 @@ class PbftEngine(ConsensusEngine):
     def on_message(self, sender: bytes, payload: bytes) -> None:
         if sender not in self.feed.members():
             return  # an observer's (or anyone's): never part of a decision, not even decoded
-        if self.budget.allows(sender):
-            self._step(MessageReceived(payload), sender)
-        else:
+        if not self.budget.allows(sender):
             self.metrics.peer_dropped(sender)
+        elif self.replica is not None:
+            self._step(MessageReceived(payload), sender)
+        elif self.join_buffer is not None:
+            self._keep_for_join(self.join_buffer, sender, payload)
+
+    def _keep_for_join(self, buffer: JoinBuffer, sender: bytes, payload: bytes) -> None:
+        """An observer's: kept if the replica it starts when it joins will take it
+        (`core.joining`), charged to the sender as a step is."""
+        started = time.perf_counter()
+        buffer.keep(payload, self.feed.schedule, self.feed.head)
+        self._charge(sender, time.perf_counter() - started)
 
     def on_sync_message(self, sender: bytes, payload: bytes) -> None:
         """Charged to the sender's budget as consensus messages are, and so is serving the

@@ -74,13 +74,13 @@ from pbft_engine.core import (
     ValidateBlock,
 )
 from pbft_engine.core.epochs import EpochSchedule, Membership
+from pbft_engine.core.joining import JoinBuffer
 from pbft_engine.core.params import DEFAULT_MAX_IN_FLIGHT
 from pbft_engine.core.records import META_NEW_VIEW, StoreName
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.errors import MessageError
 from pbft_engine.messages import (
     Body,
-    Checkpoint,
     KeySigner,
     KeyVerifier,
     NewView,
@@ -121,7 +121,6 @@ FETCH_OVERHEAD_MS = 5
 BYZANTINE_FETCH_MS = 2_000  # how long a lying catch-up source may hold a fetch
 BLOCKS_PER_RANGE = 32  # pbft_engine.sync.MAX_BLOCKS_PER_REQUEST: a fetch commits a range at once
 MAX_EXECUTED = 64  # pbft_engine.engine.MAX_EXECUTED: executed blocks the adapter keeps
-HELD_CHECKPOINTS = 64  # CHECKPOINTs a follower keeps for the handover it may join at
 # The adapter's write order in a step (pbft_engine/engine.py `_persist`): the store batch, then
 # the validator state file. False is the order before issue 28 (the file first), kept so a test
 # can show that a crash between the two writes then restarts an amnesic replica.
@@ -139,13 +138,6 @@ def signed_part(data: bytes) -> Signed[Body]:
     carries (a PRE-PREPARE resent without the block it no longer holds is no valid wire
     message since the decoder wants exactly one)."""
     return decode_signed(rlp.decode(data)[:3])
-
-
-def _is_checkpoint(data: bytes) -> bool:
-    try:
-        return isinstance(WireMessage.decode(data).signed.body, Checkpoint)
-    except MessageError:
-        return False  # (a byzantine replica's garbage)
 
 
 class CachingVerifier(Verifier):
@@ -239,11 +231,12 @@ class Node:
     restarts: int = 0  # restarts after a crash at a write point (`Cluster.arm_crash`)
     # Membership (issue 31): the schedule its own chain's votes make (the registry in state),
     # the changes committed here not yet fed to its replica, and while it runs no replica
-    # (a spare, or removed) it follows as an observer, keeping the CHECKPOINTs it hears.
+    # (a spare, or removed) it follows as an observer, keeping the consensus messages for
+    # the epoch it may join (`JoinBuffer`, in memory: a crash loses them).
     schedule: EpochSchedule | None = None
     unfed: list[ScheduleChange] = field(default_factory=list)
     following: bool = False
-    held: deque[bytes] = field(default_factory=lambda: deque(maxlen=HELD_CHECKPOINTS))
+    join_buffer: JoinBuffer | None = None
 
     @property
     def up(self) -> bool:
@@ -928,20 +921,21 @@ class Cluster:
 
     def _follow(self, node: Node) -> None:
         node.following = True
+        node.join_buffer = JoinBuffer(self.params, self.verifier, node.address)
         self._schedule(self.poll_interval_ms, node, _Follow())
 
     def _while_following(self, node: Node, item: Any) -> None:
-        """What reaches a follower: its poll, transactions to pool, and CHECKPOINTs (an
-        observer that may be voted in keeps the old set's, to prove the handover checkpoint
-        it joins at)."""
+        """What reaches a follower: its poll, transactions to pool, and the consensus
+        messages for the epoch it may join, kept for its replica (`JoinBuffer`)."""
         if isinstance(item, _Follow):
             self._follow_poll(node)
         elif isinstance(item, _Arrival):
             self._gossip(node.index, item.tx)
         elif isinstance(item, _Evict):
             self._evict(node, item.tx_hash)
-        elif isinstance(item, MessageReceived) and _is_checkpoint(item.data):
-            node.held.append(item.data)
+        elif isinstance(item, MessageReceived):
+            assert node.join_buffer is not None and node.schedule is not None
+            node.join_buffer.keep(item.data, node.schedule, len(node.chain.blocks))
 
     def _follow_poll(self, node: Node) -> None:
         """Block sync as an observer does it: the certified blocks a connected peer holds
@@ -974,7 +968,7 @@ class Cluster:
 
     def _maybe_join(self, node: Node) -> bool:
         """Voted in and at (or past) the handover checkpoint of its epoch: `Replica.join`, in
-        the view of the head's certificate, then the CHECKPOINTs it kept."""
+        the view of the head's certificate, then the consensus messages it kept."""
         assert node.schedule is not None
         head = node.chain.head
         if node.address not in node.schedule.epoch_at(head.seq_no + 1).validators:
@@ -987,10 +981,11 @@ class Cluster:
         self.seen["joined the set"] += 1
         node.last_view = max(node.last_view, view)
         self.perform(node, node.replica.start())
-        for data in node.held:
+        assert node.join_buffer is not None
+        for data in node.join_buffer.take():
             if node.replica is not None:
                 self.feed(node.index, MessageReceived(data))
-        node.held.clear()
+        node.join_buffer = None
         node.ready = {}
         self._refresh(node)
         node.last_progress = -1

@@ -401,21 +401,16 @@ def test_the_certificate_invariant_fails_on_a_certificate_of_another_set() -> No
     cluster.check_certificates()  # (Q = 4 of the new set, naming its epoch: the real thing)
 
 
-@pytest.mark.xfail(strict=True, reason="a joiner misses the PRE-PREPARE of c+1 (issue 31)")
 def test_a_joiner_the_quorum_needs_causes_no_view_change() -> None:
     """One validator votes a second in (Q 1 -> 2) while transactions flow. The primary
     proposes c+1 as soon as c is stable (its own CHECKPOINT), before the joiner, which
-    follows by block sync, holds c and starts its replica; the PRE-PREPARE reached it while
-    it followed and was dropped (a follower keeps only CHECKPOINTs; the engine's observer
-    keeps nothing). It comes again with the primary's resend, one to two request timeouts
-    after it went out (`_arm_resend_timer` sends what was open when it was armed), and the
-    joiner's request timer, started when it joined and reported the pool, runs out first:
-    the change causes a view change ("No view change caused by a change itself"). The same
-    whenever the new set's quorum needs a joiner (honest N = 4 with a laggard, + 1; chaos,
-    honest and gapped seeds at N = 1 to 3 did it). A follower that keeps the messages for
-    the heights of the epoch it joins and feeds them after `Replica.join`, as it keeps the
-    CHECKPOINTs, passes (tried in the simulator); the seed classes that allow no view
-    change draw no such change meanwhile (`scenario._fitting`, steady)."""
+    follows by block sync, holds c and starts its replica. Dropped, that PRE-PREPARE would
+    come again only with the primary's resend, one to two request timeouts after it went
+    out, and the joiner's request timer, started when it joined, ran out first: the change
+    caused a view change ("No view change caused by a change itself"; honest N = 4 with a
+    laggard, + 1, and chaos, honest and gapped seeds at N = 1 to 3 did it too). The follower
+    keeps the messages for the heights of the epoch it joins (`core.joining`), even before
+    it imports the block in which the change passed, and its replica takes them at once."""
     cluster = Cluster(1, spare=1)
     for i in range(30):
         cluster.at(100 * i, partial(cluster.submit, b"transfer %d" % i))

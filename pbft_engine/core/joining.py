@@ -1,0 +1,191 @@
+"""What a validator added by a change keeps of the consensus messages it hears while it
+still follows the chain as an observer, for its replica once it joins at the handover
+checkpoint c (`Replica.join`; DESIGN.md section 10, issue 31: "No view change caused by a
+change itself").
+
+The primary proposes c+1 as soon as c is stable, often before the joiner (which follows by
+block sync) holds c and starts its replica. Dropped, that PRE-PREPARE comes again only with
+the primary's resend, one to two request timeouts later, after the joiner's request timer
+ran out: when the new quorum needs the joiner, a view change. So the follower keeps the
+PRE-PREPAREs (with their blocks), PREPAREs and COMMITs for heights c+1 .. c+L (the window the
+replica opens at c) and the CHECKPOINTs at c .. c+L (the old set's at c prove the replica's
+stable checkpoint), and the adapter feeds them to the replica right after `Replica.join`, in
+order of height and phase.
+
+Each is verified as the replica will verify it: it names the epoch of its height and is
+signed by the member of that epoch's set it claims to be, and a PRE-PREPARE comes from the
+primary of its view there. Only the latest per sender, kind and height is kept (a higher view
+replaces a lower one; otherwise the first copy stays), so what a member may hold is bounded by
+the window: at most members x 4 kinds x (L + 1) messages, and a non-member nothing. Their
+bytes are bounded too (`EngineParams.future_block_bytes`, as the replica's own buffer of
+messages it cannot take yet): over it the oldest message of the sender holding the most bytes
+goes, so a member's flood pushes out only its own.
+
+A follower that has not yet imported the block b in which the change passed (block sync lags
+the validators, which send to the new set from b on) knows neither c nor the new set. One
+change per epoch, and an add appends its subject (`pbft_engine.registry`): the change that
+adds this node makes the last set known plus this node, at a handover checkpoint no lower
+than the one a change passing in the next block would have. That is the schedule the
+follower checks the new epoch's messages with until it imports b (the old set's CHECKPOINTs
+at c, with the schedule it knows; the replica checks everything again when it is fed, and
+drops what the guess got wrong). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import NamedTuple
+
+from pbft_engine.core.epochs import EpochSchedule, Membership
+from pbft_engine.core.params import EngineParams
+from pbft_engine.errors import MessageError
+from pbft_engine.messages import (
+    Body,
+    Checkpoint,
+    PhaseMessage,
+    PrePrepare,
+    Signed,
+    Verifier,
+    WireMessage,
+)
+
+# (sender address, message type, seqNo): one message kept for each
+KeptKey = tuple[bytes, int, int]
+
+
+class _Kept(NamedTuple):
+    view: int  # a CHECKPOINT's is 0
+    data: bytes
+
+
+def handover_to_join(schedule: EpochSchedule, address: bytes, head: int) -> int | None:
+    """The handover checkpoint c of the first epoch after `head` whose set counts `address`
+    (None: no change known adds it). An observer imports up to c and joins there."""
+    return next((e.first - 1 for e in schedule.epochs
+                 if e.first > head and address in e.validators), None)
+
+
+def expected_schedule(schedule: EpochSchedule, address: bytes, head: int
+                      ) -> EpochSchedule | None:
+    """The schedule in which `address` joins after `head`: the one known if a change known
+    adds it; else the last set known plus `address`, passed in the block after the head
+    (see the module's doc); None if it cannot be added (a member of the last set)."""
+    if handover_to_join(schedule, address, head) is not None:
+        return schedule
+    if address in schedule.epochs[-1].validators:
+        return None
+    guessed = schedule.schedule((*schedule.epochs[-1].validators, address), passed_at=head + 1)
+    return None if guessed is schedule else guessed  # (an override takes over first)
+
+
+class JoinBuffer:
+    """The consensus messages a follower keeps for the epoch it is to join (see the module's
+    doc): `keep` each one it receives, `take` them all once its replica has joined."""
+
+    def __init__(self, params: EngineParams, verifier: Verifier, address: bytes) -> None:
+        self.params, self.address = params, address
+        # The schedule its head says, and the one it expects to join in (the same once the
+        # change that adds it is imported here).
+        self._known, self._expected = (Membership.of(params, verifier),
+                                       Membership.of(params, verifier))
+        self._for: tuple[EpochSchedule, int] | None = None  # (schedule, head) of the window
+        self._c: int | None = None  # the handover checkpoint it joins at, as expected
+        self._kept: dict[KeptKey, _Kept] = {}  # oldest first
+        self._bytes: Counter[bytes] = Counter()  # kept bytes, by sender
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._bytes.total()
+
+    def keep(self, data: bytes, schedule: EpochSchedule, head: int) -> bool:
+        """Keep a peer's wire message if it is one the replica this node starts at c will
+        take (`schedule`: the one its committed head says; `head`: that head); True if kept."""
+        self._expect(schedule, head)
+        if self._c is None:
+            return False
+        try:
+            wire = WireMessage.decode(data, self._expected.limits(self.params.log_size))
+        except MessageError:
+            return False
+        key = self._key(wire)
+        if key is None:
+            return False
+        view = wire.signed.body.view if isinstance(wire.signed.body, PhaseMessage) else 0
+        held = self._kept.get(key)
+        if held is not None and held.view >= view:
+            return False  # the first copy stays: a relay sent after it must not replace it
+        self._drop(key)
+        self._kept[key] = _Kept(view, data)
+        self._bytes[key[0]] += len(data)
+        self._bound()
+        return True
+
+    def take(self) -> list[bytes]:
+        """Every message kept, by height, then phase (a CHECKPOINT after a height's votes);
+        the buffer is emptied."""
+        ordered = [kept.data for _, kept in sorted(self._kept.items(),
+                                                   key=lambda item: (item[0][2], item[0][1]))]
+        self._kept, self._bytes = {}, Counter()
+        return ordered
+
+    def _expect(self, schedule: EpochSchedule, head: int) -> None:
+        """The window for this schedule and head: what falls outside it now goes."""
+        if self._for == (schedule, head):
+            return
+        self._for = (schedule, head)
+        expected = expected_schedule(schedule, self.address, head)
+        self._c = None if expected is None else handover_to_join(expected, self.address, head)
+        self._known.schedule = schedule
+        self._expected.schedule = expected or schedule
+        for key in [k for k in self._kept if not self._in_window(k[1], k[2])]:
+            self._drop(key)
+
+    def _in_window(self, kind: int, seq_no: int) -> bool:
+        """CHECKPOINTs at c .. c+L, the phases' messages at c+1 .. c+L."""
+        if self._c is None:
+            return False
+        first = self._c if kind == Checkpoint.TYPE else self._c + 1
+        return first <= seq_no <= self._c + self.params.log_size
+
+    def _key(self, wire: WireMessage[Body]) -> KeptKey | None:
+        """Where a message is kept, if it is to be: within the window, verified with the
+        set of its height's epoch, from the primary if a PRE-PREPARE (None: not kept)."""
+        body = wire.signed.body
+        if not isinstance(body, PhaseMessage | Checkpoint) or not self._in_window(
+                body.TYPE, body.seq_no):
+            return None
+        membership = self._verifying(wire.signed)
+        if membership is None or (isinstance(body, PrePrepare) and body.replica != (
+                membership.primary(body.view, body.seq_no))):
+            return None
+        sender = membership.address_of(body)
+        if sender is None or sender == self.address:
+            return None
+        return sender, body.TYPE, body.seq_no
+
+    def _verifying(self, signed: Signed[Body]) -> Membership | None:
+        """The membership a message verifies with: the expected schedule's, else for a
+        CHECKPOINT the known one's (the old set's at a c above the one guessed); None: none."""
+        candidates = (self._expected, self._known) if isinstance(signed.body, Checkpoint) else (
+            self._expected,)
+        for membership in candidates:
+            try:
+                membership.verify(signed)
+            except MessageError:
+                continue
+            return membership
+        return None
+
+    def _drop(self, key: KeptKey) -> None:
+        held = self._kept.pop(key, None)
+        if held is not None:
+            self._bytes[key[0]] -= len(held.data)
+
+    def _bound(self) -> None:
+        """Over the byte bound: the oldest of the sender holding the most bytes goes first."""
+        while self._bytes.total() > self.params.future_block_bytes:
+            [(heaviest, _)] = self._bytes.most_common(1)
+            self._drop(next(k for k in self._kept if k[0] == heaviest))

@@ -1,0 +1,189 @@
+"""What a validator added by a change keeps of the consensus messages it hears while it
+follows (core.joining, issue 31): the new set's messages for the heights of the epoch it
+joins and the old set's CHECKPOINTs at c, verified, bounded, and processed by its replica
+once they are fed after `Replica.join`.
+
+Four validators (K = 10, L = 40, W = 2) vote a fifth in; the change passes in block 8, so
+c = 10 and the newcomer votes from 11.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from eth_hash.auto import keccak
+
+from pbft_engine.core import ChainHead, EngineParams, MessageReceived, Replica
+from pbft_engine.core.epochs import EpochSchedule
+from pbft_engine.core.joining import JoinBuffer, expected_schedule, handover_to_join
+from pbft_engine.engine import PbftEngine
+from pbft_engine.epoch_feed import EpochFeed
+from pbft_engine.messages import (
+    Checkpoint,
+    Commit,
+    KeyVerifier,
+    Prepare,
+    PrePrepare,
+    WireMessage,
+)
+from pbft_engine.peer_budget import PeerBudget
+from tests.unit.pbft.helpers import PARAMS
+from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, POOL, V0, scheduled, signed
+from tests.unit.test_replica_handover import C, Driven, block, digest, state
+
+L = PARAMS.log_size
+NEWCOMER = ADDED[4]
+GENESIS_SCHEDULE = EpochSchedule.genesis(PARAMS)
+REORDERED = (V0[0], *V0[2:], V0[1], NEWCOMER)  # replica 1 there is V0[2]
+
+
+def wire(body: Any, epoch_set: tuple[bytes, ...] = ADDED, blocks: tuple[bytes, ...] = (),
+         epoch: int | None = None) -> bytes:
+    """`body` as the member its index names in `epoch_set` sends it (naming epoch 1 for the
+    new set, 0 for the old one, unless told)."""
+    return WireMessage(signed(body, epoch_set, epoch), blocks).encode()
+
+
+def buffer() -> JoinBuffer:
+    return JoinBuffer(PARAMS, KeyVerifier(), NEWCOMER)
+
+
+def round_of(n: int) -> list[bytes]:
+    """Block n's PRE-PREPARE from the new primary and the new set's PREPAREs and COMMITs
+    (the newcomer's own aside)."""
+    return [wire(PrePrepare(0, n, digest(n), 0), blocks=(block(n),)),
+            *(wire(Prepare(0, n, digest(n), i)) for i in (1, 2, 3)),
+            *(wire(Commit(0, n, digest(n), i)) for i in (0, 1, 2, 3))]
+
+
+def old_checkpoints(seq_no: int = C) -> list[bytes]:
+    return [wire(Checkpoint(seq_no, digest(seq_no), state(seq_no), i), V0) for i in (0, 1, 2)]
+
+
+def joined() -> Driven:
+    """The newcomer's replica, joined at c (its head)."""
+    return Driven(Replica.join(PARAMS, KEYS[NEWCOMER], KeyVerifier(), ChainHead(C, digest(C)),
+                               block_digest=keccak, schedule=scheduled(ADDED), view=0))
+
+
+def test_the_handover_it_joins_at_is_known_or_expected() -> None:
+    assert handover_to_join(scheduled(ADDED), NEWCOMER, 9) == C
+    assert handover_to_join(scheduled(ADDED), NEWCOMER, C + 1) is None  # (it joins at once)
+    assert handover_to_join(GENESIS_SCHEDULE, NEWCOMER, 5) is None
+    # not imported the block in which the change passed: the last set plus this node, from
+    # the first checkpoint a change passing in the next block could take effect at
+    guessed = expected_schedule(GENESIS_SCHEDULE, NEWCOMER, 5)
+    assert guessed is not None and guessed.set_at(C + 1) == ADDED
+    assert handover_to_join(guessed, NEWCOMER, 5) == C
+    assert expected_schedule(GENESIS_SCHEDULE, V0[1], 5) is None  # a member is added by none
+
+
+def test_the_new_sets_round_of_c_plus_1_kept_while_following_is_processed_after_join() -> None:
+    """The new primary proposed 11 before the newcomer held 10: kept, and fed after the join
+    (with the old set's CHECKPOINTs at 10), the replica prepares and commits 11 at once."""
+    kept = buffer()
+    for data in [*round_of(C + 1), *old_checkpoints()]:
+        assert kept.keep(data, scheduled(ADDED), 9)
+    driven = joined()
+    for data in kept.take():
+        driven.step(MessageReceived(data))
+    assert len(kept) == 0 and kept.kept_bytes == 0
+    assert Prepare(0, C + 1, digest(C + 1), 4, epoch=1) in driven.sent(Prepare)
+    assert driven.replica.last_exec == C + 1
+    assert len(driven.replica.checkpoints.proof(C)) == 3  # its stable checkpoint, proved
+
+
+def test_a_follower_that_has_not_imported_the_change_keeps_what_it_will_need() -> None:
+    """At head 5 the newcomer knows nothing of the change passed in 8: it checks the new
+    set's messages with the set it expects (the last one plus itself), the old set's
+    CHECKPOINTs with the one it knows; once b is imported, the same messages are kept."""
+    kept = buffer()
+    for data in [*round_of(C + 1), *old_checkpoints()]:
+        assert kept.keep(data, GENESIS_SCHEDULE, 5)
+    assert not kept.keep(wire(Prepare(0, C + 1, digest(C + 1), 1), REORDERED),
+                         GENESIS_SCHEDULE, 5)  # replica 1 is another member than its signer
+    assert not kept.keep(wire(Commit(0, C + 1, digest(C + 1), 1), epoch=0), GENESIS_SCHEDULE, 5)
+    kept.keep(wire(Commit(0, C + 2, digest(C + 2), 1)), scheduled(ADDED), 8)  # b imported
+    assert len(kept) == 1 + 3 + 4 + 3 + 1
+    driven = joined()
+    for data in kept.take():
+        driven.step(MessageReceived(data))
+    assert driven.replica.last_exec == C + 1
+
+
+def test_messages_outside_the_window_or_not_the_replicas_to_take_keep_nothing() -> None:
+    """Heights at or below c (but its CHECKPOINT) and above c + L, a sender outside the new
+    set, a PRE-PREPARE from a backup, the wrong epoch, garbage, and view changes: nothing."""
+    kept = buffer()
+    outsider = (*V0, POOL[5])  # POOL[5] signs as replica 4: not the newcomer
+    refused = [
+        wire(Prepare(0, C, digest(C), 1), V0),  # the old set's height
+        wire(Checkpoint(C - 10, digest(0), state(0), 1), V0),
+        wire(Prepare(0, C + L + 1, digest(1), 1)),
+        wire(Checkpoint(C + L + 10, digest(1), state(1), 1)),
+        wire(Commit(0, C + 1, digest(C + 1), 4), outsider),
+        wire(PrePrepare(0, C + 1, digest(C + 1), 1), blocks=(block(C + 1),)),
+        wire(Prepare(0, C + 1, digest(C + 1), 1), epoch=0),
+        wire(Prepare(0, C + 1, digest(C + 1), 4)),  # its own (signed with its key)
+        b"\xc0",
+    ]
+    assert not any(kept.keep(data, scheduled(ADDED), 9) for data in refused)
+    assert len(kept) == 0
+    plain = JoinBuffer(PARAMS, KeyVerifier(), V0[1])  # a member of every set: joins nothing
+    assert not plain.keep(round_of(C + 1)[1], scheduled(ADDED), 9)
+
+
+def test_a_member_flooding_keeps_one_message_per_kind_and_height() -> None:
+    """Again and again, in higher views and at every height of the window: one message per
+    kind and height, the one of the highest view (a copy in the same view does not replace
+    the first); at most members x 4 kinds x (L + 1) in all."""
+    kept = buffer()
+    for view in (0, 0, 1, 0):
+        kept.keep(wire(Prepare(view, C + 1, keccak(b"%d" % view), 2)), scheduled(ADDED), 9)
+    [data] = kept.take()
+    assert WireMessage.decode(data).signed.body.view == 1
+    for n in range(C - 5, C + L + 10):
+        for _ in range(3):
+            kept.keep(wire(Prepare(n, n, digest(n), 2)), scheduled(ADDED), 9)
+            kept.keep(wire(Commit(n, n, digest(n), 2)), scheduled(ADDED), 9)
+    assert len(kept) == 2 * L
+
+
+def test_blocks_over_the_byte_bound_push_out_the_heaviest_senders_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member that is primary of some view floods PRE-PREPAREs with large blocks at every
+    height: over the bound, its own oldest go; the new primary's block stays."""
+    monkeypatch.setattr(EngineParams, "future_block_bytes", property(lambda self: 50_000))
+    kept = buffer()
+    honest = wire(PrePrepare(0, C + 1, digest(C + 1), 0), blocks=(block(C + 1),))
+    assert kept.keep(honest, scheduled(ADDED), 9)
+    for n in range(C + 1, C + L + 1):  # replica 1 is view 1's primary
+        kept.keep(wire(PrePrepare(1, n, keccak(b"x"), 1), blocks=(b"x" * 10_000,)),
+                  scheduled(ADDED), 9)
+    assert kept.kept_bytes <= 50_000
+    assert kept.take()[0] == honest
+
+
+def test_the_engine_keeps_an_observers_messages_and_feeds_them_after_the_join() -> None:
+    """The adapter's side: an observer with a node key keeps the validators' messages (charged
+    to their budget), and the replica it starts when it joins is stepped with them, in order."""
+    stepped: list[object] = []
+    schedule = scheduled(ADDED)
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.feed = EpochFeed(schedule, lambda block_hash: schedule)
+    engine.feed.refresh(9, b"head 9")
+    engine.budget = PeerBudget(lambda: 0.0)
+    engine.replica = None
+    engine.join_buffer = buffer()
+    engine.on_message(V0[0], round_of(C + 1)[0])
+    engine.on_message(V0[1], wire(Checkpoint(C, digest(C), state(C), 1), V0))
+    assert len(engine.join_buffer) == 2
+    engine.replica = SimpleNamespace(  # type: ignore[assignment]
+        view=0, active=True, fetching=None, step=stepped.append)
+    engine._perform = lambda ready: None  # type: ignore[method-assign]
+    engine._feed_kept()
+    assert [WireMessage.decode(e.data).signed.body.TYPE.name  # type: ignore[attr-defined]
+            for e in stepped] == ["CHECKPOINT", "PRE_PREPARE"]
+    assert engine.join_buffer is None
