@@ -118,6 +118,9 @@ class ConsensusLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 class PbftEngine(ConsensusEngine):
     name = "pbft"
     updatable_params = frozenset({"transitions"})  # overrides, by a coordinated restart
+    # With a node key (from `start`): what it keeps for the replica it starts if it joins an
+    # epoch (an observer voted in, or a validator voted out and in again: `core.joining`).
+    join_buffer: JoinBuffer | None = None
 
     def __init__(self, context: EngineContext, params: Mapping[str, Any]) -> None:
         super().__init__(context, params)
@@ -137,8 +140,6 @@ class PbftEngine(ConsensusEngine):
         self.budget = PeerBudget(time.monotonic)
         self.feed = EpochFeed(EpochSchedule.genesis(self.engine_params), self._read_schedule)
         self._joining = False  # an observer's switch to validator is under way
-        # What an observer with a node key keeps for the replica it starts if it joins.
-        self.join_buffer: JoinBuffer | None = None
         self.records = ConsensusRecords(self.store, lambda: self.feed.schedule)
 
     @staticmethod
@@ -171,6 +172,8 @@ class PbftEngine(ConsensusEngine):
             raise EngineError(str(exc)) from None
         key = self.context.validator_key
         address = key.public_key.to_canonical_address() if key is not None else None
+        if address is not None:
+            self.join_buffer = JoinBuffer(self.engine_params, KeyVerifier(), address)
         deciding = self.feed.schedule.set_at(head.block_number)
         if key is None or address not in {*deciding,
                                           *self.feed.schedule.set_at(head.block_number + 1)}:
@@ -236,8 +239,7 @@ class PbftEngine(ConsensusEngine):
         """The consensus messages kept while this node followed, in order (`core.joining`):
         among them the new primary's PRE-PREPARE of c+1, which may have gone out before this
         node held c; dropped, it would come again only after the request timers ran out."""
-        buffer, self.join_buffer = self.join_buffer, None
-        for data in buffer.take() if buffer is not None else ():
+        for data in self.join_buffer.take() if self.join_buffer is not None else ():
             self._step(MessageReceived(data))
 
     def _joined_replica(self, head: BlockHeaderAPI) -> Replica:
@@ -336,8 +338,6 @@ class PbftEngine(ConsensusEngine):
             chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
             on_peer_fault=self.metrics.peer_fault, on_progress=self._on_observer_progress,
             stop_at=self._handover_to_join)
-        self.join_buffer = None if address is None else JoinBuffer(
-            self.engine_params, KeyVerifier(), address)
         self.sync = self.observer.sync
         self.observer.start()
         who = f"0x{address.hex()}" if address is not None else "without a node key"
@@ -377,14 +377,16 @@ class PbftEngine(ConsensusEngine):
             return  # an observer's (or anyone's): never part of a decision, not even decoded
         if not self.budget.allows(sender):
             self.metrics.peer_dropped(sender)
-        elif self.replica is not None:
+            return
+        if self.replica is not None:
             self._step(MessageReceived(payload), sender)
-        elif self.join_buffer is not None:
+        if self.join_buffer is not None:
             self._keep_for_join(self.join_buffer, sender, payload)
 
     def _keep_for_join(self, buffer: JoinBuffer, sender: bytes, payload: bytes) -> None:
-        """An observer's: kept if the replica it starts when it joins will take it
-        (`core.joining`), charged to the sender as a step is."""
+        """Kept if the replica this node starts when it joins an epoch will take it
+        (`core.joining`: nothing, undecoded, for a member staying in the set), charged to
+        the sender as a step is."""
         started = time.perf_counter()
         buffer.keep(payload, self.feed.schedule, self.feed.head)
         self._charge(sender, time.perf_counter() - started)

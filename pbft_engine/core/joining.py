@@ -28,7 +28,14 @@ adds this node makes the last set known plus this node, at a handover checkpoint
 than the one a change passing in the next block would have. That is the schedule the
 follower checks the new epoch's messages with until it imports b (the old set's CHECKPOINTs
 at c, with the schedule it knows; the replica checks everything again when it is fed, and
-drops what the guess got wrong). Pure: no I/O, no clock.
+drops what the guess got wrong).
+
+A validator voted out keeps a buffer too while its replica still votes (up to its c): voted
+in again by the next change, it joins at that change's c as soon as it left, and the new
+primary's messages may reach it before (its replica takes none of them: it leaves at c, and
+they may name an epoch it does not know yet). So the adapter offers the buffer every message
+a node hears; for a member of the last set known, with no join ahead, the schedule alone
+says nothing is kept, before anything is decoded. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -59,10 +66,12 @@ class _Kept(NamedTuple):
 
 
 def handover_to_join(schedule: EpochSchedule, address: bytes, head: int) -> int | None:
-    """The handover checkpoint c of the first epoch after `head` whose set counts `address`
-    (None: no change known adds it). An observer imports up to c and joins there."""
-    return next((e.first - 1 for e in schedule.epochs
-                 if e.first > head and address in e.validators), None)
+    """The handover checkpoint c of the first epoch after `head` that adds `address` to the
+    set (None: no change known adds it). An observer imports up to c and joins there."""
+    epochs = schedule.epochs
+    return next((e.first - 1 for before, e in zip(epochs, epochs[1:], strict=False)
+                 if e.first > head and address in e.validators
+                 and address not in before.validators), None)
 
 
 def expected_schedule(schedule: EpochSchedule, address: bytes, head: int
@@ -79,7 +88,7 @@ def expected_schedule(schedule: EpochSchedule, address: bytes, head: int
 
 
 class JoinBuffer:
-    """The consensus messages a follower keeps for the epoch it is to join (see the module's
+    """The consensus messages a node keeps for the epoch it is to join (see the module's
     doc): `keep` each one it receives, `take` them all once its replica has joined."""
 
     def __init__(self, params: EngineParams, verifier: Verifier, address: bytes) -> None:

@@ -231,8 +231,8 @@ class Node:
     restarts: int = 0  # restarts after a crash at a write point (`Cluster.arm_crash`)
     # Membership (issue 31): the schedule its own chain's votes make (the registry in state),
     # the changes committed here not yet fed to its replica, and while it runs no replica
-    # (a spare, or removed) it follows as an observer, keeping the consensus messages for
-    # the epoch it may join (`JoinBuffer`, in memory: a crash loses them).
+    # (a spare, or removed) it follows as an observer; the consensus messages it keeps for
+    # an epoch it is to join (`JoinBuffer`, in memory: a restart starts a new one).
     schedule: EpochSchedule | None = None
     unfed: list[ScheduleChange] = field(default_factory=list)
     following: bool = False
@@ -495,6 +495,8 @@ class Cluster:
         elif isinstance(item, _BlockAsk):
             self._ask_block(node, item)
         else:
+            if isinstance(item, MessageReceived):
+                self._keep_for_join(node, item.data)
             self.feed(index, item)
 
     def feed(self, index: int, event: Event) -> None:
@@ -921,7 +923,6 @@ class Cluster:
 
     def _follow(self, node: Node) -> None:
         node.following = True
-        node.join_buffer = JoinBuffer(self.params, self.verifier, node.address)
         self._schedule(self.poll_interval_ms, node, _Follow())
 
     def _while_following(self, node: Node, item: Any) -> None:
@@ -934,8 +935,13 @@ class Cluster:
         elif isinstance(item, _Evict):
             self._evict(node, item.tx_hash)
         elif isinstance(item, MessageReceived):
-            assert node.join_buffer is not None and node.schedule is not None
-            node.join_buffer.keep(item.data, node.schedule, len(node.chain.blocks))
+            self._keep_for_join(node, item.data)
+
+    def _keep_for_join(self, node: Node, data: bytes) -> None:
+        """Every consensus message a node hears is offered to its `JoinBuffer`: kept if it
+        is to join an epoch (a follower voted in, or a validator voted out and in again)."""
+        assert node.join_buffer is not None and node.schedule is not None
+        node.join_buffer.keep(data, node.schedule, len(node.chain.blocks))
 
     def _follow_poll(self, node: Node) -> None:
         """Block sync as an observer does it: the certified blocks a connected peer holds
@@ -985,7 +991,6 @@ class Cluster:
         for data in node.join_buffer.take():
             if node.replica is not None:
                 self.feed(node.index, MessageReceived(data))
-        node.join_buffer = None
         node.ready = {}
         self._refresh(node)
         node.last_progress = -1
@@ -1308,6 +1313,7 @@ class Cluster:
         node.busy = False
         node.executed.clear()  # the adapter's memory
         node.unfed.clear()  # (the schedule its chain's state says is given whole)
+        node.join_buffer = JoinBuffer(self.params, self.verifier, node.address)  # (in memory)
         if node.signing_bound is None and node.address not in self.params.validators:
             self._follow(node)  # a spare that never voted: it follows until voted in
             return

@@ -1,7 +1,7 @@
 """What a validator added by a change keeps of the consensus messages it hears while it
 follows (core.joining, issue 31): the new set's messages for the heights of the epoch it
 joins and the old set's CHECKPOINTs at c, verified, bounded, and processed by its replica
-once they are fed after `Replica.join`.
+once they are fed after `Replica.join`; a validator voted out keeps them too.
 
 Four validators (K = 10, L = 40, W = 2) vote a fifth in; the change passes in block 8, so
 c = 10 and the newcomer votes from 11.
@@ -30,7 +30,7 @@ from pbft_engine.messages import (
 )
 from pbft_engine.peer_budget import PeerBudget
 from tests.unit.pbft.helpers import PARAMS
-from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, POOL, V0, scheduled, signed
+from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, POOL, REMOVED, V0, scheduled, signed
 from tests.unit.test_replica_handover import C, Driven, block, digest, state
 
 L = PARAMS.log_size
@@ -78,6 +78,21 @@ def test_the_handover_it_joins_at_is_known_or_expected() -> None:
     assert guessed is not None and guessed.set_at(C + 1) == ADDED
     assert handover_to_join(guessed, NEWCOMER, 5) == C
     assert expected_schedule(GENESIS_SCHEDULE, V0[1], 5) is None  # a member is added by none
+    assert handover_to_join(scheduled(ADDED), V0[1], 5) is None  # (it stays: joins nothing)
+
+
+def test_a_validator_voted_out_keeps_what_the_set_voting_it_in_again_sends() -> None:
+    """V0[0], voted out in block 8 (c = 10), still votes at head 9; voted in again by the
+    next change, it joins at that change's c (20 at the soonest) as soon as it left, and the
+    new primary's messages may reach it before: its buffer checks them with the set it
+    expects (the last one plus itself) and keeps them."""
+    removed = scheduled(REMOVED)
+    again = (*REMOVED, V0[0])
+    kept = JoinBuffer(PARAMS, KeyVerifier(), V0[0])
+    assert kept.keep(wire(PrePrepare(0, 21, digest(21), 0), again, (block(21),), epoch=2),
+                     removed, 9)
+    assert not kept.keep(wire(Prepare(0, 11, digest(11), 1), REMOVED), removed, 9)
+    assert len(kept) == 1
 
 
 def test_the_new_sets_round_of_c_plus_1_kept_while_following_is_processed_after_join() -> None:
@@ -186,4 +201,4 @@ def test_the_engine_keeps_an_observers_messages_and_feeds_them_after_the_join() 
     engine._feed_kept()
     assert [WireMessage.decode(e.data).signed.body.TYPE.name  # type: ignore[attr-defined]
             for e in stepped] == ["CHECKPOINT", "PRE_PREPARE"]
-    assert engine.join_buffer is None
+    assert len(engine.join_buffer) == 0
