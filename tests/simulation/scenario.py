@@ -35,8 +35,10 @@ honest and gapped still ZERO view changes and their latency bound (an honest see
 each vote early in a burst: it passes while the pipeline is full), the first primary's
 removal among their changes (its successor fits the envelope too). Each class draws only changes
 after which every set the votes may pass through (in any order) keeps its faulty members
-within f, and a quorum of genesis validators the changes never remove: a quorum that needs
-a joiner changes the view today (`_fitting`; the membership class draws such changes).
+within f (`_fitting`); in the honest and gapped classes a quorum may need a joiner, which
+keeps the new set's messages for the heights above c while it follows and takes them once
+it joins (`core.joining`); the others still draw a quorum of genesis validators the changes
+never remove (the membership class draws anything).
 Adds and removals are drawn at every N from 1 to 10 (the membership class; at N = 1 an
 add comes first), the removed primary in every class, the rest in the membership class
 as above. After every seed of every class, every block of every honest chain carries a
@@ -857,13 +859,14 @@ def _fitting(n: int, bad: Iterable[int], primaries: Iterable[int] | None = None)
     """Changes fit if they add no `bad` node (faulty, or outside the class's envelope) and
     every set they may pass through (the votes may commit in any order: `_passes_through`)
     has at most f bad members; where no view change is allowed, its first member (view 0's
-    primary) is one of `primaries` and not bad; and a quorum of it are validators of
-    genesis that the changes never remove, nor bad. A quorum that needs a member that
-    joins at the handover waits for the new primary's PRE-PREPARE of c+1 to be sent again
-    (the joiner was still following when it went out, and followers keep only
-    CHECKPOINTs): one to two request timeouts, by which the request timers have run out,
-    so the change causes a view change
-    (`test_a_joiner_the_quorum_needs_causes_no_view_change`, a strict xfail)."""
+    primary) is one of `primaries` and not bad, and its quorum may need a member that joins
+    at the handover: the joiner keeps the new primary's messages for c+1 while it still
+    follows (`core.joining`), so the change causes no view change
+    (`test_a_joiner_the_quorum_needs_causes_no_view_change`). Where view changes are
+    allowed, a quorum of it are validators of genesis that the changes never remove, nor
+    bad, as before: those classes keep their draws (chaos seed 4 at N = 7 reproduces a
+    known gap with them, `KNOWN_GAPS`; drawing joiner quorums, chaos seed 14 at N = 6 hits
+    that same gap)."""
     bad, allowed = frozenset(bad), None if primaries is None else frozenset(primaries)
 
     def fits(plan: Plan) -> bool:
@@ -877,7 +880,7 @@ def _fitting(n: int, bad: Iterable[int], primaries: Iterable[int] | None = None)
             if allowed is not None and (members[0] not in allowed or members[0] in bad):
                 return False
             kept = [i for i in members if i < n and i not in removed and i not in bad]
-            if len(kept) < (len(members) + f + 2) // 2:
+            if allowed is None and len(kept) < (len(members) + f + 2) // 2:
                 return False
         return True
 
