@@ -16,19 +16,22 @@ Each is verified as the replica will verify it: it names the epoch of its height
 signed by the member of that epoch's set it claims to be, and a PRE-PREPARE comes from the
 primary of its view there. Only the latest per sender, kind and height is kept (a higher view
 replaces a lower one; otherwise the first copy stays), so what a member may hold is bounded by
-the window: at most members x 4 kinds x (L + 1) messages, and a non-member nothing. Their
-bytes are bounded too (`EngineParams.future_block_bytes`, as the replica's own buffer of
-messages it cannot take yet): over it the oldest message of the sender holding the most bytes
-goes, so a member's flood pushes out only its own.
+the window: at most members x 4 kinds x (L + 1 + FOLLOWER_LAG) messages, and a non-member
+nothing. Their bytes are bounded too (`EngineParams.future_block_bytes`, as the replica's own
+buffer of messages it cannot take yet): over it the oldest message of the sender holding the
+most bytes goes, so a member's flood pushes out only its own.
 
 A follower that has not yet imported the block b in which the change passed (block sync lags
-the validators, which send to the new set from b on) knows neither c nor the new set. One
-change per epoch, and an add appends its subject (`pbft_engine.registry`): the change that
-adds this node makes the last set known plus this node, at a handover checkpoint no lower
-than the one a change passing in the next block would have. That is the schedule the
-follower checks the new epoch's messages with until it imports b (the old set's CHECKPOINTs
-at c, with the schedule it knows; the replica checks everything again when it is fed, and
-drops what the guess got wrong).
+the validators, which send to the new set from b on) knows neither c nor the new set, nor
+how many changes are queued before it. One change per epoch, and an add appends its subject
+(`pbft_engine.registry`), so its c is no lower than the one a change passing in its next
+block would have, and the members of the sets after the last one it knows are that set's
+(plus the nodes added, which it may not know). Until it imports b, it keeps the CHECKPOINTs
+that verify with the schedule it knows (the old set's at c), and the messages that name a
+later epoch than it knows if their signer is a member of the last set it knows: their
+replica index means nothing yet, and the replica checks it when they are fed, dropping what
+does not verify. The real c is higher by as much as the follower lags the validators, so
+the window then reaches FOLLOWER_LAG heights further.
 
 A validator voted out keeps a buffer too while its replica still votes (up to its c): voted
 in again by the next change, it joins at that change's c as soon as it left, and the new
@@ -54,10 +57,15 @@ from pbft_engine.messages import (
     Signed,
     Verifier,
     WireMessage,
+    signing_hash,
 )
 
 # (sender address, message type, seqNo): one message kept for each
 KeptKey = tuple[bytes, int, int]
+# How far behind the validators a follower may be when the primary proposes c+1 (block sync's
+# range, `sync_messages.MAX_BLOCKS_PER_REQUEST`): before it imports the block in which the
+# change passed, the real c may be so far above the lowest one it expects.
+FOLLOWER_LAG = 32
 
 
 class _Kept(NamedTuple):
@@ -74,17 +82,15 @@ def handover_to_join(schedule: EpochSchedule, address: bytes, head: int) -> int 
                  and address not in before.validators), None)
 
 
-def expected_schedule(schedule: EpochSchedule, address: bytes, head: int
-                      ) -> EpochSchedule | None:
-    """The schedule in which `address` joins after `head`: the one known if a change known
-    adds it; else the last set known plus `address`, passed in the block after the head
-    (see the module's doc); None if it cannot be added (a member of the last set)."""
-    if handover_to_join(schedule, address, head) is not None:
-        return schedule
-    if address in schedule.epochs[-1].validators:
+def lowest_handover(schedule: EpochSchedule, address: bytes, head: int) -> int | None:
+    """The lowest handover checkpoint at which a change not known yet could add `address`:
+    one passing in the block after `head`, appending it to the last set known (None: it is
+    a member of that set, or an override takes over first)."""
+    last = schedule.epochs[-1]
+    if address in last.validators:
         return None
-    guessed = schedule.schedule((*schedule.epochs[-1].validators, address), passed_at=head + 1)
-    return None if guessed is schedule else guessed  # (an override takes over first)
+    added = schedule.schedule((*last.validators, address), passed_at=head + 1)
+    return None if added is schedule else handover_to_join(added, address, head)
 
 
 class JoinBuffer:
@@ -92,13 +98,12 @@ class JoinBuffer:
     doc): `keep` each one it receives, `take` them all once its replica has joined."""
 
     def __init__(self, params: EngineParams, verifier: Verifier, address: bytes) -> None:
-        self.params, self.address = params, address
-        # The schedule its head says, and the one it expects to join in (the same once the
-        # change that adds it is imported here).
-        self._known, self._expected = (Membership.of(params, verifier),
-                                       Membership.of(params, verifier))
+        self.params, self.address, self._verifier = params, address, verifier
+        self._membership = Membership.of(params, verifier)  # the schedule its head says
         self._for: tuple[EpochSchedule, int] | None = None  # (schedule, head) of the window
-        self._c: int | None = None  # the handover checkpoint it joins at, as expected
+        self._c: int | None = None  # the handover checkpoint it joins at (the lowest, guessing)
+        self._top = 0  # the highest height kept
+        self._guessing = False  # no change known adds it yet (see the module's doc)
         self._kept: dict[KeptKey, _Kept] = {}  # oldest first
         self._bytes: Counter[bytes] = Counter()  # kept bytes, by sender
 
@@ -116,7 +121,7 @@ class JoinBuffer:
         if self._c is None:
             return False
         try:
-            wire = WireMessage.decode(data, self._expected.limits(self.params.log_size))
+            wire = WireMessage.decode(data, self._membership.limits(self.params.log_size))
         except MessageError:
             return False
         key = self._key(wire)
@@ -144,49 +149,57 @@ class JoinBuffer:
         """The window for this schedule and head: what falls outside it now goes."""
         if self._for == (schedule, head):
             return
-        self._for = (schedule, head)
-        expected = expected_schedule(schedule, self.address, head)
-        self._c = None if expected is None else handover_to_join(expected, self.address, head)
-        self._known.schedule = schedule
-        self._expected.schedule = expected or schedule
+        self._for, self._membership.schedule = (schedule, head), schedule
+        self._c = handover_to_join(schedule, self.address, head)
+        self._guessing = self._c is None
+        if self._guessing:
+            self._c = lowest_handover(schedule, self.address, head)
+        if self._c is not None:
+            self._top = self._c + self.params.log_size + (FOLLOWER_LAG if self._guessing else 0)
         for key in [k for k in self._kept if not self._in_window(k[1], k[2])]:
             self._drop(key)
 
     def _in_window(self, kind: int, seq_no: int) -> bool:
-        """CHECKPOINTs at c .. c+L, the phases' messages at c+1 .. c+L."""
+        """CHECKPOINTs at c .. c+L, the phases' messages at c+1 .. c+L (while guessing, up
+        to FOLLOWER_LAG higher)."""
         if self._c is None:
             return False
         first = self._c if kind == Checkpoint.TYPE else self._c + 1
-        return first <= seq_no <= self._c + self.params.log_size
+        return first <= seq_no <= self._top
 
     def _key(self, wire: WireMessage[Body]) -> KeptKey | None:
-        """Where a message is kept, if it is to be: within the window, verified with the
-        set of its height's epoch, from the primary if a PRE-PREPARE (None: not kept)."""
+        """Where a message is kept, if it is to be: within the window, and from a sender it
+        verifies for (None: not kept)."""
         body = wire.signed.body
         if not isinstance(body, PhaseMessage | Checkpoint) or not self._in_window(
                 body.TYPE, body.seq_no):
             return None
-        membership = self._verifying(wire.signed)
-        if membership is None or (isinstance(body, PrePrepare) and body.replica != (
-                membership.primary(body.view, body.seq_no))):
-            return None
-        sender = membership.address_of(body)
+        sender = self._sender(wire.signed)
         if sender is None or sender == self.address:
             return None
         return sender, body.TYPE, body.seq_no
 
-    def _verifying(self, signed: Signed[Body]) -> Membership | None:
-        """The membership a message verifies with: the expected schedule's, else for a
-        CHECKPOINT the known one's (the old set's at a c above the one guessed); None: none."""
-        candidates = (self._expected, self._known) if isinstance(signed.body, Checkpoint) else (
-            self._expected,)
-        for membership in candidates:
-            try:
-                membership.verify(signed)
-            except MessageError:
-                continue
-            return membership
-        return None
+    def _sender(self, signed: Signed[Body]) -> bytes | None:
+        """Who sent a message, if it verifies as the replica will verify it (with the set of
+        its height's epoch; a PRE-PREPARE from that view's primary). Guessing: a CHECKPOINT
+        so, and a message naming a later epoch than the last known by its signer, a member
+        of the last set known (see the module's doc). None: it does not verify."""
+        body, membership = signed.body, self._membership
+        last = membership.schedule.epochs[-1]
+        try:
+            if self._guessing and body.epoch > last.number:
+                signer = self._verifier.recover(signing_hash(body, membership.chain_id),
+                                                signed.signature)
+                return signer if signer in last.validators else None
+            if self._guessing and not isinstance(body, Checkpoint):
+                return None  # (the old set's votes above the lowest c: not the joiner's)
+            membership.verify(signed)
+        except MessageError:
+            return None
+        if isinstance(body, PrePrepare) and body.replica != membership.primary(body.view,
+                                                                               body.seq_no):
+            return None
+        return membership.address_of(body)
 
     def _drop(self, key: KeptKey) -> None:
         held = self._kept.pop(key, None)

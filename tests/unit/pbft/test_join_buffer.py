@@ -17,7 +17,12 @@ from eth_hash.auto import keccak
 
 from pbft_engine.core import ChainHead, EngineParams, MessageReceived, Replica
 from pbft_engine.core.epochs import EpochSchedule
-from pbft_engine.core.joining import JoinBuffer, expected_schedule, handover_to_join
+from pbft_engine.core.joining import (
+    FOLLOWER_LAG,
+    JoinBuffer,
+    handover_to_join,
+    lowest_handover,
+)
 from pbft_engine.engine import PbftEngine
 from pbft_engine.epoch_feed import EpochFeed
 from pbft_engine.messages import (
@@ -72,12 +77,11 @@ def test_the_handover_it_joins_at_is_known_or_expected() -> None:
     assert handover_to_join(scheduled(ADDED), NEWCOMER, 9) == C
     assert handover_to_join(scheduled(ADDED), NEWCOMER, C + 1) is None  # (it joins at once)
     assert handover_to_join(GENESIS_SCHEDULE, NEWCOMER, 5) is None
-    # not imported the block in which the change passed: the last set plus this node, from
-    # the first checkpoint a change passing in the next block could take effect at
-    guessed = expected_schedule(GENESIS_SCHEDULE, NEWCOMER, 5)
-    assert guessed is not None and guessed.set_at(C + 1) == ADDED
-    assert handover_to_join(guessed, NEWCOMER, 5) == C
-    assert expected_schedule(GENESIS_SCHEDULE, V0[1], 5) is None  # a member is added by none
+    # not imported the block in which the change passed: c is no lower than that of a
+    # change passing in the next block
+    assert lowest_handover(GENESIS_SCHEDULE, NEWCOMER, 5) == C
+    assert lowest_handover(GENESIS_SCHEDULE, NEWCOMER, 9) == 20
+    assert lowest_handover(GENESIS_SCHEDULE, V0[1], 5) is None  # a member is added by none
     assert handover_to_join(scheduled(ADDED), V0[1], 5) is None  # (it stays: joins nothing)
 
 
@@ -111,21 +115,29 @@ def test_the_new_sets_round_of_c_plus_1_kept_while_following_is_processed_after_
 
 
 def test_a_follower_that_has_not_imported_the_change_keeps_what_it_will_need() -> None:
-    """At head 5 the newcomer knows nothing of the change passed in 8: it checks the new
-    set's messages with the set it expects (the last one plus itself), the old set's
-    CHECKPOINTs with the one it knows; once b is imported, the same messages are kept."""
+    """At head 5 the newcomer knows nothing of the change passed in 8: it keeps the
+    messages that name a later epoch than it knows, signed by a member of the set it knows,
+    up to FOLLOWER_LAG heights beyond the window of the lowest c (10), and the old set's
+    CHECKPOINTs; once b is imported, those of the real window stay, and its replica takes
+    them (dropping one whose index names another member than its signer)."""
     kept = buffer()
     for data in [*round_of(C + 1), *old_checkpoints()]:
         assert kept.keep(data, GENESIS_SCHEDULE, 5)
-    assert not kept.keep(wire(Prepare(0, C + 1, digest(C + 1), 1), REORDERED),
-                         GENESIS_SCHEDULE, 5)  # replica 1 is another member than its signer
+    assert kept.keep(wire(Prepare(0, C + 2, digest(C + 2), 1), REORDERED), GENESIS_SCHEDULE, 5)
+    outsider = (*V0, POOL[5])  # not a member of the set it knows
+    assert not kept.keep(wire(Commit(0, C + 1, digest(C + 1), 4), outsider), GENESIS_SCHEDULE, 5)
     assert not kept.keep(wire(Commit(0, C + 1, digest(C + 1), 1), epoch=0), GENESIS_SCHEDULE, 5)
+    far = C + L + FOLLOWER_LAG
+    assert kept.keep(wire(Prepare(0, far, digest(far), 1)), GENESIS_SCHEDULE, 5)
+    assert not kept.keep(wire(Prepare(0, far + 1, digest(far), 1)), GENESIS_SCHEDULE, 5)
+    assert len(kept) == 8 + 3 + 1 + 1
     kept.keep(wire(Commit(0, C + 2, digest(C + 2), 1)), scheduled(ADDED), 8)  # b imported
-    assert len(kept) == 1 + 3 + 4 + 3 + 1
+    assert len(kept) == 8 + 3 + 1 + 1  # (the one far beyond c + L went)
     driven = joined()
     for data in kept.take():
         driven.step(MessageReceived(data))
     assert driven.replica.last_exec == C + 1
+    assert driven.replica.dropped["SignatureError"] == 1  # REORDERED's replica 1 is V0[2]
 
 
 def test_messages_outside_the_window_or_not_the_replicas_to_take_keep_nothing() -> None:
