@@ -6,7 +6,8 @@ The buffer only ever holds messages signed by their senders, and the replica ver
 one again as it is fed (`MessageReceived`), so feeding them is the network delivering them
 late: what held below is that the replica judges them as it would live (an old view, a
 signer outside the set it joins, a primary's second proposal for one slot). The finding is
-in the guess the buffer makes of the handover it may join at.
+in the guess the buffer makes of the handover it may join at, and in the byte bound's choice
+of what goes.
 
 Finding 1 (not consensus, the adapter): `lowest_handover` asks the schedule for a change
 that appends this node to the last set known; with an override scheduled (config.pbft.
@@ -15,6 +16,11 @@ the override, and `EpochSchedule.schedule` raises ConfigError ("the change leave
 validator set as it is"). `JoinBuffer.keep` raises it for every consensus message the node
 hears until the override's block is near (the engine offers it each one after its replica's
 step; the transport logs a traceback per message and charges nothing).
+
+Finding 2 (liveness, a view change): over the byte bound the oldest message of the sender
+holding the most bytes goes. A byzantine member that keeps below the honest new primary's
+bytes makes that primary the heaviest, and its oldest message is its PRE-PREPARE of c+1,
+the one the buffer exists to keep, once the primary's blocks in flight pass bound / (f + 1).
 
 Setting (as `tests/unit/pbft/test_join_buffer.py`): four validators (K = 10, L = 40, W = 2)
 vote a fifth in; the change passes in block 8, so c = 10 and the newcomer votes from 11.
@@ -32,6 +38,7 @@ from eth_hash.auto import keccak
 from pbft_engine.core import ChainHead, MessageReceived, Replica
 from pbft_engine.core.epochs import EpochSchedule
 from pbft_engine.core.joining import FOLLOWER_LAG, JoinBuffer
+from pbft_engine.core.params import EngineParams
 from pbft_engine.messages import (
     Authenticator,
     Checkpoint,
@@ -92,6 +99,33 @@ def test_a_validator_an_override_removes_keeps_nothing_and_raises_nothing() -> N
     kept = JoinBuffer(params, KeyVerifier(), V0[3])
     assert not kept.keep(wire(Prepare(0, 6, digest(6), 1), V0), schedule, 5)
     assert len(kept) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="finding 2: with the honest primary's in-flight blocks "
+                   "over half the byte bound, one member pushes out its PRE-PREPARE of c+1")
+def test_a_member_cannot_push_the_new_primarys_first_proposal_out_of_the_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module says a member's flood pushes out only its own. Interleaving (bound scaled
+    to 100 kB, as test_join_buffer's own test does; at the defaults: 64 MiB, the honest
+    primary's max_in_flight blocks over 32 MiB, e.g. W = 10 blocks of 3.3 MiB, or W = 2
+    near the 16 MiB frame): the new primary (V0[0]) proposes c+1 .. c+3 with 20 kB blocks
+    while the joiner still follows (60 kB, over half the bound); a byzantine member (V0[1],
+    view 1's primary) sends PRE-PREPAREs of view 1 with 5 kB blocks until the bound is
+    passed while holding less than the primary: the heaviest sender is then the honest
+    primary, whose oldest kept message, the PRE-PREPARE of c+1, goes. Correct: the new
+    primary's proposal of c+1 is still there to be fed after the join."""
+    monkeypatch.setattr(EngineParams, "future_block_bytes", property(lambda self: 100_000))
+    kept = buffer()
+    proposals = []
+    for n in (C + 1, C + 2, C + 3):
+        proposed = b"block %d " % n + b"." * 20_000
+        proposals.append(wire(PrePrepare(0, n, keccak(proposed), 0), blocks=(proposed,)))
+        assert kept.keep(proposals[-1], JOINED, 9)
+    for n in range(C + 1, C + 10):
+        flood = b"flood %d " % n + b"x" * 5_000
+        kept.keep(wire(PrePrepare(1, n, keccak(flood), 1), blocks=(flood,)), JOINED, 9)
+    assert kept.kept_bytes <= 100_000
+    assert proposals[0] in kept.take()
 
 
 # --- what held -------------------------------------------------------------------------------
