@@ -84,12 +84,15 @@ def handover_to_join(schedule: EpochSchedule, address: bytes, head: int) -> int 
 
 def lowest_handover(schedule: EpochSchedule, address: bytes, head: int) -> int | None:
     """The lowest handover checkpoint at which a change not known yet could add `address`:
-    one passing in the block after `head`, appending it to the last set known (None: it is
-    a member of that set, or an override takes over first)."""
-    last = schedule.epochs[-1]
-    if address in last.validators:
+    one passing in the block after `head`, appending it to the set such a change would
+    change (None: it is a member of that set, or an override takes over first). Not the
+    last epoch's set: an override may be last, and a change to the set before it that
+    adds back what the override removed would change nothing (the attack review s8-joiner,
+    finding 1)."""
+    changed = schedule.after_changes(head + 1)
+    if address in changed:
         return None
-    added = schedule.schedule((*last.validators, address), passed_at=head + 1)
+    added = schedule.schedule((*changed, address), passed_at=head + 1)
     return None if added is schedule else handover_to_join(added, address, head)
 
 

@@ -9,7 +9,8 @@ signer outside the set it joins, a primary's second proposal for one slot). The 
 in the guess the buffer makes of the handover it may join at, and in the byte bound's choice
 of what goes.
 
-Finding 1 (not consensus, the adapter): `lowest_handover` asks the schedule for a change
+Finding 1 (fixed: the guess appends it to `EpochSchedule.after_changes`; not consensus, the
+adapter): `lowest_handover` asked the schedule for a change
 that appends this node to the last set known; with an override scheduled (config.pbft.
 transitions) that removes only this node, the last of its set, that change is the set before
 the override, and `EpochSchedule.schedule` raises ConfigError ("the change leaves the
@@ -84,16 +85,15 @@ def senders(kept: JoinBuffer) -> Counter[bytes]:
 # --- finding 1 -----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: keep raises ConfigError when an override "
-                   "removes only this node, the last of its set")
 def test_a_validator_an_override_removes_keeps_nothing_and_raises_nothing() -> None:
     """Interleaving: the operators schedule an override at block 30 (transitions) that
     removes V0[3], the last of the genesis set; V0[3] still votes up to 29 (its node runs
     with the new genesis). At head 5 a member's PREPARE reaches it: the engine steps its
     replica, then offers the message to its JoinBuffer, whose guess (a change appending
     V0[3] to the last set, the override's) is the genesis set again, which the schedule
-    refuses with ConfigError. Correct: nothing is kept (no change known or possible adds it
-    before the override takes over), and keep returns False."""
+    refuses with ConfigError. Fixed: the guess changes the set a change would change
+    (`EpochSchedule.after_changes`), which holds V0[3]. Correct: nothing is kept (no change
+    known or possible adds it before the override takes over), and keep returns False."""
     params = replace(PARAMS, transitions=((30, V0[:3]),))
     schedule = EpochSchedule.genesis(params)
     kept = JoinBuffer(params, KeyVerifier(), V0[3])
