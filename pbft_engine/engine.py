@@ -189,7 +189,7 @@ class PbftEngine(ConsensusEngine):
                 None,
                 KeySigner(key.to_bytes()),
                 KeyVerifier(),
-                ChainHead(head.block_number, head.hash),
+                ChainHead(head.block_number, head.hash, head.state_root),
                 self.store,
                 block_digest=block_hash_of,
                 signing_bound=self.state_file.read(),

@@ -236,6 +236,21 @@ def check_restored(replica: Replica) -> None:
         forget_unproven(replica, epochs[1].first, keep_verified_prepared=True)
 
 
+def checkpoint_restored_head(replica: Replica) -> None:
+    """Our CHECKPOINT at the head a replica starts at, if it is a checkpoint multiple above
+    the stable checkpoint and none is held: the chain committed the block and the node
+    crashed before its core heard of it (only `BlockCommitted` and `FetchCompleted` sign
+    one). Elsewhere the next checkpoint makes up for it; at a handover checkpoint c the high
+    watermark stops at c until Q of the old set hold it stable, and without this one the
+    chain may stop there for good. The state root comes with the head (`ChainHead`); one
+    signed before the crash is the same (`Replica._sign` keeps one CHECKPOINT per seqNo)."""
+    head = replica.started_at
+    if (head.state_root and head.seq_no % replica.params.checkpoint_interval == 0
+            and head.seq_no > replica.stable_checkpoint
+            and replica.checkpoints.mine(head.seq_no) is None):
+        replica._send_checkpoint(head.seq_no, head.block_hash, head.state_root)
+
+
 def stand_on_override(replica: Replica) -> None:
     """An override takes over after block c = its first height - 1, which no quorum of the
     old set may ever make stable (more than f of it are gone: what the override is for).

@@ -63,6 +63,7 @@ from pbft_engine.core.handover import (
     awaits_primary,
     beyond_handover,
     check_restored,
+    checkpoint_restored_head,
     complete_proof,
     high_watermark,
     install,
@@ -193,6 +194,7 @@ class Replica:
         # The highest head a peer proved with its certificate (block sync's STATUS answers):
         # kept, since one that arrives while this replica is busy is fetched afterwards.
         self.peer_head: tuple[int, bytes] = (head.seq_no, head.block_hash)
+        self.started_at = head  # (restored: it may owe the head's CHECKPOINT, `_resume`)
         self.missed_fetches = 0  # fetches in a row that imported nothing
         self.block_due = False
         self.trailing_owed = False  # the last block executed here held transactions
@@ -629,6 +631,7 @@ class Replica:
 
     def _resume(self) -> None:
         check_restored(self)  # (in a step: what it forgets is written)
+        checkpoint_restored_head(self)
         if self.joined:  # (`join`: h, the stable checkpoint and the view, before any vote)
             self._persist_meta()
         if self.params.empty_blocks:

@@ -14,10 +14,13 @@ BlockDigest = Callable[[bytes], bytes | None]
 
 @dataclass(frozen=True)
 class ChainHead:
-    """The last block imported into the chain (the last executed seqNo)."""
+    """The last block imported into the chain (the last executed seqNo), and its state root
+    (b"": not given). `Replica.restore` needs the root: a head at a checkpoint multiple may
+    still owe its CHECKPOINT (`handover.checkpoint_restored_head`)."""
 
     seq_no: int
     block_hash: bytes
+    state_root: bytes = b""
 
 
 # Commits that may pass over the oldest waiting request before they stop restarting the

@@ -150,7 +150,7 @@ class SimChain:
     @property
     def head(self) -> ChainHead:
         return ChainHead(len(self.blocks), self.blocks[-1].block_hash if self.blocks
-                         else GENESIS_HASH)
+                         else GENESIS_HASH, self.state_root)
 
     @property
     def state_root(self) -> bytes:

@@ -439,16 +439,15 @@ def test_a_validator_voted_out_and_in_again_causes_no_view_change() -> None:
     assert [node.view_changes for node in cluster.nodes] == [0, 0]
 
 
-@pytest.mark.xfail(strict=True, reason="no CHECKPOINT at c after a crash at c (issue 31)")
 def test_a_replica_that_crashed_as_it_committed_c_still_hands_over() -> None:
     """Two validators vote a third in (the handover needs both old CHECKPOINTs at c = 4).
     Validator 1's chain commits block 4 and the node crashes before its core hears of it
-    (`arm_crash` at "chain"). Restored at head 4, its core never signs CHECKPOINT(4): only
-    BlockCommitted and FetchCompleted sign one, and a restored head carries no state root.
-    Without a change that costs nothing (the next checkpoint proves the window); at a
+    (`arm_crash` at "chain"). Restored at head 4, its core signed CHECKPOINT(4) only on
+    BlockCommitted and FetchCompleted, and a restored head carried no state root: at a
     handover the high watermark stops at c until the checkpoint at c is stable, so the chain
-    stops at 4 for good, the two changing views for ever (chaos seed 39 at N = 1, 1 -> 2,
-    drew it when chaos seeds first voted changes)."""
+    stopped at 4 for good, the two changing views for ever (chaos seed 39 at N = 1, 1 -> 2,
+    drew it when chaos seeds first voted changes). The head now carries its state root and
+    the restored core signs its CHECKPOINT there (`handover.checkpoint_restored_head`)."""
     cluster = Cluster(2, spare=1)
     cluster.vote(2, True)
     cluster.arm_crash(1, "chain", countdown=4)  # its fourth block committed: c

@@ -304,7 +304,7 @@ def _role_at_start(datadir: Path, seed: bytes, schedule: EpochSchedule,
     engine.engine_params = PARAMS
     engine.store = store  # type: ignore[assignment]
     engine.context = SimpleNamespace(  # type: ignore[assignment]
-        head=lambda: SimpleNamespace(block_number=C, hash=digest(C)),
+        head=lambda: SimpleNamespace(block_number=C, hash=digest(C), state_root=state(C)),
         validator_key=PrivateKey(keccak(seed)), datadir=datadir, fresh_validator=False)
     engine.feed = EpochFeed(EpochSchedule.genesis(PARAMS), lambda h: schedule)
     engine.log = SimpleNamespace(warning=lambda *a: None,  # type: ignore[assignment]
