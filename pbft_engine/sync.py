@@ -294,9 +294,12 @@ class BlockSync:
         elif not (self.observer and sender in self.feed.members()
                   and status.head_number > max(mine.last_executed, mine.fetching or 0)):
             return  # unasked, and not a validator's news for an observer: not worth a check
-        if status.new_view and not self.observer:
-            self._offer_new_view(status.new_view, mine.view)
-        if status.head_number <= mine.last_executed:
+        later = bool(status.new_view) and not self.observer and self._offer_new_view(
+            status.new_view, mine.view)
+        # Our own head's certificate too, from a peer in a later view: it proves that view to
+        # a replica that cannot take the NEW-VIEW (another epoch's: `join_certified_view`).
+        if status.head_number < mine.last_executed or (
+                status.head_number == mine.last_executed and not later):
             return
         epoch = self.feed.epoch_at(status.head_number)
         if epoch is None:
@@ -360,19 +363,20 @@ class BlockSync:
         if horizon > self.replica_status().last_executed:
             self.deliver(PeerCommitted(horizon, block_hash, certificate))
 
-    def _offer_new_view(self, data: bytes, view: int) -> None:
+    def _offer_new_view(self, data: bytes, view: int) -> bool:
         """A NEW-VIEW for a view above ours goes to the replica, which verifies it (views only
-        grow: one found not above ours never will be)."""
+        grow: one found not above ours never will be); True if it went."""
         if data == self._old_new_view:
-            return
+            return False
         try:
             new_view = decode_signed_bytes(data, NewView)
         except MessageError:
-            return
+            return False
         if new_view.body.view > view:
             self.deliver(MessageReceived(WireMessage(new_view).encode()))
-        else:
-            self._old_new_view = data
+            return True
+        self._old_new_view = data
+        return False
 
     def _on_block(self, sender: bytes, answer: Block) -> None:
         """A copy of a wanted body: the replica checks it against the digest, and asks again

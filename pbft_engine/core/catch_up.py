@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pbft_engine.core.actions import FetchCommitted
 from pbft_engine.core.events import FetchCompleted, FetchFailed, PeerCommitted
+from pbft_engine.core.new_view import join_certified_view
 from pbft_engine.core.status import MAX_PASSED_OVER
 from pbft_engine.errors import MessageError
 
@@ -100,7 +101,9 @@ def on_peer_committed(replica: Replica, event: PeerCommitted) -> None:
     """A peer committed a block we have not: fetch it unless our own work is under way.
     The next block is committed here on the peer's certificate instead, with the body we
     hold or fetch by digest: a peer that proves its head and then refuses to serve it
-    would otherwise hold us in catch-up."""
+    would otherwise hold us in catch-up. Its certificate may prove a later view too (at the
+    head as well: `join_certified_view`)."""
+    join_certified_view(replica, event)
     if event.seq_no <= replica.last_exec:
         return
     replica.peer_head = max(replica.peer_head, (event.seq_no, event.block_hash))

@@ -130,7 +130,10 @@ class PeerCommitted:
     The adapter reports it when this replica made no progress for a while, so a replica that
     missed blocks inside its window (or started empty) catches up on a quiet chain too. The
     certificate lets the replica commit the next block itself when it holds its body (or can
-    fetch it from any peer by digest), whoever claimed it.
+    fetch it from any peer by digest), whoever claimed it. A certificate in a later view than
+    the replica's proves that view (`new_view.join_certified_view`): the adapter reports the
+    certificate of the replica's own head too when the STATUS answer that brought it carries
+    a NEW-VIEW above the replica's view (which it may not be able to take: another epoch's).
     """
 
     seq_no: int

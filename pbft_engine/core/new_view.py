@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pbft_engine.core.actions import CancelTimer
-from pbft_engine.core.events import TimerKind
+from pbft_engine.core.events import PeerCommitted, TimerKind
 from pbft_engine.core.handover import (
     adopt_view_change_checkpoint,
     before_installed,
@@ -29,7 +29,14 @@ from pbft_engine.core.view_change import (
     verify_view_change,
 )
 from pbft_engine.errors import MessageError
-from pbft_engine.messages import NewView, PrePrepare, Signed, ViewChange, WireMessage
+from pbft_engine.messages import (
+    NewView,
+    PrePrepare,
+    Signed,
+    ViewChange,
+    WireMessage,
+    decode_commit_certificate,
+)
 
 if TYPE_CHECKING:
     from pbft_engine.core.replica import Replica
@@ -132,10 +139,7 @@ def on_new_view(replica: Replica, wire: WireMessage[NewView]) -> None:
 
 
 def install_new_view(replica: Replica, new_view: Signed[NewView], plan: NewViewPlan) -> None:
-    replica._out.append(CancelTimer(TimerKind.NEW_VIEW, u64(replica.view)))
-    replica._out.append(CancelTimer(TimerKind.VIEW_CHANGE_RESEND, u64(replica.view)))
-    replica.active, replica.new_view_timer_armed = True, False
-    replica.proposed, replica.held = {}, None  # the new primary builds on O
+    enter_view(replica)
     replica.last_new_view = new_view
     replica._put(StoreName.META, META_NEW_VIEW, new_view.encode())
     replica._put(StoreName.NEW_VIEWS, u64(new_view.body.view), new_view.encode())
@@ -150,7 +154,52 @@ def install_new_view(replica: Replica, new_view: Signed[NewView], plan: NewViewP
     for pre_prepare in new_view.body.pre_prepares:
         body = pre_prepare.body
         adopt_pre_prepare(replica, pre_prepare, kept[(body.seq_no, body.digest)])
-    replica.seq_no = max([replica.low_watermark, replica.last_exec, *(n for n, _ in plan.entries)])
+    go_on_in_view(replica, max((n for n, _ in plan.entries), default=0))
+
+
+def join_certified_view(replica: Replica, event: PeerCommitted) -> None:
+    """Views are monotonic across epochs, but a NEW-VIEW counts only in its own epoch (one of
+    an epoch older than the one just replaced may be forged with retired keys: the attack
+    review core8): a replica that missed a view change and caught up past later handovers
+    would wait in its older view while the others go on in the newer one (chaos seed 4 at
+    N = 7). A commit certificate of the installed epoch's set in view v, for a height it
+    decides, proves that a quorum of that set was active in v: the replica goes there,
+    active, unless it holds a block prepared above its head (the move carries no P set; a
+    block committed below v had Q - f correct replicas prepare it, which hold it prepared
+    until they execute it, so they move only by VIEW-CHANGE and NEW-VIEW, which carry it).
+    docs/epochs.md, "A view proved by a commit certificate"."""
+    epochs = replica.epochs
+    if replica.left or epochs.schedule.epoch_at(event.seq_no) != epochs.current or (
+            replica.log.prepared_above(replica.last_exec)):
+        return
+    try:
+        view = decode_commit_certificate(event.certificate)[0].body.view
+        if view < replica.view or (view == replica.view and replica.active):
+            return
+        epochs.verify_certificate(event.certificate, event.seq_no, event.block_hash)
+    except (MessageError, IndexError):  # (IndexError: no COMMIT in it)
+        return
+    if view > replica.view:  # the others moved on without us, as with a NEW-VIEW not asked for
+        replica._count_view_change("new_view")
+    replica.view = view
+    enter_view(replica)
+    replica.log.forget_view_messages_below(view)
+    go_on_in_view(replica, 0)
+
+
+def enter_view(replica: Replica) -> None:
+    """Active in `replica.view`: its view change's timers stop, and the primary builds anew
+    (on O, if a NEW-VIEW brought it there)."""
+    replica._out.append(CancelTimer(TimerKind.NEW_VIEW, u64(replica.view)))
+    replica._out.append(CancelTimer(TimerKind.VIEW_CHANGE_RESEND, u64(replica.view)))
+    replica.active, replica.new_view_timer_armed = True, False
+    replica.proposed, replica.held = {}, None
+
+
+def go_on_in_view(replica: Replica, top: int) -> None:
+    """The rest of entering a view: the next seqNo follows the head and `top` (O's last),
+    every waiting request is timed and relayed anew, and what was held for it is taken."""
+    replica.seq_no = max(replica.low_watermark, replica.last_exec, top)
     replica._persist_meta()
     replica._check_recovered()
     replica._new_oldest()  # the new primary gets the whole bound again

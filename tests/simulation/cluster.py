@@ -1076,18 +1076,21 @@ class Cluster:
 
     def _on_status(self, node: Node, peer: Node) -> None:
         """STATUS from a peer: the NEW-VIEW it is in, if later than ours, and its head, if
-        ahead of ours and its certificate proves it (checked as block sync checks it: a
+        ahead of ours (or ours, with that NEW-VIEW: its view may be proved by the head's
+        certificate) and its certificate proves it (checked as block sync checks it: a
         byzantine peer claims heads it cannot prove)."""
         assert node.replica is not None
-        new_view = peer.store.get(StoreName.META, META_NEW_VIEW)
+        new_view, later = peer.store.get(StoreName.META, META_NEW_VIEW), False
         if new_view is not None:
             signed = decode_signed_bytes(new_view, NewView)
-            if signed.body.view > node.replica.view:
+            later = signed.body.view > node.replica.view
+            if later:
                 self.feed(node.index, MessageReceived(WireMessage(signed).encode()))
         if node.replica is None or not peer.chain.blocks:
             return
         number, head_hash, certificate = self._claimed_head(peer)
-        if number <= node.replica.status().last_executed:
+        last_executed = node.replica.status().last_executed
+        if number < last_executed or (number == last_executed and not later):
             return
         try:
             self.epochs.verify_certificate(certificate, number, head_hash)
