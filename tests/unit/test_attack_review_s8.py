@@ -13,11 +13,13 @@ view v in epoch k (its VIEW-CHANGE is epoch k's) and was cut off while the other
 v and went on in it past two handovers waits in v, not active, once it catches up: the
 others' NEW-VIEW of v is two epochs old (refused), it is not above v (block sync does not
 even offer it), and on a quiet chain every peer's head is the replica's own, so the
-certificate that would take it into v, active (the core does: `test_handover_gaps`'s
-`test_a_replica_waiting_in_the_view_a_certificate_proves_goes_active`), never reaches it.
-One new-view timeout later (`leave_old_epoch_view`, or the stale NEW-VIEW answering its
-resent VIEW-CHANGE) it asks alone for v + 1 and is stranded there, out of the quorum, until
-the others change view: the harm issue 31's seed 4 names.
+certificate that takes it into v, active (the core does), never reaches it. It stays out of
+the quorum (one of the f faults spent) until the next block or view change: with its stable
+checkpoint still epoch k's it cannot even ask for v + 1; with a later one, one new-view
+timeout after the stale NEW-VIEW it asks alone and is stranded there. Fix: pass the held
+head's certificate on when the replica is not active as well (one condition in
+`BlockSync._on_status` and the simulator's `_on_status` / `_useful_peer`), or decode the
+certificate's view as 779086e did.
 
 Held (passing tests): a certificate mixing views (a byzantine member's COMMIT for the last
 view first) moves nothing, nor does an empty or undecodable one; a replica that waits in v
@@ -46,38 +48,42 @@ from encoding.rlp import MAX_UINT64
 from pbft_engine.core import (
     BlockBuilt,
     ChainHead,
+    FetchCompleted,
     LeftValidatorSet,
-    Mode,
+    MessageReceived,
     PeerCommitted,
     Replica,
-    ReplicaStatus,
     RequestReceived,
     ScheduleChange,
     TimerFired,
     TimerKind,
 )
+from pbft_engine.core.records import u64
 from pbft_engine.core.signing_bound import SigningBound
+from pbft_engine.epoch_feed import EpochFeed
 from pbft_engine.messages import (
-    Authenticator,
     Commit,
     KeyVerifier,
     NewView,
     Prepare,
+    ViewChange,
+    WireMessage,
     encode_commit_certificate,
 )
 from pbft_engine.record_store import MemoryConsensusStore
 from pbft_engine.sync import BlockSync
 from pbft_engine.sync_messages import Status, encode_sync
-from tests.unit.pbft.helpers import GENESIS, PARAMS, fixed_feed
-from tests.unit.pbft.test_pbft_catch_up import CHAIN_ID, SyncPeers
-from tests.unit.pbft.test_pbft_catch_up import SIGNERS as SYNC_SIGNERS
-from tests.unit.pbft.test_pbft_catch_up import VALIDATORS as SYNC_VALIDATORS
+from tests.unit.pbft.helpers import GENESIS, PARAMS
+from tests.unit.pbft.test_pbft_catch_up import SyncPeers
 from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, REMOVED, V0, scheduled, signed
 from tests.unit.test_attack_review_core8 import (
     E4,
+    SETS,
+    E,
     N,
     member_of_epoch_4,
     prepared_x,
+    rotation,
     view_1_commits_y,
 )
 from tests.unit.test_handover_gaps import certified, checkpoints_sent
@@ -95,60 +101,75 @@ from tests.unit.test_replica_handover import (
 
 # --- finding 1: block sync never passes on the head's certificate of the view it waits in ----
 
+E1, E2 = SETS[0], SETS[1]  # epoch 1 (A, B, C, D, E) decides 11..20, epoch 2 (B, C, D, E) 21..30
+HEAD_41 = certified(N, 1, (0, 1, 3))  # C, D and F of epoch 4, in view 1
+NEW_VIEW_1 = signed(NewView(1, tuple(signed(ViewChange(1, 20, (), (), (), i), E2, 2)
+                                     for i in (0, 1, 2)), (), 1), E2, 2)  # C: view 1's primary
 
-def sync_after_a_quiet_poll(status: ReplicaStatus, delivered: list[object]) -> BlockSync:
-    """Block sync of a replica in `status` that made no progress for a poll: it asked every
-    peer where it is (a quiet chain)."""
-    peers = SyncPeers()
-    sync = BlockSync(peers, None, fixed_feed(SYNC_VALIDATORS),  # type: ignore[arg-type]
-                     deliver=delivered.append, replica_status=lambda: status,
-                     held_block=lambda n, d: None,
+
+def waits_in_view_1_past_two_handovers() -> Driven:
+    """E in epoch 2 (block 20 committed, stable with Q of epoch 1) asks for view 1 when its
+    primary keeps a transaction waiting: its VIEW-CHANGE is epoch 2's. It is cut off while
+    the others complete view 1 there and go on in it past the handovers at 30 and 40 to
+    block 41, committed in view 1 by C, D and F; then the chain goes quiet. The head's
+    certificate reaches E while epoch 2 is installed (it cannot move it: another epoch's
+    height), so E fetches to 41, which installs epoch 4; the others' NEW-VIEW of view 1,
+    answering its resent VIEW-CHANGE, is two epochs old (refused), and when the new-view
+    timer it arms runs out E cannot ask for view 2 either (its stable checkpoint is epoch
+    2's). It waits in view 1, not active, at the others' head."""
+    driven = Driven(Replica(PARAMS, None, KEYS[E], KeyVerifier(), ChainHead(19, digest(19)),
+                            block_digest=keccak, schedule=rotation()))
+    commit_through(driven, 20, voters=range(5), epoch_set=E1)
+    checkpoint_from(driven, (0, 1, 2, 3), 20, E1)
+    driven.step(RequestReceived(keccak(b"a transfer")))
+    driven.step(TimerFired(TimerKind.REQUEST, b""))
+    driven.step(HEAD_41)
+    driven.step(FetchCompleted(N, digest(N), state(N), ()))
+    driven.step(MessageReceived(WireMessage(NEW_VIEW_1).encode()))
+    driven.step(TimerFired(TimerKind.NEW_VIEW, u64(1)))
+    replica = driven.replica
+    assert (replica.epochs.current.number, replica.last_exec, replica.stable_checkpoint) == (
+        4, N, 20)
+    assert (replica.view, replica.active) == (1, False)
+    return driven
+
+
+
+def after_a_quiet_poll(driven: Driven) -> Driven:
+    """E's block sync finds no progress for a poll and asks every peer where it is; each
+    answers with head 41, its certificate, and the NEW-VIEW it is in (view 1's)."""
+    feed = EpochFeed(rotation(), lambda block_hash: rotation())
+    feed.refresh(N, digest(N))
+    peers = SyncPeers(chain_id=PARAMS.chain_id)
+    sync = BlockSync(peers, None, feed, deliver=driven.step,  # type: ignore[arg-type]
+                     replica_status=driven.replica.status, held_block=driven.replica.block_for,
                      chain_lock=asyncio.Lock(), poll_interval=1.0)
     sync.start()
     peers.tick()  # progress seen
     peers.tick()  # none since: ask every peer where it is
-    return sync
-
-
-def in_view_2(active: bool) -> ReplicaStatus:
-    """At the peers' head, 5, in view 2: active, or asked for it and waiting."""
-    return ReplicaStatus(view=2, active=active, seq_no=5, low_watermark=0, high_watermark=40,
-                         primary=2, stable_checkpoint=0, last_executed=5, fetching=None,
-                         mode=Mode.NORMAL if active else Mode.VIEW_CHANGE)
-
-
-HEAD = keccak(b"head 5")
-AUTH = Authenticator(CHAIN_ID, SYNC_VALIDATORS, KeyVerifier())
-CERTIFIED_IN_2 = encode_commit_certificate(
-    AUTH.sign(Commit(2, 5, HEAD, i), SYNC_SIGNERS[i]) for i in range(3))
-NEW_VIEW_2 = AUTH.sign(NewView(2, (), (), 2), SYNC_SIGNERS[2]).encode()
-
-
-def peers_answer_in_view_2(status: ReplicaStatus) -> list[object]:
-    """Every peer is active in view 2 (its NEW-VIEW, of an epoch the replica cannot take it
-    from) at head 5, committed in view 2: what reaches the replica."""
-    delivered: list[object] = []
-    sync = sync_after_a_quiet_poll(status, delivered)
-    for peer in (b"a" * 20, b"b" * 20, b"c" * 20):
-        sync.on_message(peer, encode_sync(Status(5, HEAD, CERTIFIED_IN_2, NEW_VIEW_2)))
-    return delivered
+    for peer in peers.peers():
+        sync.on_message(peer, encode_sync(Status(N, digest(N), HEAD_41.certificate,
+                                                 NEW_VIEW_1.encode())))
+    return driven
 
 
 @pytest.mark.xfail(strict=True, reason="the attack review s8, finding 1: block sync passes on "
                    "a held head's certificate only with a NEW-VIEW above the replica's view")
-def test_a_replica_waiting_in_the_peers_view_gets_the_certificate_that_proves_it() -> None:
-    """The replica asked for view 2 in an epoch two handovers back and was cut off; the
-    others completed view 2 there and went on in it; it caught up by a fetch (in its old
-    epoch when the peers' head came, so that certificate could not move it) and now waits
-    in view 2, not active, at the peers' head, on a quiet chain. The certificate of that
-    head, Q COMMITs of its installed set in view 2, is what `join_certified_view` takes it
-    into view 2 with; block sync drops it, since the answers' NEW-VIEW is not above view 2."""
-    assert PeerCommitted(5, HEAD, CERTIFIED_IN_2) in peers_answer_in_view_2(in_view_2(False))
+def test_a_replica_waiting_in_the_others_view_joins_it_on_a_quiet_chain() -> None:
+    """The STATUS answers carry what `join_certified_view` takes E into view 1 with (the
+    head's certificate: Q of its installed set in view 1, and E holds nothing prepared), but
+    block sync passes it on only when the answer's NEW-VIEW is above E's view, and view 1's
+    is not: E stays out of the quorum until a block or a view change."""
+    driven = after_a_quiet_poll(waits_in_view_1_past_two_handovers())
+    assert (driven.replica.view, driven.replica.active) == (1, True)
 
 
-def test_a_replica_active_in_the_peers_view_is_not_handed_its_own_head() -> None:
-    """The control of finding 1: active in view 2, nothing in the answers is news."""
-    assert peers_answer_in_view_2(in_view_2(True)) == []
+def test_the_head_s_certificate_takes_the_waiting_replica_into_the_view() -> None:
+    """The control of finding 1: the same certificate, handed to the core, does (the gap is
+    block sync's gate only)."""
+    driven = waits_in_view_1_past_two_handovers()
+    driven.step(HEAD_41)
+    assert (driven.replica.view, driven.replica.active) == (1, True)
 
 
 # --- held: what a certificate must be to move a replica --------------------------------------
