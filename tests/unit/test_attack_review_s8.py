@@ -21,20 +21,26 @@ head's certificate on when the replica is not active as well (one condition in
 `BlockSync._on_status` and the simulator's `_on_status` / `_useful_peer`), or decode the
 certificate's view as 779086e did.
 
-Held (passing tests): a certificate mixing views (a byzantine member's COMMIT for the last
-view first) moves nothing, nor does an empty or undecodable one; a replica that waits in v
-holding a block prepared above its head (its VIEW-CHANGE carries it) is not made active in
-v by a certificate of v (core8's fork, by the waiting route); a lower view's certificate
-never moves a replica back; a node restored at c after its records were wiped (amnesia)
-still signs CHECKPOINT(c), the same one any correct member signs, and no vote; a removed
-validator restored at a multiple above c signs nothing and only leaves.
+Held (passing tests): lying peers' STATUS answers with an unverified NEW-VIEW far above
+open block sync's gate, but the held head's certificate then moves nothing it does not
+prove (the gate saves work; the core checks); a certificate mixing views (a byzantine
+member's COMMIT for the last view first) moves nothing, nor does an empty or undecodable
+one; a replica that waits in v holding a block prepared above its head (its VIEW-CHANGE
+carries it) is not made active in v by a certificate of v (core8's fork, by the waiting
+route); a lower view's certificate never moves a replica back; a node restored at c after
+its records were wiped (amnesia) still signs CHECKPOINT(c), the same one any correct member
+signs, and no vote; a removed validator restored at a multiple above c signs nothing and
+only leaves.
 
 Why the certificate move holds against a fork (checked, no test: every interleaving needs a
-quorum that cannot exist): the first certificate of view v needs Q - f correct members that
-entered v by a NEW-VIEW, whose O carries every block committed below v; a conflicting block
+quorum that cannot exist): the first certificate of view v at a height of the installed
+epoch needs Q - f correct members that entered v otherwise than by a certificate: by a
+NEW-VIEW of that epoch, whose O carries every block committed below v; or by a join at c or
+the old set's NEW-VIEW, below which nothing of that epoch was committed. A conflicting block
 at n in v then needs Q - f correct replicas without O's entry at n, the movers, of which
 there are at most (N - f) - (Q - f) = N - Q, and f + N - Q < Q. Amnesia does not change
-that count (an amnesiac voter that moves is one of the N - Q).
+that count (an amnesiac voter that moves is one of the N - Q). A mover never votes again
+at a height it executed (a PRE-PREPARE there is dropped).
 """
 
 from __future__ import annotations
@@ -46,8 +52,10 @@ from eth_hash.auto import keccak
 
 from encoding.rlp import MAX_UINT64
 from pbft_engine.core import (
+    Action,
     BlockBuilt,
     ChainHead,
+    Event,
     FetchCompleted,
     LeftValidatorSet,
     MessageReceived,
@@ -134,10 +142,11 @@ def waits_in_view_1_past_two_handovers() -> Driven:
     return driven
 
 
-
-def after_a_quiet_poll(driven: Driven) -> Driven:
+def after_a_quiet_poll(driven: Driven, certificate: bytes = HEAD_41.certificate,
+                       new_view: bytes = NEW_VIEW_1.encode()) -> Driven:
     """E's block sync finds no progress for a poll and asks every peer where it is; each
-    answers with head 41, its certificate, and the NEW-VIEW it is in (view 1's)."""
+    answers with head 41, its certificate, and the NEW-VIEW it is in (by default view 1's,
+    of epoch 2)."""
     feed = EpochFeed(rotation(), lambda block_hash: rotation())
     feed.refresh(N, digest(N))
     peers = SyncPeers(chain_id=PARAMS.chain_id)
@@ -148,8 +157,7 @@ def after_a_quiet_poll(driven: Driven) -> Driven:
     peers.tick()  # progress seen
     peers.tick()  # none since: ask every peer where it is
     for peer in peers.peers():
-        sync.on_message(peer, encode_sync(Status(N, digest(N), HEAD_41.certificate,
-                                                 NEW_VIEW_1.encode())))
+        sync.on_message(peer, encode_sync(Status(N, digest(N), certificate, new_view)))
     return driven
 
 
@@ -170,6 +178,29 @@ def test_the_head_s_certificate_takes_the_waiting_replica_into_the_view() -> Non
     driven = waits_in_view_1_past_two_handovers()
     driven.step(HEAD_41)
     assert (driven.replica.view, driven.replica.active) == (1, True)
+
+
+def test_a_lying_peer_s_new_view_opens_the_gate_but_moves_nothing() -> None:
+    """Block sync decodes a STATUS answer's NEW-VIEW but does not verify it: lying peers
+    answer with D's NEW-VIEW for view 99 (no VIEW-CHANGE in it) to have E's own head's
+    certificate (view 0) passed on. The NEW-VIEW is refused and the certificate proves no
+    view E is not active in: the gate only saves work, it is no check."""
+    driven = member_of_epoch_4()
+    commit_through(driven, N, voters=range(4), epoch_set=E4)
+    forged = signed(NewView(99, (), (), 1), E4, 4).encode()
+    delivered: list[object] = []
+    step = driven.step
+
+    def spied(event: Event) -> list[Action]:
+        delivered.append(event)
+        return step(event)
+
+    driven.step = spied  # type: ignore[method-assign]
+    after_a_quiet_poll(driven, certified(N, 0, (0, 1, 3)).certificate, forged)
+    assert PeerCommitted(N, digest(N), certified(N, 0, (0, 1, 3)).certificate) in delivered
+    replica = driven.replica
+    assert (replica.view, replica.active, replica.halted) == (0, True, False)
+    assert driven.sent(ViewChange) == []
 
 
 # --- held: what a certificate must be to move a replica --------------------------------------
