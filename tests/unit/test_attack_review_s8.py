@@ -52,10 +52,8 @@ from eth_hash.auto import keccak
 
 from encoding.rlp import MAX_UINT64
 from pbft_engine.core import (
-    Action,
     BlockBuilt,
     ChainHead,
-    Event,
     FetchCompleted,
     LeftValidatorSet,
     MessageReceived,
@@ -184,20 +182,12 @@ def test_a_lying_peer_s_new_view_opens_the_gate_but_moves_nothing() -> None:
     """Block sync decodes a STATUS answer's NEW-VIEW but does not verify it: lying peers
     answer with D's NEW-VIEW for view 99 (no VIEW-CHANGE in it) to have E's own head's
     certificate (view 0) passed on. The NEW-VIEW is refused and the certificate proves no
-    view E is not active in: the gate only saves work, it is no check."""
+    view E is not active in (today's gate passes it on: it only saves work, it is no
+    check; a fix of finding 1 may close it to such lies too)."""
     driven = member_of_epoch_4()
     commit_through(driven, N, voters=range(4), epoch_set=E4)
     forged = signed(NewView(99, (), (), 1), E4, 4).encode()
-    delivered: list[object] = []
-    step = driven.step
-
-    def spied(event: Event) -> list[Action]:
-        delivered.append(event)
-        return step(event)
-
-    driven.step = spied  # type: ignore[method-assign]
     after_a_quiet_poll(driven, certified(N, 0, (0, 1, 3)).certificate, forged)
-    assert PeerCommitted(N, digest(N), certified(N, 0, (0, 1, 3)).certificate) in delivered
     replica = driven.replica
     assert (replica.view, replica.active, replica.halted) == (0, True, False)
     assert driven.sent(ViewChange) == []
