@@ -296,10 +296,11 @@ class BlockSync:
             return  # unasked, and not a validator's news for an observer: not worth a check
         later = bool(status.new_view) and not self.observer and self._offer_new_view(
             status.new_view, mine.view)
-        # Our own head's certificate too, from a peer in a later view: it proves that view to
-        # a replica that cannot take the NEW-VIEW (another epoch's: `join_certified_view`).
+        # Our own head's certificate too, from a peer in a later view or to a replica waiting
+        # in a view: it proves that view to a replica that cannot take the NEW-VIEW (another
+        # epoch's: `join_certified_view`; the attack review s8, finding 1).
         if status.head_number < mine.last_executed or (
-                status.head_number == mine.last_executed and not later):
+                status.head_number == mine.last_executed and mine.active and not later):
             return
         epoch = self.feed.epoch_at(status.head_number)
         if epoch is None:

@@ -1055,16 +1055,19 @@ class Cluster:
         if status.fetching is None and status.last_executed == node.last_progress:
             for peer in self.nodes:
                 if (peer is not node and peer.up
-                        and self._useful_peer(peer, status.view, status.last_executed)):
+                        and self._useful_peer(peer, status.view, status.last_executed,
+                                              status.active)):
                     self._ask_status(node, peer)
         node.last_progress = status.last_executed
         self._schedule(self.poll_interval_ms, node, _Poll())
 
     @staticmethod
-    def _useful_peer(peer: Node, view: int, last_executed: int) -> bool:
+    def _useful_peer(peer: Node, view: int, last_executed: int, active: bool) -> bool:
+        """A peer ahead, in a later view, or (to a replica waiting in a view) at its head,
+        whose certificate may prove a view."""
         assert peer.replica is not None
         new_view = peer.replica.last_new_view
-        return (len(peer.chain.blocks) > last_executed
+        return (len(peer.chain.blocks) > last_executed - (not active)
                 or (new_view is not None and new_view.body.view > view))
 
     def _ask_status(self, node: Node, peer: Node) -> None:
@@ -1089,8 +1092,9 @@ class Cluster:
         if node.replica is None or not peer.chain.blocks:
             return
         number, head_hash, certificate = self._claimed_head(peer)
-        last_executed = node.replica.status().last_executed
-        if number < last_executed or (number == last_executed and not later):
+        status = node.replica.status()
+        if number < status.last_executed or (
+                number == status.last_executed and status.active and not later):
             return
         try:
             self.epochs.verify_certificate(certificate, number, head_hash)

@@ -5,7 +5,7 @@ a STATUS answer's head that the replica holds too when the answer's NEW-VIEW is 
 view; and 00a9d58, a node restored at a checkpoint multiple its core never heard of signs
 its CHECKPOINT there (`handover.checkpoint_restored_head`).
 
-Finding (a strict xfail naming the interleaving; it passes once fixed):
+Finding (was a strict xfail naming the interleaving; fixed, it passes):
 1. LIVENESS (a regression of the amendment): 779086e let block sync pass on the head's
 certificate when the replica was not active in the certificate's view; 712db5f passes it on
 only when the STATUS answer's NEW-VIEW is ABOVE the replica's view. A replica that asked for
@@ -16,10 +16,9 @@ even offer it), and on a quiet chain every peer's head is the replica's own, so 
 certificate that takes it into v, active (the core does), never reaches it. It stays out of
 the quorum (one of the f faults spent) until the next block or view change: with its stable
 checkpoint still epoch k's it cannot even ask for v + 1; with a later one, one new-view
-timeout after the stale NEW-VIEW it asks alone and is stranded there. Fix: pass the held
-head's certificate on when the replica is not active as well (one condition in
-`BlockSync._on_status` and the simulator's `_on_status` / `_useful_peer`), or decode the
-certificate's view as 779086e did.
+timeout after the stale NEW-VIEW it asks alone and is stranded there. Fixed: the held
+head's certificate is passed on when the replica is not active as well (one condition in
+`BlockSync._on_status` and the simulator's `_on_status` / `_useful_peer`).
 
 Held (passing tests): lying peers' STATUS answers with an unverified NEW-VIEW far above
 open block sync's gate, but the held head's certificate then moves nothing it does not
@@ -47,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from eth_hash.auto import keccak
 
 from encoding.rlp import MAX_UINT64
@@ -159,8 +157,6 @@ def after_a_quiet_poll(driven: Driven, certificate: bytes = HEAD_41.certificate,
     return driven
 
 
-@pytest.mark.xfail(strict=True, reason="the attack review s8, finding 1: block sync passes on "
-                   "a held head's certificate only with a NEW-VIEW above the replica's view")
 def test_a_replica_waiting_in_the_others_view_joins_it_on_a_quiet_chain() -> None:
     """The STATUS answers carry what `join_certified_view` takes E into view 1 with (the
     head's certificate: Q of its installed set in view 1, and E holds nothing prepared), but
