@@ -50,7 +50,6 @@ from eth_hash.auto import keccak
 
 from encoding.rlp import MAX_UINT64
 from pbft_engine.core import (
-    BlockBuilt,
     ChainHead,
     FetchCompleted,
     LeftValidatorSet,
@@ -58,7 +57,6 @@ from pbft_engine.core import (
     PeerCommitted,
     Replica,
     RequestReceived,
-    ScheduleChange,
     TimerFired,
     TimerKind,
 )
@@ -69,7 +67,6 @@ from pbft_engine.messages import (
     Commit,
     KeyVerifier,
     NewView,
-    Prepare,
     ViewChange,
     WireMessage,
     encode_commit_certificate,
@@ -77,7 +74,7 @@ from pbft_engine.messages import (
 from pbft_engine.record_store import MemoryConsensusStore
 from pbft_engine.sync import BlockSync
 from pbft_engine.sync_messages import Status, encode_sync
-from tests.unit.pbft.helpers import GENESIS, PARAMS
+from tests.unit.pbft.helpers import PARAMS
 from tests.unit.pbft.test_pbft_catch_up import SyncPeers
 from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, REMOVED, V0, scheduled, signed
 from tests.unit.test_attack_review_core8 import (
@@ -92,14 +89,13 @@ from tests.unit.test_attack_review_core8 import (
 )
 from tests.unit.test_handover_gaps import certified, checkpoints_sent
 from tests.unit.test_replica_handover import (
-    PASSED_AT,
     C,
     Driven,
     backup,
-    block,
     checkpoint_from,
     commit_through,
     digest,
+    removed_primary_through_c,
     state,
 )
 
@@ -257,14 +253,7 @@ def test_a_removed_validator_restored_at_a_later_multiple_signs_nothing() -> Non
     """V0[0], removed at c = 10, left on block 11; its node followed the chain to block 20
     (a checkpoint multiple of the new set, which does not count it): restored there, it
     only leaves."""
-    driven = Driven(Replica(PARAMS, 0, KEYS[V0[0]], KeyVerifier(), ChainHead(PASSED_AT, GENESIS),
-                            block_digest=keccak))
-    driven.step(ScheduleChange(REMOVED, PASSED_AT))
-    for n in (9, 10):
-        driven.step(BlockBuilt(n, digest(n), block(n), ()))
-        for i in (1, 2):
-            driven.receive(Prepare(0, n, digest(n), i), V0)
-            driven.receive(Commit(0, n, digest(n), i), V0)
+    driven = removed_primary_through_c()
     checkpoint_from(driven, (1, 2))
     assert driven.replica.stable_checkpoint == C
     restored = Replica.restore(PARAMS, None, KEYS[V0[0]], KeyVerifier(),

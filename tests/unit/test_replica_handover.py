@@ -254,12 +254,9 @@ def test_a_catch_up_past_the_handover_installs_the_new_set() -> None:
 # --- step 2: identity by address; a removed validator leaves, an added one joins ------------
 
 
-def test_a_removed_validator_votes_up_to_c_then_leaves() -> None:
-    """V0[0], the primary of view 0, is removed: it proposes and votes up to block 10, its
-    CHECKPOINT at 10 counts toward the handover, it sends it again to a member that asks
-    every request timeout until a block above c is committed here (a member that lost it
-    would wait for ever: nothing but the handover comes after c); then it tells the adapter
-    it left and takes no further step (research 8.4, 8.8 item 12)."""
+def removed_primary_through_c() -> Driven:
+    """V0[0], view 0's primary, removed by the change that passed at PASSED_AT: it proposes
+    and commits blocks 9 and 10 (c) with validators 1 and 2."""
     driven = Driven(Replica(PARAMS, 0, KEYS[V0[0]], KeyVerifier(), ChainHead(PASSED_AT, GENESIS),
                             block_digest=keccak))
     driven.step(ScheduleChange(REMOVED, PASSED_AT))
@@ -268,6 +265,16 @@ def test_a_removed_validator_votes_up_to_c_then_leaves() -> None:
         for i in (1, 2):
             driven.receive(Prepare(0, n, digest(n), i), V0)
             driven.receive(Commit(0, n, digest(n), i), V0)
+    return driven
+
+
+def test_a_removed_validator_votes_up_to_c_then_leaves() -> None:
+    """V0[0], the primary of view 0, is removed: it proposes and votes up to block 10, its
+    CHECKPOINT at 10 counts toward the handover, it sends it again to a member that asks
+    every request timeout until a block above c is committed here (a member that lost it
+    would wait for ever: nothing but the handover comes after c); then it tells the adapter
+    it left and takes no further step (research 8.4, 8.8 item 12)."""
+    driven = removed_primary_through_c()
     own = Checkpoint(C, digest(C), state(C), 0)
     assert own in driven.sent(Checkpoint)
     checkpoint_from(driven, (1, 2))
