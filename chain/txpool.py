@@ -300,7 +300,9 @@ class TxPool:
             self._check_replacement(replaced.tx, tx)
         elif gapped and not gossiped:
             self._check_queue(account_nonce, queue)
-        entry = PoolEntry(tx, sender, size, next(self._arrivals), gossiped)
+        # a replacement keeps its origin: a fee bump sent elsewhere launders nothing
+        origin = replaced.gossiped if replaced is not None else gossiped
+        entry = PoolEntry(tx, sender, size, next(self._arrivals), origin)
         self._check_funds(entry, account_nonce, queue, max(base_fee, self.limits.price_limit))
         self._check_capacity(entry, replaced, queue, gapped=gapped)
         if replaced is not None:

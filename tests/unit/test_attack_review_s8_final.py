@@ -20,12 +20,9 @@ BOUND = 4  # the client's bound behind a gap (txpool.accountqueue, 200 by defaul
 OBSERVER = b"\x0b" * 20  # an observer's address: allowed to connect, not in the validator set
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 1: a client sends nonces 10-13 to validator A (its bound, all counted), then "
-    "fee bumps of the same nonces to validator B, which gossips them back to A: each "
-    "replacement takes the gossiped flag, A counts none of the client's gapped "
-    "transactions any more, and accepts 4 more from the same client (so on up to 1,024)"))
 def test_a_fee_bump_gossiped_back_launders_a_clients_gapped_transactions() -> None:
+    """Finding 1 (fixed: a replacement keeps the origin of what it replaces): a client fills
+    its bound at A, then sends fee bumps of the same nonces via B, which gossips them back."""
     pool = pool_with(Accounts(), max_queued_per_sender=BOUND)
     for nonce in range(10, 10 + BOUND):
         pool.add(tx(nonce=nonce), 120)
