@@ -201,6 +201,11 @@ class ConsensusEngine(ABC):
         bounds each peer's share of the loop runs it within that share, or drops it."""
         admit()
 
+    def is_validator(self, peer: bytes) -> bool:
+        """Whether `peer` is a validator of the set in force (its gossip is then what a
+        validator accepted first); an engine without peers has none but itself."""
+        return False
+
     @abstractmethod
     def is_proposer(self) -> bool:
         """Whether this node proposes the next block."""

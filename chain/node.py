@@ -357,15 +357,15 @@ class Node(RpcBackend):
         self.report_ready()
         return entry.tx.hash
 
-    def _decode(self, raw: bytes) -> Candidate:
+    def _decode(self, raw: bytes, *, gossiped: bool = False) -> Candidate:
         """Bounded in bytes and RLP items before decoding; checked alone (geth's order of
         messages), then its sender recovered."""
         tx = decode_raw_transaction(self.tx_builder, raw,
                                     self.config.pool_limits.max_transaction_size)
         self.pool.check_static(tx)
-        return Candidate(tx, recover_sender(tx), len(raw))
+        return Candidate(tx, recover_sender(tx), len(raw), gossiped)
 
-    def _admit(self, item: Candidate, *, gossiped: bool = False) -> PoolEntry:
+    def _admit(self, item: Candidate) -> PoolEntry:
         """Admit a transaction after its sender's lower nonces waiting in the gossip backlog:
         a gap that gossip already brought here is filled before the transaction is judged
         (a load balancer sends one account's consecutive nonces to different validators).
@@ -375,22 +375,25 @@ class Node(RpcBackend):
         for earlier in self._gossip.take_before(item.sender, item.tx.nonce, GOSSIP_SLICE):
             self._admit_gossiped(earlier)
         return self.pool.add(item.tx, item.size, base_fee=self.next_base_fee(),
-                             gossiped=gossiped)
+                             gossiped=item.gossiped)
 
     def _on_peer_message(self, sender: bytes, channel: int, payload: bytes) -> None:
         if channel == Channel.ENGINE:
             self.engine.on_message(sender, payload)
         elif channel == Channel.TX_GOSSIP:
-            self.engine.on_gossip(sender, partial(self._queue_gossip, payload))
+            self.engine.on_gossip(sender, partial(self._queue_gossip, payload,
+                                                  self.engine.is_validator(sender)))
         elif channel == Channel.BLOCK_SYNC:
             self.engine.on_sync_message(sender, payload)
 
-    def _queue_gossip(self, raw: bytes) -> None:
-        """A transaction another validator accepted; every validator gets it from its origin,
-        so it is not forwarded again. Decoded here (bounded before decoding, like a client's),
-        so the backlog knows its sender; admitted later, a slice at a time (GOSSIP_SLICE)."""
+    def _queue_gossip(self, raw: bytes, from_validator: bool) -> None:
+        """A transaction another validator accepted, or an observer forwards for its client
+        (then counted as a client's here: no validator holds it yet); every validator gets
+        it from its origin, so it is not forwarded again. Decoded here (bounded before
+        decoding, like a client's), so the backlog knows its sender; admitted later, a slice
+        at a time (GOSSIP_SLICE)."""
         try:
-            item = self._decode(raw)
+            item = self._decode(raw, gossiped=from_validator)
         except TxPoolError as exc:
             self.metrics.gossip_refused.inc()
             log.debug("gossiped transaction refused: %s", exc.message)
@@ -421,7 +424,7 @@ class Node(RpcBackend):
 
     def _admit_gossiped(self, item: Candidate) -> None:
         try:
-            self._admit(item, gossiped=True)
+            self._admit(item)
         except TxPoolError as exc:
             self.metrics.gossip_refused.inc()
             log.debug("gossiped transaction refused: %s", exc.message)

@@ -147,6 +147,7 @@ class Candidate:
     tx: SignedTransactionAPI
     sender: bytes
     size: int
+    gossiped: bool = False  # a validator accepted it first (an observer's forward is a client's)
 
 
 class GossipBacklog:

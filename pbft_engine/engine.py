@@ -415,6 +415,9 @@ class PbftEngine(ConsensusEngine):
         admit()
         self._charge(sender, time.perf_counter() - started, GOSSIP)
 
+    def is_validator(self, peer: bytes) -> bool:
+        return peer in self.feed.members()
+
     def is_proposer(self) -> bool:
         return self.replica is not None and self.replica.me == self.replica.primary
 

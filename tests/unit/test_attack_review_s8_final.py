@@ -1,6 +1,6 @@
 """The attack review s8 (final): the per-sender bound on a client's transactions behind a nonce
 gap, now counting only what this node's clients sent (gossip is exempt). Each finding is a
-strict xfail naming the interleaving; it passes once the gap is fixed (remove the mark)."""
+strict xfail naming the interleaving until its gap was fixed; both are fixed."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ def node(tmp_path: Path) -> Iterator[Node]:
     yield from alice_node(tmp_path, PoolLimits(max_queued_per_sender=BOUND))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding 2: an observer (allowed to connect, not a validator) forwards its client's "
-    "nonces 10-14 on the gossip channel; the validator admits them all as gossiped, exempt "
-    "from the client's bound, though no validator accepted them first (nothing is "
-    "outstanding elsewhere, so refusing them strands nothing): an observer's clients, or "
-    "the observer's operator, hold up to 1,024 gapped transactions a sender in every pool"))
 def test_an_observers_forwarded_transactions_are_a_clients(node: Node) -> None:
+    """Finding 2 (fixed: gossip counts as a validator's only from a current validator,
+    `ConsensusEngine.is_validator`): an observer (allowed to connect, not a validator)
+    forwards its client's nonces 10-14 on the gossip channel. They were admitted as
+    gossiped, exempt from the client's bound, though no validator accepted them first
+    (nothing is outstanding elsewhere, so refusing them strands nothing): an observer's
+    clients held up to 1,024 gapped transactions a sender in every pool."""
     for nonce in range(10, 10 + BOUND + 1):
         node._on_peer_message(OBSERVER, Channel.TX_GOSSIP, tx(nonce=nonce).encode())
     while node._gossip:

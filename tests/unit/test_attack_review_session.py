@@ -29,7 +29,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 def test_one_gossip_slice_admits_at_most_gossip_slice_transactions(node: Node) -> None:
     for nonce in reversed(range(4 * GOSSIP_SLICE)):  # a byzantine peer's order
-        node._queue_gossip(tx(nonce=nonce).encode())
+        node._queue_gossip(tx(nonce=nonce).encode(), True)
     assert len(node._gossip) == 4 * GOSSIP_SLICE
 
     async def one_slice() -> int:
@@ -103,4 +103,4 @@ def test_a_list_in_an_integer_field_is_a_one_line_refusal(node: Node) -> None:
     raw = _list_in_an_integer_field()
     with pytest.raises(TxPoolError, match="invalid raw transaction"):
         node.submit_raw_transaction(raw)
-    node._queue_gossip(raw)  # refused and counted, not raised
+    node._queue_gossip(raw, True)  # refused and counted, not raised

@@ -158,8 +158,9 @@ def test_queued_transactions_are_bounded_in_all(accounts: Accounts) -> None:
 
 
 def candidate(key: object = ALICE, nonce: int = 0) -> Candidate:
+    """As another validator gossiped it."""
     signed = tx(key=key, nonce=nonce)
-    return Candidate(signed, signed.sender, len(signed.encode()))
+    return Candidate(signed, signed.sender, len(signed.encode()), gossiped=True)
 
 
 def test_the_gossip_backlog_hands_over_a_senders_predecessors_in_nonce_order() -> None:
@@ -207,7 +208,7 @@ def test_a_gap_waiting_in_the_gossip_backlog_is_filled_before_judging(node: Node
     """Nonces 0-9 came by gossip and wait for admission; nonces 10-19 sent to this node
     are all accepted (the account allows 4 behind a gap), and all are executable."""
     for nonce in range(10):
-        node._queue_gossip(tx(nonce=nonce).encode())
+        node._queue_gossip(tx(nonce=nonce).encode(), True)
     for nonce in range(10, 20):
         node.submit_raw_transaction(tx(nonce=nonce).encode())
     assert len(node._gossip) == 0
@@ -231,6 +232,6 @@ def test_gossip_behind_a_gap_never_gets_a_client_refused(node: Node) -> None:
     with pytest.raises(TxPoolError, match="nonce too high: 4 transactions"):
         node.submit_raw_transaction(tx(nonce=40).encode())
     for nonce in range(10):
-        node._queue_gossip(tx(nonce=nonce).encode())
+        node._queue_gossip(tx(nonce=nonce).encode(), True)
     node.submit_raw_transaction(tx(nonce=34).encode())  # the backlog fills the gap first
     assert node.pool.queued_count() == 0 and node.executable_count(100) == 35

@@ -149,6 +149,15 @@ def test_a_consensus_message_from_outside_the_set_never_reaches_the_replica() ->
     assert len(stepped) == 1
 
 
+def test_only_a_validators_gossip_is_a_validators() -> None:
+    """An observer forwards its clients' transactions on the gossip channel: the pool counts
+    them as a client's (its bound behind a nonce gap), since no validator holds them yet."""
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.feed = fixed_feed(VALIDATORS)
+    assert engine.is_validator(VALIDATORS[3])
+    assert not engine.is_validator(OBSERVER)
+
+
 def test_block_sync_messages_are_charged_to_their_sender() -> None:
     """An observer flooding a validator with requests (or a peer an observer with claims) is
     dropped once it has used up its budget, as for consensus messages."""
