@@ -401,3 +401,24 @@ def test_a_replica_restored_after_the_handover_installs_from_its_stable_checkpoi
                                signing_bound=driven.replica.signing_bound)
     assert restored.epochs.current.validators == REMOVED and restored.me == 0
     assert restored.amnesia is None
+
+
+def test_an_added_validator_that_missed_the_checkpoints_at_c_takes_its_proof_from_view_changes(
+        ) -> None:
+    """It joins after c+1 was committed, so nobody sends the CHECKPOINTs at 10 again; then
+    the primary crashes. Of the new set's five (Q = 4) only four are left, the newcomer one
+    of them: it needs the proof of its stable checkpoint to send its VIEW-CHANGE, and takes
+    it from the others' (each carries the old set's Q CHECKPOINTs at 10)."""
+    newcomer = KEYS[ADDED[4]]
+    replica = Replica.join(PARAMS, newcomer, KeyVerifier(), ChainHead(C, digest(C)),
+                           block_digest=keccak, schedule=scheduled(ADDED), view=0)
+    driven = Driven(replica)
+    assert replica.checkpoints.short_of_proof(C)
+    proof = tuple(signed(Checkpoint(C, digest(C), state(C), i), V0) for i in (0, 1, 3))
+    for i in (1, 2):  # f + 1 of the installed set ask for view 1
+        driven.receive(ViewChange(1, C, proof, (), (), i), ADDED)
+    assert not replica.checkpoints.short_of_proof(C)
+    [view_change] = driven.sent(ViewChange)
+    assert (view_change.view, view_change.stable_seq_no) == (1, C)
+    installed = Membership(PARAMS.chain_id, scheduled(ADDED).install(C), KeyVerifier())
+    verify_view_change(installed, signed(view_change, ADDED), 40)
