@@ -19,6 +19,8 @@ from pbft_engine.errors import MessageError
 if TYPE_CHECKING:
     from pbft_engine.core.replica import Replica
 
+FORGOTTEN_AFTER = 2  # fetches in a row that reach nothing of a claimed head forget it
+
 
 def busy(replica: Replica) -> bool:
     """A block is being built, validated (in this view: an older view's validation no
@@ -33,17 +35,42 @@ def lagging(replica: Replica) -> bool:
     """This replica is behind the cluster, so a request timer that runs out says nothing
     about the primary: it is catching up or still validating or executing a block (a
     slow or loaded machine), it holds the certificate of its next block (whose body it
-    may still be fetching), or peers proved a head above it (`proved_head`). Not a
-    certificate beyond a gap, which a view change may be needed to fill. (A restarted
+    may still be fetching), f+1 replicas vouch for a checkpoint above it, or a peer proved
+    a head above it (`claimed_lag`: one timeout at a time). Not a certificate beyond a
+    gap, which a view change may be needed to fill. (A restarted
     replica replays such blocks, passing over the requests it pooled meanwhile, so its
     commits soon stop restarting the timer.)"""
-    if replica.fetching is not None or proved_head(replica) is not None:
-        return True
-    # Our own work on the blocks the primary proposed excuses it only while it does not
-    # keep passing over the oldest request: a censoring primary that keeps this replica
-    # busy with other blocks is replaced all the same.
+    if replica.checkpoints.vouched_above(replica._certified_run_end()) is not None:
+        return True  # f+1 replicas executed past this one: one faulty peer cannot fake that
+    # Anything else excuses the primary only while it does not keep passing over the oldest
+    # request: a censoring primary that keeps this replica busy with other blocks, or
+    # whose blocks move its head while a peer claims a head above, is replaced all the same.
     return replica.passed_over <= MAX_PASSED_OVER and (
-        busy(replica) or replica._certified_run_end() > replica.last_exec)
+        claimed_lag(replica) or busy(replica)
+        or replica._certified_run_end() > replica.last_exec)
+
+
+def claimed_lag(replica: Replica) -> bool:
+    """A fetch under way, or a head a peer proved with its certificate, excuses the primary
+    for as many request timeouts in a row without this replica's head moving as failed
+    fetches forget that head (`FORGOTTEN_AFTER`; `excuse` counts them): beyond, only real
+    progress excuses it again. The certificate is block sync's
+    to check; a peer that tells an unprovable head again once per timeout (and serves it
+    slowly) must not shield a censoring primary for good, as forgetting the head after two
+    failed fetches alone did (`on_fetch_failed`: it only applies between two claims). So
+    Sawtooth PBFT (node.rs `catchup`) stops its idle timeout only while it commits a block
+    a verified seal proves, and starts it again at that commit; Fabric v0.6 (pbft-core.go
+    `weakCheckpointSetOutOfRange`) stops the view-change timer for a state transfer only
+    to a checkpoint f+1 replicas vouch for, never to one replica's word."""
+    head, excused = replica.excused
+    return ((replica.fetching is not None or proved_head(replica) is not None)
+            and (replica.last_exec != head or excused < FORGOTTEN_AFTER))
+
+
+def excuse(replica: Replica) -> None:
+    """A request timeout was put down to this replica's lag: count it at this head."""
+    head, excused = replica.excused
+    replica.excused = (replica.last_exec, excused + 1 if head == replica.last_exec else 1)
 
 
 def proved_head(replica: Replica) -> tuple[int, bytes, bytes] | None:
@@ -138,5 +165,5 @@ def on_fetch_failed(replica: Replica, event: FetchFailed) -> None:
         # A head that two fetches in a row could not reach any of is no longer believed:
         # a peer claiming one it cannot serve would keep `lagging` true for good.
         replica.missed_fetches += 1
-        if replica.missed_fetches >= 2:
+        if replica.missed_fetches >= FORGOTTEN_AFTER:
             replica.peer_head = min(replica.peer_head, (replica.last_exec, replica.last_exec_hash))

@@ -33,6 +33,7 @@ from pbft_engine.core.actions import (
 from pbft_engine.core.catch_up import (
     catch_up,
     check_high_checkpoints,
+    excuse,
     fall_behind,
     lagging,
     on_fetch_completed,
@@ -196,6 +197,8 @@ class Replica:
         self.peer_head: tuple[int, bytes] = (head.seq_no, head.block_hash)
         self.started_at = head  # (restored: it may owe the head's CHECKPOINT, `_resume`)
         self.missed_fetches = 0  # fetches in a row that imported nothing
+        # (head, request timeouts in a row its lag excused at that head: `catch_up.excuse`)
+        self.excused = (-1, 0)
         self.block_due = False
         self.trailing_owed = False  # the last block executed here held transactions
         self.view_change_sends = 0  # our VIEW-CHANGE for this view, sent so many times
@@ -598,6 +601,7 @@ class Replica:
                 # The lag is ours, not the primary's, and the peers may well have committed
                 # these requests already. A lone VIEW-CHANGE here would leave this replica
                 # waiting in view v+1 until the others change view.
+                excuse(self)
                 self._arm_request_timer()
                 catch_up(self)
             elif awaits_primary(self) and self.active and self.me != self.primary:

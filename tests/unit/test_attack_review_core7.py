@@ -12,7 +12,8 @@ asserts the outcome only, so it passes once fixed); each attack that held is a p
 Open: 1. a replica restarted during the one new-view timeout of `leave_old_epoch_view`
 never leaves its old-epoch view (db84cae: the timer is not persisted, nothing re-arms it);
 2. a head claimed again every request timeout still shields the primary (94e1e82 forgets a
-head only between two claims; defence in depth); 3. older than both commits, found by the
+head only between two claims; defence in depth; fixed: a claimed head excuses one timeout
+at a time, `catch_up.claimed_lag`); 3. older than both commits, found by the
 membership seeds (2462 at N = 4): a primary that caught up past c drops the others'
 old-epoch NEW-VIEW and stays alone in view 0 with the only copy of the votes.
 
@@ -24,7 +25,6 @@ handover checkpoint c = 10.
 
 from __future__ import annotations
 
-import pytest
 from eth_hash.auto import keccak
 
 from pbft_engine.core import (
@@ -44,6 +44,7 @@ from pbft_engine.core import (
     TimerKind,
 )
 from pbft_engine.core.epochs import EpochSchedule
+from pbft_engine.core.status import MAX_PASSED_OVER
 from pbft_engine.messages import (
     Checkpoint,
     KeyVerifier,
@@ -167,16 +168,16 @@ def backup_with_a_waiting_request() -> Driven:
 LIE = (10**9, keccak(b"lie"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HALT (defence in depth, as the handover review's finding 2: block sync delivers a head "
-    "only with a verified certificate): the liar simply tells its head again once per "
-    "request timeout, shortly before the backup's timer runs out. Each claim starts a fetch "
-    "(`_on_peer_committed`), the timer fires while it is under way (`fetching` set: "
-    "`_lagging()` is true, the timer is re-armed), and the fetch then fails and forgets the "
-    "head (`missed_fetches` >= 2), too late: the forgetting only ever applies between two "
-    "claims. The crashed or censoring primary is never suspected, however many times the "
-    "timer runs out without this replica's head moving"))
 def test_a_head_claimed_again_every_request_timeout_does_not_shield_the_primary() -> None:
+    """Finding 2, fixed (was a strict xfail, HALT; defence in depth, as the handover
+    review's finding 2: block sync delivers a head only with a verified certificate): the
+    liar told its head again once per request timeout, shortly before the backup's timer
+    ran out. Each claim started a fetch, the timer fired while it was under way (`lagging`:
+    the timer re-armed), and the fetch then failed and forgot the head (`missed_fetches`
+    >= 2), too late: the forgetting only ever applied between two claims, so the crashed
+    or censoring primary was never suspected. A claimed head now excuses the primary for
+    at most two request timeouts in a row at the same head of this replica, as many as
+    the failed fetches that forget it (`catch_up.claimed_lag`)."""
     driven = backup_with_a_waiting_request()
     for _ in range(6):
         driven.step(PeerCommitted(*LIE, b""))  # fetch started at once
@@ -195,6 +196,38 @@ def test_a_head_claimed_once_no_longer_shields_the_primary() -> None:
     driven.step(FetchFailed(LIE[0]))
     driven.step(TimerFired(TimerKind.REQUEST, b""))  # fetches again
     driven.step(FetchFailed(LIE[0]))
+    assert not driven.sent(ViewChange)
+    driven.step(TimerFired(TimerKind.REQUEST, b""))
+    assert driven.sent(ViewChange)
+
+
+def test_a_backup_catching_up_block_by_block_does_not_suspect_the_primary() -> None:
+    """The other side of finding 2's fix: an honest backup that really lags behind a cluster
+    that goes on (a head two blocks above it proved before each request timeout, each fetch
+    completed after it: its head moves between any two timeouts) never asks for a view
+    change, however many timeouts its catch-up spans."""
+    driven = backup_with_a_waiting_request()
+    for head in range(PASSED_AT + 2, PASSED_AT + 12, 2):
+        driven.step(PeerCommitted(head, digest(head), b""))  # fetch started at once
+        driven.step(TimerFired(TimerKind.REQUEST, b""))
+        driven.step(FetchCompleted(head, digest(head), state(head), ()))
+    assert driven.replica.last_exec == PASSED_AT + 10
+    assert not driven.sent(ViewChange)
+    driven.step(TimerFired(TimerKind.REQUEST, b""))  # caught up: the wait is the primary's
+    assert driven.sent(ViewChange)
+
+
+def test_a_claimed_head_does_not_excuse_a_primary_that_passes_the_oldest_request_over() -> None:
+    """The bound of finding 2's fix under a censoring primary: this backup's head keeps
+    moving (blocks of other transactions, fetched), but each passes its oldest request over;
+    once more than MAX_PASSED_OVER have, a head a peer claims above excuses nothing."""
+    driven = backup_with_a_waiting_request()
+    driven.step(TimerFired(TimerKind.FAIRNESS_MARK, b""))
+    for head in range(PASSED_AT + 2, PASSED_AT + 2 * MAX_PASSED_OVER + 4, 2):
+        driven.step(PeerCommitted(head, digest(head), b""))
+        driven.step(FetchCompleted(head, digest(head), state(head), (keccak(b"%d" % head),)))
+    assert driven.replica.passed_over == MAX_PASSED_OVER + 1
+    driven.step(PeerCommitted(*LIE, b""))
     driven.step(TimerFired(TimerKind.REQUEST, b""))
     assert driven.sent(ViewChange)
 
