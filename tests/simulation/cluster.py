@@ -402,6 +402,10 @@ class Cluster:
         self.outgoing: dict[int, Callable[[int, bytes], list[tuple[int, bytes]]]] = {}
         self.byzantine: set[int] = set()
         self.censors: dict[int, bytes] = {}  # node -> the sender its builds leave out
+        # Defence in depth: a byzantine primary's STATUS claims reach its backups' cores
+        # unchecked (as if block sync did not verify a head's certificate), each a head above
+        # the backup's; it offers to serve them, slowly, and claims again as the fetch fails.
+        self.unchecked_claims = False
         self.signed_by: dict[tuple[int, int, int, int], bytes] = {}
         self.delivered: list[bytes] = []  # every message delivered (replay material)
         # Liveness material: when each transaction last became executable (was reported) and
@@ -767,7 +771,8 @@ class Cluster:
         block executed (so it takes as long as executing them), each range committed in one
         batch; then the next range, queued behind whatever the executor holds. A byzantine
         source serves wrong blocks or partial certificates, slowly: nothing verifies, and the
-        next peer is asked. A fetch that fails part-way (no peer served a range, the network
+        next peer is asked (an `unchecked_claims` liar offers to serve any range, as it claims
+        any head). A fetch that fails part-way (no peer served a range, the network
         failed, the executor raised) answers `FetchFailed` with the head it reached.
         `imported`: the transactions of the ranges this fetch committed so far."""
         first = len(node.chain.blocks) + 1
@@ -777,7 +782,8 @@ class Cluster:
         count = min(self.range_blocks, target - first + 1)
         last = first + count - 1
         sources = [p for p in self.nodes if p is not node and p.up
-                   and len(p.chain.blocks) >= last and self._connected(node.index, p.index)]
+                   and (len(p.chain.blocks) >= last or self._unchecked(p, node))
+                   and self._connected(node.index, p.index)]
         self.rng.shuffle(sources)
         duration, lies = FETCH_OVERHEAD_MS, []
         while sources and sources[0].index in self.byzantine:
@@ -795,6 +801,9 @@ class Cluster:
                 for liar in lies:
                     self._forged_range(node, liar, first)
                 self._fetch_done(node, target, imported, False)
+                for liar in lies:
+                    if self._unchecked(liar, node):
+                        self._ask_status(node, liar)  # it tells its head again at once
 
             return duration, give_up
         entries = sources[0].chain.blocks[first - 1:last]
@@ -1054,9 +1063,9 @@ class Cluster:
         status = node.replica.status()
         if status.fetching is None and status.last_executed == node.last_progress:
             for peer in self.nodes:
-                if (peer is not node and peer.up
-                        and self._useful_peer(peer, status.view, status.last_executed,
-                                              status.active)):
+                if peer is not node and peer.up and (
+                        self._useful_peer(peer, status.view, status.last_executed,
+                                          status.active) or self._unchecked(peer, node)):
                     self._ask_status(node, peer)
         node.last_progress = status.last_executed
         self._schedule(self.poll_interval_ms, node, _Poll())
@@ -1089,25 +1098,41 @@ class Cluster:
             later = signed.body.view > node.replica.view
             if later:
                 self.feed(node.index, MessageReceived(WireMessage(signed).encode()))
-        if node.replica is None or not peer.chain.blocks:
+        if node.replica is None or not (peer.chain.blocks or self._unchecked(peer, node)):
             return
-        number, head_hash, certificate = self._claimed_head(peer)
+        number, head_hash, certificate = self._claimed_head(peer, node)
         status = node.replica.status()
         if number < status.last_executed or (
                 number == status.last_executed and status.active and not later):
             return
         try:
-            self.epochs.verify_certificate(certificate, number, head_hash)
+            if self._unchecked(peer, node):
+                self.seen["unchecked claim"] += 1
+            else:
+                self.epochs.verify_certificate(certificate, number, head_hash)
         except MessageError:
             return
         self.feed(node.index, PeerCommitted(number, head_hash, certificate))
 
-    def _claimed_head(self, peer: Node) -> tuple[int, bytes, bytes]:
+    def _unchecked(self, peer: Node, asker: Node) -> bool:
+        """The peer lies to the asker unchecked (`unchecked_claims`): it is byzantine and the
+        primary the asker's request timer times, whom the lie is to shield."""
+        replica = asker.replica
+        if not (self.unchecked_claims and peer.index in self.byzantine
+                and replica is not None and peer.replica is not None):
+            return False
+        return replica.epochs.current.validators[replica.primary] == peer.replica.address
+
+    def _claimed_head(self, peer: Node, asker: Node) -> tuple[int, bytes, bytes]:
         """(number, hash, certificate) of the head a peer's STATUS claims: its own, or, from
         a byzantine peer, now and then a higher one or another block, with its own
-        head's certificate."""
-        head = peer.chain.blocks[-1]
+        head's certificate (`unchecked_claims`: always one above the asker's head, with no
+        certificate)."""
         number = len(peer.chain.blocks)
+        if self._unchecked(peer, asker):
+            above = max(number, len(asker.chain.blocks)) + self.rng.randint(1, 5)
+            return above, keccak(b"unprovable"), b""
+        head = peer.chain.blocks[-1]
         if peer.index in self.byzantine and self.rng.random() < 0.5:
             if self.rng.random() < 0.5:
                 return number + self.rng.randint(1, 5), keccak(b"unprovable"), head.certificate

@@ -16,6 +16,10 @@ slow    rounds longer than the request timeout even within the block budget (val
         commit everywhere.
 censor  the first primary builds blocks without one account's transactions while others keep
         coming: it must be replaced, and the censored transactions commit within a bound.
+        In half its seeds (`liar`, drawn apart) nothing else comes, and that primary tells
+        every backup's status poll a head above the backup's own, as if block sync did not
+        check certificates (`Cluster.unchecked_claims`, defence in depth): the core's own
+        bound on what a claimed head excuses must get it replaced all the same.
 membership  validator-set changes (issue 31) voted in committed blocks while transactions
         flow, with the chaos class's faults (within f of every set they pass through): adds
         of followers, removals (the first primary's too), a removal and an add in a row. No
@@ -117,6 +121,7 @@ LIVENESS_LIMIT_MS = 60_000
 SETTLE_LIMIT_MS = 120_000  # after the last client action, for the classes without faults
 SLOW_SETTLE_LIMIT_MS = 400_000
 CENSOR_STREAM_MS = 12_000
+LIAR_SHARE = 0.5  # censor seeds whose censoring primary also claims heads unchecked
 BUDGET_MS = 800 // 5  # EngineParams.block_time_budget_ms at the default request timeout
 SLOW_TIMEOUT_CAP_MS = 16_000  # new_view_timeout_cap in the slow class (4 s elsewhere)
 LAGGARD_SHARE = 0.25  # honest seeds (f >= 1) in which f replicas lag far behind the timer
@@ -767,14 +772,18 @@ def run_censor(seed: int, n: int, rng: random.Random) -> Cluster:
     victim = clients.account()
     cluster.byzantine.add(0)
     cluster.censors[0] = victim.sender  # the first primary never builds the victim's in
+    cluster.unchecked_claims = random.Random(f"liar {seed} {n}").random() < LIAR_SHARE
     world = _backup_world(seed, n, cluster, frozenset(), (n - 1) // 3 - 1, CENSOR_STREAM_MS)
     outside = {0} | world.nodes
     changes, change_rng = _draw_changes(seed, n, _fitting(n, outside))
     others = [clients.account() for _ in range(rng.randint(2, 4))]
     clients.burst(rng.randrange(1_000), [victim], rng.randint(1, 3))
     # Commits keep coming meanwhile, for longer than the bound below (the old rule, restart
-    # the timer on every commit, would wait for the stream to end).
-    clients.stream(0, CENSOR_STREAM_MS, others, rng.randint(250, 450))
+    # the timer on every commit, would wait for the stream to end); not for a liar, whose
+    # claims reach a backup only while its chain is quiet (it polls its peers then).
+    rate = rng.randint(250, 450)
+    if not cluster.unchecked_claims:
+        clients.stream(0, CENSOR_STREAM_MS, others, rate)
     for when, vote in _vote(cluster, changes, change_rng.sample(range(0, CENSOR_STREAM_MS, 50),
                                                                 len(changes))):
         clients.at(when, vote)

@@ -25,6 +25,7 @@ from pbft_engine.core import (
     CommitRefused,
     Refusal,
     ValidateBlock,
+    catch_up,
 )
 from pbft_engine.core.replica import Replica
 from pbft_engine.messages import (
@@ -123,6 +124,13 @@ def _bound_before_store(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cluster_module, "STORE_FIRST", False)
 
 
+def _claims_excuse_every_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core before the attack review core7's finding 2 was fixed: a head a peer claims
+    excuses the primary at every request timeout while a fetch is under way."""
+    monkeypatch.setattr(catch_up, "claimed_lag", lambda replica: (
+        replica.fetching is not None or catch_up.proved_head(replica) is not None))
+
+
 # (world, seed, n, what must have happened in it, the old way)
 HOSTILE_SEEDS = [
     ("lost validation answers", 163, 2, "validation answer lost", _no_validation_deadline),
@@ -130,6 +138,7 @@ HOSTILE_SEEDS = [
     ("poisoned primary", 11, 4, "refused invalid", _no_invalid_refusal),
     ("fetch failing part-way", 36, 4, "fetch failed part-way", _fetch_failed_without_head),
     ("crash between the store and the bound", 4, 4, "crash at bound", _bound_before_store),
+    ("a censor claiming heads unchecked", 89, 4, "unchecked claim", _claims_excuse_every_timeout),
 ]
 
 
@@ -158,7 +167,7 @@ def test_every_hostile_event_happens_in_the_random_seeds() -> None:
                 "commit write failed", "stall", "refused invalid", "refused unavailable",
                 "refused false_copy", "poisoned body", "poisoned parent", "fetch failed",
                 "fetch failed part-way", "fetched range", "crash at step", "crash at bound",
-                "crash at send", "crash at chain"}
+                "crash at send", "crash at chain", "unchecked claim"}
     assert expected <= set(_SEEN), sorted(expected - set(_SEEN))
 
 
