@@ -216,11 +216,13 @@ def _export_to(options: ExportOptions, master: str | None) -> str:
 def _audit(args: argparse.Namespace) -> int:
     if is_local_path(args.data) and not Path(args.data).is_dir():
         raise UsageError(f"--data {args.data}: no such directory (the --out of an export)")
-    return _audit_data(args, args.data, _trust(args), _state_rules(args))
+    state = _state_rules(args)  # before the genesis thread starts: see _state_rules
+    return _audit_data(args, args.data, _trust(args), state)
 
 
 def _export_and_audit(args: argparse.Namespace) -> int:
-    trust, state = _trust(args), _state_rules(args)  # first: a usage error costs no export
+    # first: a usage error costs no export; the state rules before the genesis thread
+    state, trust = _state_rules(args), _trust(args)
     spark_session(args.master, record_classes=True)  # Spark starts while block 0 is built
     out = _export_to(_export_options(args, trust.genesis_set()), args.master)
     return _audit_data(args, out, trust, state)
@@ -255,7 +257,10 @@ def _trust(args: argparse.Namespace) -> Trust:
 
 
 def _state_rules(args: argparse.Namespace) -> tuple[Rule, ...]:
-    """--state: the state-root rule, its genesis file checked here (before Spark runs)."""
+    """--state: the state-root rule, its genesis file checked here (before Spark runs).
+    Called before `_trust` starts the genesis thread: both import py-evm's and the chain's
+    modules, and two threads importing them at once can each get the other's half-imported
+    module (an ImportError, seen on a loaded machine)."""
     if not args.state:
         return ()
     if args.genesis is None:
