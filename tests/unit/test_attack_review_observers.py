@@ -274,7 +274,7 @@ def test_an_observers_transaction_gossip_is_charged_to_its_budget(
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     decoded: list[bytes] = []
 
-    def decode(raw: bytes) -> object:
+    def decode(raw: bytes, *, gossiped: bool = False) -> object:
         clock[0] += 0.010
         decoded.append(raw)
         raise TxPoolError("invalid sender")  # refused after the work
@@ -282,6 +282,7 @@ def test_an_observers_transaction_gossip_is_charged_to_its_budget(
     engine = PbftEngine.__new__(PbftEngine)
     engine.budget = PeerBudget(lambda: 0.0, burst=1.0)
     engine.engine_params = SimpleNamespace(validators=VALIDATORS)  # type: ignore[assignment]
+    engine.feed = SimpleNamespace(members=lambda: frozenset(VALIDATORS))  # type: ignore[assignment]
     engine.metrics = SimpleNamespace(  # type: ignore[assignment]
         peer_fault=lambda peer, kind: None, peer_dropped=lambda peer: None)
     engine.log = SimpleNamespace(warning=lambda *args: None)  # type: ignore[assignment]
