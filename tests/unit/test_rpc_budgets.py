@@ -87,11 +87,18 @@ async def _count(values: list[Any]) -> int:
     return len(values)
 
 
-def _dispatch(body: bytes) -> tuple[dict[str, Any], float]:
+def _dispatch(body: bytes, runs: int = 3) -> tuple[dict[str, Any], float]:
+    """The answer, and the least the loop was held over `runs` dispatches: other processes
+    on the machine only add to what the request itself holds (a CI phase shares two cores
+    with two other suites: 0.37 s once for 0.1 s of work), and a request that holds it too
+    long holds it so every time."""
     dispatcher = Dispatcher({"test_count": _count})
-    answer, held = asyncio.run(loop_held(dispatcher.handle_payload(body)))
-    assert answer is not None
-    return json.loads(answer), held
+    helds = []
+    for _ in range(runs):
+        answer, held = asyncio.run(loop_held(dispatcher.handle_payload(body)))
+        assert answer is not None
+        helds.append(held)
+    return json.loads(answer), min(helds)
 
 
 @pytest.mark.parametrize(
