@@ -460,10 +460,9 @@ class PbftEngine(ConsensusEngine):
         ahead of the file, which a restart joins and writes again before it sends anything; a
         file ahead of the store means records were lost (`core.signing_bound`), so the file
         must never get there first."""
-        with self.metrics.record_writes.time():
-            self.store.apply(ops)  # one synced batch
-            if signing_bound is not None:
-                self._write_signing_bound(signing_bound)
+        self.store.apply(ops)  # one synced batch
+        if signing_bound is not None:
+            self._write_signing_bound(signing_bound)
 
     def _perform_actions(self, actions: Sequence[Action]) -> None:
         for action in actions:
