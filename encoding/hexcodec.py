@@ -4,6 +4,7 @@ number, a decimal string or 0x-hex, as geth's genesis accepts)."""
 
 from __future__ import annotations
 
+import binascii
 import re
 from typing import Any
 
@@ -11,7 +12,6 @@ from encoding import EncodingError
 
 _QUANTITY = re.compile(r"^0x(0|[1-9a-fA-F][0-9a-fA-F]*)$")
 _LEADING_ZERO = re.compile(r"^0x0[0-9a-fA-F]+$")
-_DATA = re.compile(r"^0x([0-9a-fA-F]{2})*$")
 MAX_UINT256 = 2**256 - 1
 
 
@@ -69,9 +69,12 @@ def parse_number(value: Any, what: str) -> int:
 
 def parse_data(value: Any, what: str = "data", *, length: int | None = None) -> bytes:
     """JSON-RPC argument bytes: 0x and whole bytes of hex, `length` of them if given."""
-    if not isinstance(value, str) or not _DATA.match(value):
-        raise EncodingError(f"{what}: {value!r} is not 0x-prefixed hex bytes")
-    raw = bytes.fromhex(value[2:])
+    try:  # unhexlify: C speed, and only hex digits in pairs (bytes.fromhex skips spaces)
+        if not isinstance(value, str) or not value.startswith("0x"):
+            raise ValueError
+        raw = binascii.unhexlify(value[2:])
+    except (ValueError, binascii.Error):
+        raise EncodingError(f"{what}: {value!r} is not 0x-prefixed hex bytes") from None
     if length is not None and len(raw) != length:
         raise EncodingError(f"{what}: expected {length} bytes, got {len(raw)}")
     return raw

@@ -49,7 +49,8 @@ def test_quantity_width() -> None:
         parse_quantity(hex(2**64), bits=64)
 
 
-@pytest.mark.parametrize("text", ["0x1", "12", "0xzz", "", 5])
+@pytest.mark.parametrize("text", ["0x1", "12", "0xzz", "", 5, "0x00\n", "0x00 11", "0X00",
+                                  "0x\u0660\u0660", "0x 0"])
 def test_bad_data(text: Any) -> None:
     with pytest.raises(InvalidParams, match="is not 0x-prefixed hex bytes"):
         parse_data(text)
