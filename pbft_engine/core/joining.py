@@ -18,8 +18,20 @@ primary of its view there. Only the latest per sender, kind and height is kept (
 replaces a lower one; otherwise the first copy stays), so what a member may hold is bounded by
 the window: at most members x 4 kinds x (L + 1 + FOLLOWER_LAG) messages, and a non-member
 nothing. Their bytes are bounded too (`EngineParams.future_block_bytes`, as the replica's own
-buffer of messages it cannot take yet): over it the oldest message of the sender holding the
-most bytes goes, so a member's flood pushes out only its own.
+buffer of messages it cannot take yet): over it, the sender holding the most bytes loses its
+highest message (by height, then phase: the order `take` feeds them), whenever it came. A
+message goes only while it is its sender's highest and that sender holds at least as much as
+any other, all of them together more than the bound. So what a sender holds at or below a
+height stays, whatever f byzantine members send and in whatever order, while it totals at most
+(bound - what the other honest senders hold) / (f + 1); and whatever all others send, while
+at most bound / s (s: the senders it keeps messages from). At the defaults (a 64 MiB bound)
+the new primary's PRE-PREPARE of c+1, the message the joiner needs first, survives up to a
+whole frame of the transport (16 MiB) for f <= 2 while the other honest members hold under
+16 MiB (their votes: kilobytes). A flood costs the flooder its highest messages, not the
+others' lowest (the attack review s8-joiner, finding 2: when the oldest of the heaviest
+went, an honest primary with a few large blocks in flight was the heaviest, and lost c+1).
+Per-sender quotas of bound / s would promise no more, and would leave a primary's blocks in
+flight no more than bound / s when nobody floods.
 
 A follower that has not yet imported the block b in which the change passed (block sync lags
 the validators, which send to the new set from b on) knows neither c nor the new set, nor
@@ -107,7 +119,7 @@ class JoinBuffer:
         self._c: int | None = None  # the handover checkpoint it joins at (the lowest, guessing)
         self._top = 0  # the highest height kept
         self._guessing = False  # no change known adds it yet (see the module's doc)
-        self._kept: dict[KeptKey, _Kept] = {}  # oldest first
+        self._kept: dict[KeptKey, _Kept] = {}
         self._bytes: Counter[bytes] = Counter()  # kept bytes, by sender
 
     def __len__(self) -> int:
@@ -143,8 +155,7 @@ class JoinBuffer:
     def take(self) -> list[bytes]:
         """Every message kept, by height, then phase (a CHECKPOINT after a height's votes);
         the buffer is emptied."""
-        ordered = [kept.data for _, kept in sorted(self._kept.items(),
-                                                   key=lambda item: (item[0][2], item[0][1]))]
+        ordered = [self._kept[key].data for key in sorted(self._kept, key=_feed_order)]
         self._kept, self._bytes = {}, Counter()
         return ordered
 
@@ -210,7 +221,14 @@ class JoinBuffer:
             self._bytes[key[0]] -= len(held.data)
 
     def _bound(self) -> None:
-        """Over the byte bound: the oldest of the sender holding the most bytes goes first."""
+        """Over the byte bound: the highest of the sender holding the most bytes goes first
+        (see the module's doc for what that keeps)."""
         while self._bytes.total() > self.params.future_block_bytes:
             [(heaviest, _)] = self._bytes.most_common(1)
-            self._drop(next(k for k in self._kept if k[0] == heaviest))
+            self._drop(max((k for k in self._kept if k[0] == heaviest), key=_feed_order))
+
+
+def _feed_order(key: KeptKey) -> tuple[int, int]:
+    """By height, then phase (a CHECKPOINT after a height's votes)."""
+    _, kind, seq_no = key
+    return seq_no, kind

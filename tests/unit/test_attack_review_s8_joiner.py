@@ -18,8 +18,9 @@ validator set as it is"). `JoinBuffer.keep` raises it for every consensus messag
 hears until the override's block is near (the engine offers it each one after its replica's
 step; the transport logs a traceback per message and charges nothing).
 
-Finding 2 (liveness, a view change): over the byte bound the oldest message of the sender
-holding the most bytes goes. A byzantine member that keeps below the honest new primary's
+Finding 2 (liveness, a view change; fixed in session 10: the heaviest sender's highest
+message goes, by height then phase): over the byte bound the oldest message of the sender
+holding the most bytes went. A byzantine member that keeps below the honest new primary's
 bytes makes that primary the heaviest, and its oldest message is its PRE-PREPARE of c+1,
 the one the buffer exists to keep, once the primary's blocks in flight pass bound / (f + 1).
 
@@ -101,8 +102,6 @@ def test_a_validator_an_override_removes_keeps_nothing_and_raises_nothing() -> N
     assert len(kept) == 0
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: with the honest primary's in-flight blocks "
-                   "over half the byte bound, one member pushes out its PRE-PREPARE of c+1")
 def test_a_member_cannot_push_the_new_primarys_first_proposal_out_of_the_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The module says a member's flood pushes out only its own. Interleaving (bound scaled
@@ -112,8 +111,10 @@ def test_a_member_cannot_push_the_new_primarys_first_proposal_out_of_the_bound(
     while the joiner still follows (60 kB, over half the bound); a byzantine member (V0[1],
     view 1's primary) sends PRE-PREPAREs of view 1 with 5 kB blocks until the bound is
     passed while holding less than the primary: the heaviest sender is then the honest
-    primary, whose oldest kept message, the PRE-PREPARE of c+1, goes. Correct: the new
-    primary's proposal of c+1 is still there to be fed after the join."""
+    primary, whose oldest kept message, the PRE-PREPARE of c+1, went. Correct: the new
+    primary's proposal of c+1 is still there to be fed after the join. Fixed (session 10,
+    was a strict xfail): the heaviest sender loses its highest message, here the primary's
+    c+3."""
     monkeypatch.setattr(EngineParams, "future_block_bytes", property(lambda self: 100_000))
     kept = buffer()
     proposals = []

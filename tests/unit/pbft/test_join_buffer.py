@@ -178,19 +178,86 @@ def test_a_member_flooding_keeps_one_message_per_kind_and_height() -> None:
     assert len(kept) == 2 * L
 
 
+BOUND = 100_000  # the byte bound, scaled down (64 MiB at the defaults)
+SEVEN = (*V0, NEWCOMER, *POOL[5:7])  # 4 -> 7: f = 2
+
+
+@pytest.fixture
+def bounded(monkeypatch: pytest.MonkeyPatch) -> JoinBuffer:
+    """The newcomer's buffer, with the byte bound scaled to BOUND."""
+    monkeypatch.setattr(EngineParams, "future_block_bytes", property(lambda self: BOUND))
+    return buffer()
+
+
+def proposal(view: int, n: int, size: int, epoch_set: tuple[bytes, ...] = ADDED) -> bytes:
+    """View `view`'s primary's PRE-PREPARE of n, with a block of about `size` bytes."""
+    proposed = b"block %d of view %d " % (n, view) + b"." * size
+    primary = view % len(epoch_set)
+    return wire(PrePrepare(view, n, keccak(proposed), primary), epoch_set, (proposed,))
+
+
+def heights(kept: JoinBuffer, sender: bytes) -> list[int]:
+    return sorted(seq_no for who, _, seq_no in kept._kept if who == sender)
+
+
 def test_blocks_over_the_byte_bound_push_out_the_heaviest_senders_own(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        bounded: JoinBuffer) -> None:
     """A member that is primary of some view floods PRE-PREPAREs with large blocks at every
-    height: over the bound, its own oldest go; the new primary's block stays."""
-    monkeypatch.setattr(EngineParams, "future_block_bytes", property(lambda self: 50_000))
-    kept = buffer()
+    height: over the bound, its own highest go; the new primary's block stays."""
     honest = wire(PrePrepare(0, C + 1, digest(C + 1), 0), blocks=(block(C + 1),))
-    assert kept.keep(honest, scheduled(ADDED), 9)
+    assert bounded.keep(honest, scheduled(ADDED), 9)
     for n in range(C + 1, C + L + 1):  # replica 1 is view 1's primary
-        kept.keep(wire(PrePrepare(1, n, keccak(b"x"), 1), blocks=(b"x" * 10_000,)),
-                  scheduled(ADDED), 9)
-    assert kept.kept_bytes <= 50_000
-    assert kept.take()[0] == honest
+        bounded.keep(proposal(1, n, 10_000), scheduled(ADDED), 9)
+    assert bounded.kept_bytes <= BOUND
+    assert heights(bounded, V0[1]) == list(range(C + 1, C + 10))  # its lowest nine
+    assert bounded.take()[0] == honest
+
+
+def test_f_members_flooding_at_once_leave_the_new_primarys_first_proposal(
+        bounded: JoinBuffer) -> None:
+    """Seven validators (f = 2). The honest new primary (V0[0]) holds c+1 .. c+3 with 20 kB
+    blocks (60 kB of the 100 kB bound), the honest members their votes of c+1; the two
+    byzantine members (V0[1], V0[2]: the primaries of views 1 and 2) flood 5 kB proposals at
+    every height from c+1 up. The primary's c+1 (20 kB <= (bound - the votes) / (f + 1)) and
+    every honest vote stay; each flooder keeps its lowest proposals, as many as leave it no
+    lighter than the primary, which loses c+2 and c+3."""
+    schedule = scheduled(SEVEN)
+    first = proposal(0, C + 1, 20_000, SEVEN)
+    honest = [first, *(proposal(0, n, 20_000, SEVEN) for n in (C + 2, C + 3)),
+              *(wire(kind(0, C + 1, digest(C + 1), i), SEVEN)
+                for kind in (Prepare, Commit) for i in (3, 5, 6))]
+    for data in honest:
+        assert bounded.keep(data, schedule, 9)
+    for n in range(C + 1, C + L + 1):
+        for view in (1, 2):
+            bounded.keep(proposal(view, n, 5_000, SEVEN), schedule, 9)
+    assert bounded.kept_bytes <= BOUND
+    assert heights(bounded, V0[0]) == [C + 1]
+    assert heights(bounded, V0[1]) == list(range(C + 1, C + 8))  # (36 kB and 41 kB: each
+    assert heights(bounded, V0[2]) == list(range(C + 1, C + 9))  # more than the primary's)
+    assert set(honest) - set(bounded.take()) == {honest[1], honest[2]}
+
+
+def test_a_flood_from_above_then_below_costs_the_flooder_its_highest(
+        bounded: JoinBuffer) -> None:
+    """A byzantine member (V0[1]) fills the bound with 5 kB proposals at c+21 .. c+40 before
+    the new primary proposes; the primary's c+1 .. c+3 (20 kB blocks) then come, and the
+    flooder goes on at c+1 .. c+9, below what it holds. What went is the flooder's highest,
+    whenever they came, and the primary's c+3: the primary's c+1 stays, and the flooder
+    keeps its lowest (the oldest of the heaviest would have pushed out the primary's c+1,
+    the newest the flooder's lowest)."""
+    schedule = scheduled(ADDED)
+    for n in range(C + 21, C + L + 1):
+        bounded.keep(proposal(1, n, 5_000), schedule, 9)
+    primarys = [proposal(0, n, 20_000) for n in (C + 1, C + 2, C + 3)]
+    for data in primarys:
+        assert bounded.keep(data, schedule, 9)
+    for n in range(C + 1, C + 10):
+        assert bounded.keep(proposal(1, n, 5_000), schedule, 9)
+    assert bounded.kept_bytes <= BOUND
+    assert heights(bounded, V0[0]) == [C + 1, C + 2]
+    assert heights(bounded, V0[1]) == [*range(C + 1, C + 10), C + 21, C + 22]
+    assert primarys[0] in bounded.take()
 
 
 def test_the_engine_keeps_an_observers_messages_and_feeds_them_after_the_join() -> None:
