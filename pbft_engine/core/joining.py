@@ -27,7 +27,7 @@ height stays, whatever f byzantine members send and in whatever order, while it 
 at most bound / s (s: the senders it keeps messages from). At the defaults (a 64 MiB bound)
 the new primary's PRE-PREPARE of c+1, the message the joiner needs first, survives up to a
 whole frame of the transport (16 MiB) for f <= 2 while the other honest members hold under
-16 MiB (their votes: kilobytes). A flood costs the flooder its highest messages, not the
+15 MiB (their votes: kilobytes). A flood costs the flooder its highest messages, not the
 others' lowest (the attack review s8-joiner, finding 2: when the oldest of the heaviest
 went, an honest primary with a few large blocks in flight was the heaviest, and lost c+1).
 Per-sender quotas of bound / s would promise no more, and would leave a primary's blocks in
