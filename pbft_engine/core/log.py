@@ -60,9 +60,11 @@ def hold_future(future: dict[FutureKey, WireMessage[PhaseMessage]],
                 wire: WireMessage[PhaseMessage], block_bytes: int) -> int:
     """Keep a message for a view not yet entered (or a seqNo beyond the pipeline, or above
     a handover checkpoint not yet stable) in `future`, bounded: one per replica, type and
-    seqNo, and blocks (only a PRE-PREPARE carries one) of at most `block_bytes` in all, the
-    oldest of the heaviest sender dropped first, so a byzantine replica's flood pushes out
-    only its own. Returns how many were dropped."""
+    seqNo, and blocks (only a PRE-PREPARE carries one) of at most `block_bytes` in all: the
+    heaviest sender loses its highest seqNo first, so a flood costs the flooder its own and
+    cannot push out an honest primary's lowest, the one needed first, by making that
+    primary the heaviest (as the join buffer's rule, `joining`, whose doc says what it
+    keeps). Returns how many were dropped."""
     body = wire.signed.body
     key = (body.replica, body.TYPE, body.seq_no)
     held = future.get(key)
@@ -79,8 +81,9 @@ def hold_future(future: dict[FutureKey, WireMessage[PhaseMessage]],
     dropped = 0
     while senders.total() > block_bytes:
         [(heaviest, _)] = senders.most_common(1)
-        oldest = next(k for k, m in future.items() if m.blocks and k[0] == heaviest)
-        senders[heaviest] -= len(future.pop(oldest).blocks[0])
+        highest = max((k for k, m in future.items() if m.blocks and k[0] == heaviest),
+                      key=lambda k: k[2])
+        senders[heaviest] -= len(future.pop(highest).blocks[0])
         dropped += 1
     return dropped
 

@@ -118,7 +118,7 @@ class EngineParams:
     def future_block_bytes(self) -> int:
         """The block bytes a replica holds for views and seqNos it has not reached (PRE-PREPAREs
         of a primary ahead of it): room for a correct primary's blocks in flight, not for a
-        flood; beyond it the oldest of the sender holding the most are dropped."""
+        flood; beyond it the highest of the sender holding the most are dropped."""
         return FUTURE_BLOCK_BYTES
 
     @property

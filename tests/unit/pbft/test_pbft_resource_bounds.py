@@ -86,7 +86,7 @@ def future_blocks(replica: Replica) -> int:
 
 def test_the_future_buffer_is_bounded_in_bytes() -> None:
     """PRE-PREPAREs for a later view are held with their block, up to future_block_bytes in
-    all; a flood pushes out the flooding sender's oldest blocks, not another primary's."""
+    all; a flood pushes out the flooding sender's highest blocks, not another primary's."""
     replica = start_replica()
     honest = b"view 6's block"
     replica.step(from_peer(PrePrepare(6, 1, keccak(honest), 2), (honest,)))
@@ -95,8 +95,25 @@ def test_the_future_buffer_is_bounded_in_bytes() -> None:
         replica.step(from_peer(PrePrepare(5, seq_no, keccak(flood), 1), (flood,)))
     assert future_blocks(replica) <= PARAMS.future_block_bytes
     kept = sorted(seq_no for (sender, _, seq_no), wire in replica.future.items() if sender == 1)
-    assert kept == [4, 5, 6, 7, 8]  # the newest five of the flood
+    assert kept == [1, 2, 3, 4, 5]  # the lowest five of the flood: its highest went
     assert replica.future[(2, MessageType.PRE_PREPARE, 1)].blocks == (honest,)
+
+
+def test_a_flood_cannot_make_an_honest_primary_the_heaviest_and_cost_it_its_lowest() -> None:
+    """The future buffer's twin of the join buffer's finding (attack review s8-joiner,
+    finding 2): view 6's primary has three 15 MiB blocks in flight (over half the bound), view
+    5's primary floods 2 MiB blocks until the bound is passed while holding less. When the
+    oldest of the heaviest went, the honest primary lost seq 1, the one needed first; now
+    the heaviest sender loses its highest."""
+    replica = start_replica()
+    honest = [b"view 6's block %d" % n + b"\x00" * (15 * MIB) for n in (1, 2, 3)]
+    for seq_no, block in enumerate(honest, 1):
+        replica.step(from_peer(PrePrepare(6, seq_no, keccak(block), 2), (block,)))
+    flood = b"\x01" * (2 * MIB)
+    for seq_no in range(1, 12):
+        replica.step(from_peer(PrePrepare(5, seq_no, keccak(flood), 1), (flood,)))
+    assert future_blocks(replica) <= PARAMS.future_block_bytes
+    assert replica.future[(2, MessageType.PRE_PREPARE, 1)].blocks == (honest[0],)
 
 
 # --- the largest NEW-VIEW ---------------------------------------------------------------
