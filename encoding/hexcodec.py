@@ -10,8 +10,8 @@ from typing import Any
 
 from encoding import EncodingError
 
-_QUANTITY = re.compile(r"^0x(0|[1-9a-fA-F][0-9a-fA-F]*)$")
-_LEADING_ZERO = re.compile(r"^0x0[0-9a-fA-F]+$")
+_QUANTITY = re.compile(r"0x(0|[1-9a-fA-F][0-9a-fA-F]*)")
+_LEADING_ZERO = re.compile(r"0x0[0-9a-fA-F]+")
 MAX_UINT256 = 2**256 - 1
 
 
@@ -29,8 +29,8 @@ def parse_quantity(value: Any, what: str = "quantity", *, bits: int = 256) -> in
         raise EncodingError(f"{what} must be a hex string, got {value!r}")
     if value in ("0x", "0X"):
         raise EncodingError(f'{what}: hex string "0x" has no digits')
-    if not _QUANTITY.match(value):
-        if _LEADING_ZERO.match(value):
+    if not _QUANTITY.fullmatch(value):  # (fullmatch: `$` would let "0x1\n" through)
+        if _LEADING_ZERO.fullmatch(value):
             raise EncodingError(f"{what}: hex number with leading zero digits")
         raise EncodingError(f"{what}: {value!r} is not a hex quantity")
     number = int(value, 16)

@@ -32,6 +32,7 @@ def test_quantities(text: str, value: int) -> None:
         ("-0x1", "is not a hex quantity"),
         ("1", "is not a hex quantity"),
         ("0xg", "is not a hex quantity"),
+        ("0x1\n", "is not a hex quantity"),
         (hex(MAX_UINT256 + 1), "hex number > 256 bits"),
         (7, "must be a hex string"),
         (None, "must be a hex string"),
