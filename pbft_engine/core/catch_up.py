@@ -36,10 +36,10 @@ def lagging(replica: Replica) -> bool:
     about the primary: it is catching up or still validating or executing a block (a
     slow or loaded machine), it holds the certificate of its next block (whose body it
     may still be fetching), f+1 replicas vouch for a checkpoint above it, or a peer proved
-    a head above it (`claimed_lag`: one timeout at a time). Not a certificate beyond a
-    gap, which a view change may be needed to fill. (A restarted
-    replica replays such blocks, passing over the requests it pooled meanwhile, so its
-    commits soon stop restarting the timer.)"""
+    a head above it (`claimed_lag`: two timeouts, or two failed fetches). Not a certificate
+    beyond a gap, which a view change may be needed to fill. (A restarted replica replays
+    such blocks, passing over the requests it pooled meanwhile, so its commits soon stop
+    restarting the timer.)"""
     if replica.checkpoints.vouched_above(replica._certified_run_end()) is not None:
         return True  # f+1 replicas executed past this one: one faulty peer cannot fake that
     # Anything else excuses the primary only while it does not keep passing over the oldest
@@ -52,25 +52,43 @@ def lagging(replica: Replica) -> bool:
 
 def claimed_lag(replica: Replica) -> bool:
     """A fetch under way, or a head a peer proved with its certificate, excuses the primary
-    for as many request timeouts in a row without this replica's head moving as failed
-    fetches forget that head (`FORGOTTEN_AFTER`; `excuse` counts them): beyond, only real
-    progress excuses it again. The certificate is block sync's
-    to check; a peer that tells an unprovable head again once per timeout (and serves it
+    for `FORGOTTEN_AFTER` request timeouts in a row at this replica's head (`excuse`), and
+    beyond them until as many fetches in a row have failed there (`missed_fetch`): then
+    only real progress excuses it again. Fetches that fail fast (no peer served a range)
+    get their retries within the timeouts; a fetch slower than the timers (large blocks, a
+    slow link or machine) ends by moving the head, while one of a head no peer can serve
+    fails once block sync has asked every peer (it waits for each answer a bounded time).
+    Counting timeouts alone made f+1 correct replicas catching up slowly together replace
+    a correct primary, and fewer ask alone for a view. The certificate is block sync's to
+    check; a peer that tells an unprovable head again once per timeout (and serves it
     slowly) must not shield a censoring primary for good, as forgetting the head after two
-    failed fetches alone did (`on_fetch_failed`: it only applies between two claims). So
-    Sawtooth PBFT (node.rs `catchup`) stops its idle timeout only while it commits a block
-    a verified seal proves, and starts it again at that commit; Fabric v0.6 (pbft-core.go
-    `weakCheckpointSetOutOfRange`) stops the view-change timer for a state transfer only
-    to a checkpoint f+1 replicas vouch for, never to one replica's word."""
-    head, excused = replica.excused
-    return ((replica.fetching is not None or proved_head(replica) is not None)
-            and (replica.last_exec != head or excused < FORGOTTEN_AFTER))
+    failed fetches alone did (it only applies between two claims). So Sawtooth PBFT
+    (node.rs `catchup`) stops its idle timeout only while it commits a block a verified
+    seal proves, and Fabric v0.6 (pbft-core.go `weakCheckpointSetOutOfRange`) stops the
+    view-change timer for a state transfer only to a checkpoint f+1 replicas vouch for,
+    never to one replica's word."""
+    if replica.fetching is None and proved_head(replica) is None:
+        return False
+    return min(at_head(replica, replica.excused),
+               at_head(replica, replica.missed_fetches)) < FORGOTTEN_AFTER
+
+
+def at_head(replica: Replica, count: tuple[int, int]) -> int:
+    """A (head, count) tally's count, if kept at this replica's head (else 0)."""
+    head, counted = count
+    return counted if head == replica.last_exec else 0
 
 
 def excuse(replica: Replica) -> None:
     """A request timeout was put down to this replica's lag: count it at this head."""
-    head, excused = replica.excused
-    replica.excused = (replica.last_exec, excused + 1 if head == replica.last_exec else 1)
+    replica.excused = (replica.last_exec, at_head(replica, replica.excused) + 1)
+
+
+def missed_fetch(replica: Replica) -> int:
+    """A fetch imported nothing: count it at this head. Returns the fetches in a row that
+    failed there."""
+    replica.missed_fetches = (replica.last_exec, at_head(replica, replica.missed_fetches) + 1)
+    return replica.missed_fetches[1]
 
 
 def proved_head(replica: Replica) -> tuple[int, bytes, bytes] | None:
@@ -112,7 +130,7 @@ def fall_behind(replica: Replica, seq_no: int, block_hash: bytes, state_root: by
 def on_fetch_completed(replica: Replica, event: FetchCompleted) -> None:
     if replica.fetching is None:
         return
-    replica.fetching, replica.missed_fetches = None, 0
+    replica.fetching, replica.missed_fetches = None, (-1, 0)
     replica.executing, replica.held = None, None
     if event.seq_no > replica.last_exec:
         replica.last_exec, replica.last_exec_hash = event.seq_no, event.block_hash
@@ -164,6 +182,5 @@ def on_fetch_failed(replica: Replica, event: FetchFailed) -> None:
         replica.fetching = None
         # A head that two fetches in a row could not reach any of is no longer believed:
         # a peer claiming one it cannot serve would keep `lagging` true for good.
-        replica.missed_fetches += 1
-        if replica.missed_fetches >= FORGOTTEN_AFTER:
+        if missed_fetch(replica) >= FORGOTTEN_AFTER:
             replica.peer_head = min(replica.peer_head, (replica.last_exec, replica.last_exec_hash))

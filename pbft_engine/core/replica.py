@@ -196,7 +196,8 @@ class Replica:
         # kept, since one that arrives while this replica is busy is fetched afterwards.
         self.peer_head: tuple[int, bytes] = (head.seq_no, head.block_hash)
         self.started_at = head  # (restored: it may owe the head's CHECKPOINT, `_resume`)
-        self.missed_fetches = 0  # fetches in a row that imported nothing
+        # (head, fetches in a row that imported nothing at that head: `catch_up.missed_fetch`)
+        self.missed_fetches = (-1, 0)
         # (head, request timeouts in a row its lag excused at that head: `catch_up.excuse`)
         self.excused = (-1, 0)
         self.block_due = False

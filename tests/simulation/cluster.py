@@ -425,6 +425,9 @@ class Cluster:
         # Blocks a peer serves per range request: 32, or fewer when blocks are large (block
         # sync's server stops at MAX_RESPONSE_BYTES), so a fetch takes more ranges.
         self.range_blocks = BLOCKS_PER_RANGE
+        # How long a served range takes to arrive, before it is executed (large blocks over a
+        # slow link): a catch-up slower than the timers whatever the executor's speed.
+        self.range_transfer_ms = 0
         self.lock_race = 0.0
         self.seen: Counter[str] = Counter()  # the hostile world's events that happened
         self.crash_plans: dict[int, _CrashPlan] = {}
@@ -807,8 +810,8 @@ class Cluster:
 
             return duration, give_up
         entries = sources[0].chain.blocks[first - 1:last]
-        duration += sum(self.execution.block_ms(node.index, len(block_txs(e.block)))
-                        for e in entries)
+        duration += self.range_transfer_ms + sum(
+            self.execution.block_ms(node.index, len(block_txs(e.block))) for e in entries)
         if faults is not None and faults.stall and self.rng.random() < faults.stall:
             duration += self.rng.randint(*faults.stall_ms)
 

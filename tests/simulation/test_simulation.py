@@ -41,6 +41,7 @@ from tests.simulation.cluster import (
     CHAIN_ID,
     Cluster,
     ExecutorFaults,
+    NetworkFaults,
     Node,
     SafetyViolation,
     _Queued,
@@ -475,3 +476,36 @@ def test_a_replica_keeps_no_view_of_an_older_epoch() -> None:
     STATUS answers carry, Q COMMITs of the installed set in that view
     (`new_view.join_certified_view`; docs/epochs.md says why that is safe)."""
     run_seed(4, 7)
+
+
+# --- honest replicas catching up slower than the timers (s10 lead (a)) ------------------------
+
+
+TRANSFERS = 50  # one every 100 ms
+
+
+@pytest.mark.parametrize(("n", "laggards"), [(6, (4, 5)), (7, (5, 6))])
+def test_replicas_catching_up_slower_than_the_timers_replace_no_primary(
+        n: int, laggards: tuple[int, ...]) -> None:
+    """f+1 validators (N = 6: the four others are a quorum) or f (N = 7) are down together
+    for two seconds while transactions flow, and restart: each catches up by a fetch whose
+    ranges take 4 s to arrive (five request timeouts: large blocks on a slow link), and no
+    checkpoint vouches for a head above theirs meanwhile (K = 100). Between ccbb6cc and the
+    fix their claimed heads excused two timeouts at the same head: at N = 6 they replaced
+    the correct primary twice (the f+1 rule brought the others along), at N = 7 both asked
+    for view 1 without the others and stayed there, out of the quorum (five of seven
+    voting: no fault left to spare). Past two timeouts, a claimed head now excuses the
+    primary until two fetches in a row have failed at the head, however long each takes
+    (`catch_up.claimed_lag`)."""
+    cluster = Cluster(n, 1, faults=NetworkFaults(1, 10), checkpoint_interval=100)
+    cluster.range_transfer_ms = 5 * cluster.params.request_timeout_ms
+    transfers: list[bytes] = []
+    for i in range(TRANSFERS):
+        cluster.at(100 * i, lambda i=i: transfers.append(cluster.submit(b"transfer %d" % i)))
+    for index in laggards:
+        cluster.at(1_000, partial(cluster.crash, index))
+        cluster.at(3_000, partial(cluster.restart, index))
+    assert cluster.run_until(
+        lambda: len(transfers) == TRANSFERS and cluster.all_committed(transfers), 60_000), (
+        f"heights {cluster.heights()}")
+    assert [node.view_changes for node in cluster.nodes] == [0] * n, cluster.views()

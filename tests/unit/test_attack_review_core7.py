@@ -12,10 +12,11 @@ asserts the outcome only, so it passes once fixed); each attack that held is a p
 Open: 1. a replica restarted during the one new-view timeout of `leave_old_epoch_view`
 never leaves its old-epoch view (db84cae: the timer is not persisted, nothing re-arms it);
 2. a head claimed again every request timeout still shields the primary (94e1e82 forgets a
-head only between two claims; defence in depth; fixed: a claimed head excuses one timeout
-at a time, `catch_up.claimed_lag`); 3. older than both commits, found by the
-membership seeds (2462 at N = 4): a primary that caught up past c drops the others'
-old-epoch NEW-VIEW and stays alone in view 0 with the only copy of the votes.
+head only between two claims; defence in depth; fixed: a claimed head excuses the primary
+for two timeouts, beyond them until two fetches of it failed, `catch_up.claimed_lag`);
+3. older than both commits, found by the membership seeds (2462 at N = 4): a primary that
+caught up past c drops the others' old-epoch NEW-VIEW and stays alone in view 0 with the
+only copy of the votes.
 
 One replica driven event by event (the helpers of `test_replica_handover`): four genesis
 validators V0 (K = 10, W = 2), validator V0[2] under test unless a test says otherwise, the
@@ -175,9 +176,12 @@ def test_a_head_claimed_again_every_request_timeout_does_not_shield_the_primary(
     ran out. Each claim started a fetch, the timer fired while it was under way (`lagging`:
     the timer re-armed), and the fetch then failed and forgot the head (`missed_fetches`
     >= 2), too late: the forgetting only ever applied between two claims, so the crashed
-    or censoring primary was never suspected. A claimed head now excuses the primary for
-    at most two request timeouts in a row at the same head of this replica, as many as
-    the failed fetches that forget it (`catch_up.claimed_lag`)."""
+    or censoring primary was never suspected. A claimed head now excuses the primary
+    for at most two request timeouts in a row at the same head of this replica and,
+    beyond them, until two fetches in a row failed there, the failed fetches that forget
+    it (`catch_up.claimed_lag`; timeouts alone between ccbb6cc and session 10, which
+    blamed honest catch-ups slower than the timers on the primary:
+    `test_attack_review_claimed_lag`)."""
     driven = backup_with_a_waiting_request()
     for _ in range(6):
         driven.step(PeerCommitted(*LIE, b""))  # fetch started at once
