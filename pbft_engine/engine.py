@@ -1,9 +1,10 @@
 """The PBFT engine adapter: chain's `ConsensusEngine` around the pure `Replica`.
 
 It feeds peer messages, pool arrivals, timers and block outcomes into `Replica.step` and carries
-out its `Ready`: the step's `Persist` is one synced LevelDB batch written before any message
-of that step leaves, then the actions in order; block work (build, validate, commit) runs
-through the node's context off the event loop and comes back as the matching event.
+out its `Ready`: the step's `Persist` is written (synced LevelDB batch, then the signing bound)
+before anything of that step is performed, then the actions in order; the steps taken while
+one write is on disk share the next one (`group_commit`). Block work (build, validate, commit)
+runs through the node's context off the event loop and comes back as the matching event.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, assert_never
 
@@ -42,7 +43,6 @@ from pbft_engine.core import (
     FetchFailed,
     LeftValidatorSet,
     MessageReceived,
-    Persist,
     Ready,
     Refusal,
     RelayRequests,
@@ -58,10 +58,11 @@ from pbft_engine.core import (
 )
 from pbft_engine.core.epochs import EpochSchedule
 from pbft_engine.core.joining import JoinBuffer, handover_to_join
-from pbft_engine.core.records import META_STATE, StoreName, u64
+from pbft_engine.core.records import META_STATE, StoreName, StoreOp, u64
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.epoch_feed import EpochFeed
 from pbft_engine.errors import ConfigError, LostRecordsError, PbftError, StoreError
+from pbft_engine.group_commit import GroupCommit
 from pbft_engine.messages import KeySigner, KeyVerifier, decode_commit_certificate
 from pbft_engine.metrics import PbftMetrics
 from pbft_engine.observer import Observer, forwarding_shortfall
@@ -130,6 +131,7 @@ class PbftEngine(ConsensusEngine):
         self._timers: dict[tuple[TimerKind, bytes], TimerHandle] = {}
         self._executed: dict[bytes, ExecutedBlock] = {}  # digest -> block executed here
         self._tasks = BackgroundTasks()
+        self._records = GroupCommit(self._write_records, self._perform_actions)
         self._chain_lock = asyncio.Lock()  # one block import at a time (commit or catch-up)
         self.metrics = PbftMetrics(context.metrics, lambda: self.replica)
         self.log = ConsensusLog(log, lambda: self.replica)
@@ -356,6 +358,7 @@ class PbftEngine(ConsensusEngine):
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
+        await self._records.close()  # before the database closes; nothing performed after
         if self.observer is not None:
             await self.observer.stop()
         elif self.sync is not None:
@@ -448,19 +451,22 @@ class PbftEngine(ConsensusEngine):
     # A step's writes, then its actions in order.
 
     def _perform(self, ready: Ready) -> None:
-        if ready.persist is not None:
-            self._persist(ready.persist)
-        for action in ready.actions:
-            self._perform_one(action)
+        self._records.submit(ready)
 
-    def _persist(self, persist: Persist) -> None:
-        """The step's records, then the signing bound, then (the caller) its messages. A
-        crash between the two writes leaves the store ahead of the file, which a restart
-        joins and writes again before it sends anything; a file ahead of the store means
-        records were lost (`core.signing_bound`), so the file must never get there first."""
-        self.store.apply(persist.ops)  # synced, before anything of this step is sent
-        if persist.signing_bound is not None:
-            self._write_signing_bound(persist.signing_bound)
+    def _write_records(self, ops: Sequence[StoreOp], signing_bound: SigningBound | None
+                       ) -> None:
+        """The records of one or more steps, then the signing bound, then (`GroupCommit`)
+        their actions: on the writer thread. A crash between the two writes leaves the store
+        ahead of the file, which a restart joins and writes again before it sends anything; a
+        file ahead of the store means records were lost (`core.signing_bound`), so the file
+        must never get there first."""
+        self.store.apply(ops)  # one synced batch
+        if signing_bound is not None:
+            self._write_signing_bound(signing_bound)
+
+    def _perform_actions(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            self._perform_one(action)
 
     def _perform_one(self, action: Action) -> None:
         match action:
@@ -501,8 +507,8 @@ class PbftEngine(ConsensusEngine):
                 assert_never(action)
 
     def _write_signing_bound(self, bound: SigningBound) -> None:
-        """A failed write stops the node as a failed database write does (nothing of this
-        step is sent: a vote must never leave uncovered by the file)."""
+        """A failed write stops the node as a failed database write does (nothing of the
+        steps it covers is sent: a vote must never leave uncovered by the file)."""
         assert self.state_file is not None
         try:
             self.state_file.write(bound)

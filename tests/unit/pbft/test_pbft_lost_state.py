@@ -31,7 +31,6 @@ from pbft_engine.core import (
     FetchFailed,
     Mode,
     PeerCommitted,
-    Persist,
     Ready,
     Replica,
     RequestReceived,
@@ -56,7 +55,6 @@ from pbft_engine.messages import (
 )
 from pbft_engine.record_store import MemoryConsensusStore
 from pbft_engine.validator_state import ValidatorStateFile
-from storage import StorageFailure
 from tests.simulation.cluster import Cluster
 from tests.unit.pbft.helpers import (
     AUTH,
@@ -484,33 +482,6 @@ def test_the_validator_state_file_round_trips_and_refuses_what_is_not_its_own(
     mine.path.write_text("{not json")
     with pytest.raises(StoreError, match="restore it from a backup"):
         mine.read()
-
-
-def test_a_state_file_that_cannot_be_written_stops_the_node_before_the_vote_leaves(
-    tmp_path: Path,
-) -> None:
-    failures: list[Exception] = []
-    engine = PbftEngine.__new__(PbftEngine)
-    engine.state_file = ValidatorStateFile(tmp_path / "gone", SIGNERS[ME].address)
-    engine.store = MemoryConsensusStore()
-    sent: list[bytes] = []
-    engine.context = SimpleNamespace(database=SimpleNamespace(on_failure=failures.append),
-                                     broadcast=sent.append)
-    with pytest.raises(StorageFailure):
-        engine._perform(Ready(Persist((), SigningBound(0, H)), [Broadcast(b"a vote")]))
-    assert len(failures) == 1 and "cannot write" in str(failures[0]) and sent == []
-
-
-def test_the_adapter_writes_the_store_before_the_state_file(tmp_path: Path) -> None:
-    """The order that makes a crash between the two writes harmless (next test)."""
-    order: list[str] = []
-    engine = PbftEngine.__new__(PbftEngine)
-    engine.state_file = SimpleNamespace(write=lambda bound: order.append("file"))
-    engine.store = SimpleNamespace(apply=lambda ops: order.append("store"))
-    engine.context = SimpleNamespace(broadcast=lambda data: order.append("send"))
-    engine.replica = None
-    engine._perform(Ready(Persist((), SigningBound(0, H)), [Broadcast(b"a vote")]))
-    assert order == ["store", "file", "send"]
 
 
 @pytest.mark.parametrize("crash_at", range(3))
