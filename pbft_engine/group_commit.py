@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pbft_engine.core import Action, Ready
 from pbft_engine.core.records import Put, StoreOp
 from pbft_engine.core.signing_bound import SigningBound
+from storage import StorageFailure
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,12 @@ class GroupCommit:
             self._fail()
             return
         for actions in group.actions:
-            self._perform(actions)
+            try:
+                self._perform(actions)
+            except StorageFailure:
+                pass  # the database reported it: the node stops
+            except Exception:  # the step's own failure (it was its caller's): not the next's
+                log.exception("the actions of a consensus step failed")
 
     def _fail(self) -> None:
         self.failed = True

@@ -208,6 +208,29 @@ def test_records_of_steps_that_perform_nothing_wait_for_a_step_that_does(
     adapter.database.close()
 
 
+def test_a_step_whose_action_fails_does_not_take_the_next_steps_actions(
+    tmp_path: Path,
+) -> None:
+    """As when each step ran alone: the failure ends its own step's actions (logged)."""
+    adapter = Adapter(tmp_path)
+
+    async def scenario() -> None:
+        adapter.engine._perform(Ready(Persist((Put(StoreName.SIGNED, b"bad", b"v"),)),
+                                      [SetTimer(TimerKind.REQUEST, b"", -1),
+                                       Broadcast(b"bad")]))
+        adapter.step(b"next")
+        await until(lambda: adapter.sent, "the next step's broadcast")
+        await adapter.engine._records.close()
+
+    def refuse(delay: float, fire: Callable[[], None]) -> SimpleNamespace:
+        raise ValueError("a timer it cannot set")
+
+    adapter.engine.context.call_later = refuse
+    run(scenario)
+    assert adapter.sent == [(b"next", True)]
+    adapter.database.close()
+
+
 def test_a_failed_write_sends_nothing_it_covered_nor_anything_after(tmp_path: Path) -> None:
     adapter = Adapter(tmp_path)
 
