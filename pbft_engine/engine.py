@@ -460,9 +460,10 @@ class PbftEngine(ConsensusEngine):
         ahead of the file, which a restart joins and writes again before it sends anything; a
         file ahead of the store means records were lost (`core.signing_bound`), so the file
         must never get there first."""
-        self.store.apply(ops)  # one synced batch
-        if signing_bound is not None:
-            self._write_signing_bound(signing_bound)
+        with self.metrics.record_writes.time():
+            self.store.apply(ops)  # one synced batch
+            if signing_bound is not None:
+                self._write_signing_bound(signing_bound)
 
     def _perform_actions(self, actions: Sequence[Action]) -> None:
         for action in actions:

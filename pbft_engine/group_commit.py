@@ -58,7 +58,7 @@ class _Group:
     signing_bound: SigningBound | None = None
     actions: list[list[Action]] = field(default_factory=list)  # one list per step
     size: int = 0
-    performs = False  # a step of the group has actions: they wait for the write
+    performs: bool = False  # a step of the group has actions: they wait for the write
 
     def add(self, ready: Ready, size: int) -> None:
         if ready.persist is not None:
@@ -187,8 +187,8 @@ class GroupCommit:
         self._finish(group, None)
 
     async def close(self) -> None:
-        """Wait for the write in flight (the database closes after this); steps not yet
-        performed are dropped, as in a crash after their write: nothing of them was sent."""
+        """Wait for the write in flight (the database closes after this) and perform
+        nothing more: as a crash after that write, which a restart recovers from."""
         self._fail()
         if self._start is not None:
             self._start.cancel()

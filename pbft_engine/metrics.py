@@ -24,6 +24,7 @@ from pbft_engine.core import Mode, Replica
 from pbft_engine.messages import MessageType
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+WRITE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 # Every reason the replica passes to _start_view_change / _count_view_change (a unit test
 # reads them from the replica's source).
 VIEW_CHANGE_REASONS = ("request_timeout", "new_view_timeout", "evidence", "invalid_block",
@@ -68,6 +69,12 @@ class PbftMetrics:
             "pbft_commit_latency_seconds",
             "From building or validating a block here to committing it",
             buckets=LATENCY_BUCKETS, registry=registry)
+        # its count over the blocks committed: synced writes a block (issue 29's tail)
+        self.record_writes = Histogram(
+            "pbft_record_write_seconds",
+            "One synced write of consensus records (the steps it covers, then the signing "
+            "bound), on the writer thread",
+            buckets=WRITE_BUCKETS, registry=registry)
         registry.register(CallbackCollector(self._collect))
 
     def block_started(self, seq_no: int) -> None:

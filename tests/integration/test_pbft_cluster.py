@@ -126,6 +126,7 @@ def test_prometheus_metrics(cluster: Cluster) -> None:
     assert samples["pbft_messages_total[('direction', 'in'), ('type', 'commit')]"] >= 2 * height
     assert samples["pbft_messages_total[('direction', 'out'), ('type', 'prepare')]"] >= height
     assert samples["pbft_commit_latency_seconds_count[]"] >= 1
+    assert samples["pbft_record_write_seconds_count[]"] >= 1  # group commits (issue 29)
     assert samples["chain_block_execution_seconds_count[('kind', 'validate')]"] >= 1
     assert "txpool_transactions[]" in samples
     assert samples["p2p_frames_total[('channel', 'engine'), ('direction', 'in')]"] > 0

@@ -121,9 +121,10 @@ FETCH_OVERHEAD_MS = 5
 BYZANTINE_FETCH_MS = 2_000  # how long a lying catch-up source may hold a fetch
 BLOCKS_PER_RANGE = 32  # pbft_engine.sync.MAX_BLOCKS_PER_REQUEST: a fetch commits a range at once
 MAX_EXECUTED = 64  # pbft_engine.engine.MAX_EXECUTED: executed blocks the adapter keeps
-# The adapter's write order in a step (pbft_engine/engine.py `_persist`): the store batch, then
-# the validator state file. False is the order before issue 28 (the file first), kept so a test
-# can show that a crash between the two writes then restarts an amnesic replica.
+# The adapter's write order in a step (pbft_engine/engine.py `_write_records`): the store
+# batch, then the validator state file. False is the order before issue 28 (the file first),
+# kept so a test can show that a crash between the two writes then restarts an amnesic
+# replica.
 STORE_FIRST = True
 # Where a crash can fall (`Cluster.arm_crash`): before a step's store batch ("step": the event
 # is lost), between the store batch and the signing bound ("bound"), between two actions of a
@@ -520,7 +521,10 @@ class Cluster:
 
     def perform(self, node: Node, ready: Ready) -> None:
         """The step's store batch, then its signing bound, then its actions in order (the
-        adapter's `_persist` and `_perform`); a crash may fall between any two of them."""
+        adapter's `_write_records` and `_perform_one`); a crash may fall between any two of
+        them. One write per step: the adapter's group commit (several steps' records in one
+        write, their actions after it) is tested on the engine, with LevelDB
+        (tests/unit/pbft/test_group_commit.py)."""
         if ready.persist is not None:  # before anything of the step is sent
             persist = ready.persist
             self._write_point(node, "step")

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 from eth_hash.auto import keccak
+from prometheus_client import Histogram
 
 from pbft_engine.core import (
     Action,
@@ -90,7 +91,8 @@ class Adapter:
             dialed_peers=frozenset(),
             call_later=self._call_later)
         engine._timers = {}
-        engine.metrics = SimpleNamespace(block_started=lambda seq_no: None)
+        engine.metrics = SimpleNamespace(block_started=lambda seq_no: None,
+                                         record_writes=Histogram("w", "", registry=None))
         engine._tasks = SimpleNamespace(spawn=lambda work, what: work.close())  # no blocks here
         engine._records = (GroupCommit(engine._write_records, engine._perform_actions)
                            if max_bytes is None else
@@ -282,6 +284,7 @@ def test_the_adapter_writes_the_store_before_the_state_file(tmp_path: Path) -> N
     engine.store = SimpleNamespace(apply=lambda ops: order.append("store"))
     engine.context = SimpleNamespace(broadcast=lambda data: order.append("send"))
     engine.replica = None
+    engine.metrics = SimpleNamespace(record_writes=Histogram("w", "", registry=None))
     engine._records = GroupCommit(engine._write_records, engine._perform_actions)
 
     async def scenario() -> None:
