@@ -1,0 +1,150 @@
+"""The attack review of group commit (s10, before it landed): what the adapter does while a
+step's actions wait for the write that covers them (`pbft_engine.group_commit`). Each finding
+is a strict xfail naming the interleaving until its gap is fixed; the engine's own write and
+perform paths run around a real LevelDB store and validator state file
+(`test_group_commit.Adapter`), with a real replica where the core's answer matters."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from eth_hash.auto import keccak
+
+from pbft_engine.core import (
+    BlockCommitted,
+    BlockValidated,
+    ChainHead,
+    Event,
+    MessageReceived,
+    Replica,
+    RequestReceived,
+    TimerKind,
+)
+from pbft_engine.engine import ConsensusLog
+from pbft_engine.messages import Commit, KeyVerifier, Prepare
+from tests.unit.pbft.helpers import GENESIS, PARAMS, SIGNERS, from_peer, tx_hashes
+from tests.unit.pbft.test_group_commit import Adapter, run, until
+from tests.unit.pbft.test_pbft_lost_state import ME, pre_prepare
+
+
+@dataclass
+class Timer:
+    """A timer the adapter set: the loop runs `fire` at its deadline unless cancelled first."""
+
+    delay: float
+    fire: Callable[[], None]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def deadline_passes(self) -> None:
+        """The loop's clock reaches the deadline (asyncio runs a handle not cancelled)."""
+        if not self.cancelled:
+            self.fire()
+
+
+@dataclass
+class Clock:
+    """The adapter's `call_later`, with deadlines passed by hand (no wall clock)."""
+
+    timers: list[Timer] = field(default_factory=list)
+
+    def call_later(self, delay: float, fire: Callable[[], None]) -> Timer:
+        self.timers.append(Timer(delay, fire))
+        return self.timers[-1]
+
+
+def replica_adapter(directory: Path) -> tuple[Adapter, Replica, Clock]:
+    """The adapter around a real replica (`ME`, a backup in view 0) that it steps
+    (`PbftEngine._step`: the way a timer's firing reaches the core); `start` it on the loop."""
+    adapter = Adapter(directory)
+    clock = Clock()
+    engine = adapter.engine
+    engine.context.call_later = clock.call_later
+    engine.context.relay_transactions = lambda peer, tx_hashes: None
+    engine.context.send = lambda peer, data: None
+    engine.log = ConsensusLog(logging.getLogger(__name__), lambda: engine.replica)
+    replica = Replica.restore(PARAMS, ME, SIGNERS[ME], KeyVerifier(), ChainHead(0, GENESIS),
+                              adapter.store, block_digest=keccak,
+                              signing_bound=adapter.state_file.read(), fresh_validator=False)
+    engine.replica = replica
+    return adapter, replica, clock
+
+
+async def start(adapter: Adapter, replica: Replica) -> None:
+    adapter.engine._perform(replica.start())
+    await until(lambda: adapter.engine._records.idle, "the start's write")
+
+
+def request_timer(adapter: Adapter) -> Timer:
+    """The adapter's handle of the REQUEST timer now (`PbftEngine._timers`)."""
+    timer = adapter.engine._timers[(TimerKind.REQUEST, b"")]
+    assert isinstance(timer, Timer)
+    return timer
+
+
+def step(adapter: Adapter, replica: Replica, event: Event) -> None:
+    """One step of the core through the adapter's write and perform paths (as the
+    adapter's `_step` does, without reading the chain for a schedule change)."""
+    adapter.engine._perform(replica.step(event))
+
+
+async def commit_block_one(adapter: Adapter, replica: Replica, digest: bytes,
+                           message: MessageReceived) -> None:
+    """Block 1 prepared and committed here (its `CommitBlock` performed), in view 0."""
+    step(adapter, replica, message)
+    step(adapter, replica, BlockValidated(1, digest, True))
+    for peer in (1, 3):
+        step(adapter, replica, from_peer(Prepare(0, 1, digest, peer)))
+    for peer in (1, 3):
+        step(adapter, replica, from_peer(Commit(0, 1, digest, peer)))
+    await until(lambda: adapter.engine._records.idle, "block 1's writes and actions")
+
+
+@pytest.mark.xfail(strict=True, reason="finding 1: a timer the core restarted in a step that "
+                   "waits for its write still fires, and the core takes it for the new one")
+def test_a_request_timer_restarted_by_a_waiting_step_does_not_start_a_view_change(
+    tmp_path: Path,
+) -> None:
+    """Finding 1 (liveness): a backup times the primary for two waiting transactions; the
+    block with the first commits late in the request timeout (a slow round). The core's
+    `BlockCommitted` step restarts its request timer for the second (`retime_primary`:
+    `SetTimer(REQUEST)`, a fresh timeout), but that step waits for its write (its records,
+    behind a write on disk), and the adapter's handle of the old timer is cancelled only
+    when the step's actions are performed. The old deadline passes meanwhile:
+    `TimerFired(REQUEST)` reaches the core, which holds its timer armed (the restart set
+    `request_timer_armed`), a transaction waiting and nothing of its own to excuse the
+    primary (`lagging`), so it leaves view 0 (`request_timeout`) a moment after the primary
+    delivered. Before group commit the step's write held the loop and the timer was
+    restarted before any timer callback could run. The same stale fire reaches the core
+    for every timer a waiting step cancels or restarts (RESEND, BLOCK_PERIOD, VALIDATION:
+    there the core checks, or it costs a message or an early block); the window is the
+    wait for the write: a write on disk (a slow fsync) plus QUIET_STEP_DELAY."""
+    adapter, replica, clock = replica_adapter(tmp_path)
+    first, second = tx_hashes(2)
+
+    async def scenario() -> None:
+        await start(adapter, replica)
+        step(adapter, replica, RequestReceived(first))
+        step(adapter, replica, RequestReceived(second))
+        digest, message = pre_prepare(1, b"with the first")
+        await commit_block_one(adapter, replica, digest, message)
+        timed = request_timer(adapter)  # (restarted by the block's validation)
+        writes = adapter.store.writing
+        adapter.store.gate.clear()  # a slow disk: the next write is on it a while
+        step(adapter, replica, BlockCommitted(1, digest, b"root", (first,)))
+        await until(lambda: adapter.store.writing == writes + 1,
+                    "the write covering the commit to begin")
+        timed.deadline_passes()  # the old deadline, during that write
+        adapter.store.gate.set()
+        await until(lambda: adapter.engine._records.idle, "the commit's actions")
+        await adapter.engine._records.close()
+
+    run(scenario)
+    assert (replica.view, replica.active) == (0, True)  # still timing a primary that delivered
+    adapter.database.close()
