@@ -20,10 +20,14 @@ from pbft_engine.core import (
     ChainHead,
     Event,
     MessageReceived,
+    Persist,
+    Ready,
     Replica,
     RequestReceived,
+    SendTo,
     TimerKind,
 )
+from pbft_engine.core.records import Put, StoreName
 from pbft_engine.engine import ConsensusLog
 from pbft_engine.messages import Commit, KeyVerifier, Prepare
 from tests.unit.pbft.helpers import GENESIS, PARAMS, SIGNERS, from_peer, tx_hashes
@@ -147,4 +151,57 @@ def test_a_request_timer_restarted_by_a_waiting_step_does_not_start_a_view_chang
 
     run(scenario)
     assert (replica.view, replica.active) == (0, True)  # still timing a primary that delivered
+    adapter.database.close()
+
+
+@dataclass
+class Installed:
+    """The part of a replica the adapter reads to route a message to one replica
+    (`PbftEngine._installed_member`): the installed epoch's set."""
+
+    validators: tuple[bytes, ...]
+
+    @property
+    def epochs(self) -> Installed:
+        return self
+
+    @property
+    def current(self) -> Installed:
+        return self
+
+
+@pytest.mark.xfail(strict=True, reason="finding 2: a waiting step's SendTo is routed by the "
+                   "epoch installed when it is performed, not when its step ended")
+def test_a_message_to_one_replica_goes_to_the_member_its_step_named(tmp_path: Path) -> None:
+    """Finding 2 (liveness, at a set change): `SendTo` and `RelayRequests` name a replica by
+    its index in the epoch installed as the step ends (`core.actions.SendTo`; the step that
+    installs an epoch drops its own, `handover.install`, for that reason). The adapter
+    resolves the index when it performs the action (`_installed_member`): a step that waits
+    for a write while a later step installs the next epoch (the handover checkpoint's
+    commit, one write later) sends to whoever holds that index in the new set. Removing
+    validator 0 moves every index down by one: a relay to primary 1 (or the NEW-VIEW for
+    VIEW-CHANGE sender 1) goes to validator 2; an index past the new set's end raises in
+    `_perform_one`, and `GroupCommit._finish` drops the rest of that step's actions (in
+    `_resend_view_change`, its VIEW_CHANGE_RESEND timer). Broadcast's copies to members
+    dialing in (`_members_dialing_in`) are chosen from the schedule at perform time too."""
+    adapter = Adapter(tmp_path)
+    genesis_set = PARAMS.validators
+    replica = Installed(genesis_set)
+    adapter.engine.replica = replica  # type: ignore[assignment]
+    sent: list[tuple[bytes, bytes]] = []
+    adapter.engine.context.send = lambda peer, data: sent.append((peer, data))
+
+    async def scenario() -> None:
+        adapter.store.gate.clear()
+        adapter.engine._perform(Ready(Persist((Put(StoreName.SIGNED, b"on disk", b"v"),))))
+        await until(lambda: adapter.store.writing == 1, "its write to begin")
+        adapter.engine._perform(Ready(None, [SendTo(1, b"to replica 1 of the genesis set")]))
+        replica.validators = genesis_set[1:]  # a later step installs the next epoch
+        adapter.engine._perform(Ready(Persist((Put(StoreName.SIGNED, b"c", b"v"),))))
+        adapter.store.gate.set()
+        await until(lambda: adapter.engine._records.idle, "the waiting steps' actions")
+        await adapter.engine._records.close()
+
+    run(scenario)
+    assert sent == [(genesis_set[1], b"to replica 1 of the genesis set")]
     adapter.database.close()
