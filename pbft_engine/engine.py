@@ -129,6 +129,8 @@ class PbftEngine(ConsensusEngine):
         self.store = LevelDBConsensusStore(context.database)
         self.replica: Replica | None = None
         self._timers: dict[tuple[TimerKind, bytes], TimerHandle] = {}
+        # Each timer as the core's steps left it: its last SetTimer, none once cancelled.
+        self._armed: dict[tuple[TimerKind, bytes], SetTimer] = {}
         self._executed: dict[bytes, ExecutedBlock] = {}  # digest -> block executed here
         self._tasks = BackgroundTasks()
         self._records = GroupCommit(self._write_records, self._perform_actions)
@@ -297,9 +299,7 @@ class PbftEngine(ConsensusEngine):
         self.log.info("left the validator set: epoch %d decides from block %d without this "
                       "node; following the chain as an observer", action.epoch,
                       action.first_height)
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         self.replica = None
         sync, self.sync = self.sync, None
         if sync is not None:
@@ -355,9 +355,7 @@ class PbftEngine(ConsensusEngine):
         return min(2.0, max(0.25, self.engine_params.request_timeout_ms / 4000))
 
     async def stop(self) -> None:
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self._cancel_timers()
         await self._records.close()  # before the database closes; nothing performed after
         if self.observer is not None:
             await self.observer.stop()
@@ -451,7 +449,18 @@ class PbftEngine(ConsensusEngine):
     # A step's writes, then its actions in order.
 
     def _perform(self, ready: Ready) -> None:
+        self._note_timers(ready.actions)
         self._records.submit(ready)
+
+    def _note_timers(self, actions: Sequence[Action]) -> None:
+        """A step re-arms or cancels a timer as it ends, though its SetTimer and CancelTimer
+        wait for its write (`group_commit`): meanwhile the handle it replaced must not fire
+        into the core, which would take it for the timer it just armed."""
+        for action in actions:
+            if isinstance(action, SetTimer):
+                self._armed[(action.kind, action.key)] = action
+            elif isinstance(action, CancelTimer):
+                self._armed.pop((action.kind, action.key), None)
 
     def _write_records(self, ops: Sequence[StoreOp], signing_bound: SigningBound | None
                        ) -> None:
@@ -518,6 +527,12 @@ class PbftEngine(ConsensusEngine):
             self.context.database.on_failure(failure)
             raise failure from None
 
+    def _cancel_timers(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        self._armed.clear()
+
     def _alarm(self, alarm: Alarm) -> None:
         self.alarms.append(alarm)
         self.log.error("alarm %s: %s", alarm.kind, alarm.detail)
@@ -529,6 +544,9 @@ class PbftEngine(ConsensusEngine):
             previous.cancel()
 
         def fire() -> None:
+            if self._armed.get(key) is not action:
+                return  # re-armed or cancelled by a step whose actions wait for its write
+            del self._armed[key]
             self._timers.pop(key, None)
             if action.kind is TimerKind.VALIDATION:  # (cancelled when answered in time)
                 self.metrics.block_refused("timeout")

@@ -90,7 +90,7 @@ class Adapter:
             database=self.database, broadcast=self._broadcast, peers=frozenset,
             dialed_peers=frozenset(),
             call_later=self._call_later)
-        engine._timers = {}
+        engine._timers, engine._armed = {}, {}
         engine.metrics = SimpleNamespace(block_started=lambda seq_no: None,
                                          record_writes=Histogram("w", "", registry=None))
         engine._tasks = SimpleNamespace(spawn=lambda work, what: work.close())  # no blocks here
@@ -283,7 +283,7 @@ def test_the_adapter_writes_the_store_before_the_state_file(tmp_path: Path) -> N
     engine.state_file = SimpleNamespace(write=lambda bound: order.append("file"))
     engine.store = SimpleNamespace(apply=lambda ops: order.append("store"))
     engine.context = SimpleNamespace(broadcast=lambda data: order.append("send"))
-    engine.replica = None
+    engine.replica, engine._armed = None, {}
     engine.metrics = SimpleNamespace(record_writes=Histogram("w", "", registry=None))
     engine._records = GroupCommit(engine._write_records, engine._perform_actions)
 
