@@ -209,3 +209,33 @@ def test_a_message_to_one_replica_goes_to_the_member_its_step_named(tmp_path: Pa
     run(scenario)
     assert sent == [(genesis_set[1], b"to replica 1 of the genesis set")]
     adapter.database.close()
+
+
+@pytest.mark.xfail(strict=True, reason="finding 3: a write that fails other than as the "
+                   "database's StorageFailure stops the validator's sends, not the node")
+def test_a_write_that_fails_otherwise_stops_the_node_too(tmp_path: Path) -> None:
+    """Finding 3 (a silent halt of one validator): a write on the writer thread that raises
+    anything but the database's own `StorageFailure` (reported to `on_failure`, which
+    stops the node) is only logged by `GroupCommit._written_in_background`: `failed` is set,
+    so every later step of the core is dropped unwritten and unperformed, while the node
+    runs on, serving and counted a validator, without a vote ever leaving again. Before
+    group commit such an error rose out of the step to its caller and the next step wrote
+    again. Here a bug in the write (`TypeError`); plyvel's `RuntimeError` on a closed
+    database, or a `MemoryError` building an 8 MiB batch, take the same path."""
+    adapter = Adapter(tmp_path)
+
+    def broken(ops: object) -> None:
+        raise TypeError("a write that fails in no way the database reports")
+
+    adapter.store.apply = broken  # type: ignore[method-assign,assignment]
+
+    async def scenario() -> None:
+        adapter.step(b"a vote")
+        await until(lambda: adapter.engine._records.failed, "the failed write")
+        adapter.step(b"every later vote")  # dropped: nothing written, nothing sent
+        await adapter.engine._records.close()
+
+    run(scenario)
+    assert adapter.sent == []
+    assert len(adapter.failures) == 1  # the node is told, as for a database failure
+    adapter.database.close()
