@@ -126,6 +126,16 @@ MAX_EXECUTED = 64  # pbft_engine.engine.MAX_EXECUTED: executed blocks the adapte
 # kept so a test can show that a crash between the two writes then restarts an amnesic
 # replica.
 STORE_FIRST = True
+# The adapter's group commit (pbft_engine/group_commit.py) as a write of this many ms: a step
+# that writes (or one behind a waiting step) waits for the next write; the steps taken while
+# one is on disk share the next, and their actions follow it in step order. 0: one write per
+# step, performed at once (the default). TIMERS_AS_STEPS_END: a step's SetTimer/CancelTimer
+# replace the node's timer as the step ends (`PbftEngine._note_timers`), not when performed.
+GROUP_COMMIT_MS = 0
+TIMERS_AS_STEPS_END = True
+# ROUTES_AS_STEPS_END: a waiting step's SendTo/RelayRequests go to the member its index named
+# as the step ended (False: the epoch installed when it is performed, as s10-gc's adapter).
+ROUTES_AS_STEPS_END = True
 # Where a crash can fall (`Cluster.arm_crash`): before a step's store batch ("step": the event
 # is lost), between the store batch and the signing bound ("bound"), between two actions of a
 # step ("send": some messages out, some not, timers unset), after a block's chain commit before
@@ -221,6 +231,10 @@ class Node:
     alarms: list[Alarm] = field(default_factory=list)
     jobs: deque[_Queued] = field(default_factory=deque)
     busy: bool = False  # the executor runs a job
+    # steps behind the write (group commit), each with the installed set as it ended
+    waiting: list[tuple[Ready, tuple[bytes, ...]]] = field(default_factory=list)
+    writing: bool = False  # a group write is on disk
+    armed: dict[tuple[TimerKind, bytes], SetTimer] = field(default_factory=dict)
     ready: dict[bytes, dict[bytes, None]] = field(default_factory=dict)  # reported, by sender
     last_view: int = 0
     last_progress: int = -1  # last_executed at the previous status poll
@@ -269,6 +283,13 @@ class _Evict:
 @dataclass(frozen=True)
 class _JobDone:
     finish: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class _Written:
+    """A group write returned: the steps it covered, in order."""
+
+    group: tuple[tuple[Ready, tuple[bytes, ...]], ...]
 
 
 @dataclass(frozen=True)
@@ -477,6 +498,10 @@ class Cluster:
             item.action()
             return
         node = self.nodes[index]
+        if isinstance(item, _Written):
+            if node.up and node.epoch == epoch and not node.following:
+                self._written(node, item)
+            return
         if node.following and node.epoch == epoch:
             self._while_following(node, item)
             return
@@ -512,18 +537,52 @@ class Cluster:
         assert node.replica is not None
         if isinstance(event, MessageReceived):
             self.delivered.append(event.data)
-        self.perform(node, node.replica.step(event))
+        self._submit(node, node.replica.step(event))
         if node.replica is not None and node.replica.view > node.last_view:
             node.last_view = node.replica.view
             node.view_changes += 1
 
     # --- the adapter side ---------------------------------------------------------------
 
-    def perform(self, node: Node, ready: Ready) -> None:
+    def _submit(self, node: Node, ready: Ready) -> None:
+        """A step's Ready: performed now (one write per step), or behind the group write."""
+        if not GROUP_COMMIT_MS or (ready.persist is None and not node.waiting
+                                   and not node.writing):
+            self.perform(node, ready)
+            return
+        if TIMERS_AS_STEPS_END:
+            for action in ready.actions:
+                if isinstance(action, SetTimer | CancelTimer):
+                    node.timers.pop((action.kind, action.key), None)
+                if isinstance(action, SetTimer):
+                    node.armed[(action.kind, action.key)] = action
+                elif isinstance(action, CancelTimer):
+                    node.armed.pop((action.kind, action.key), None)
+        node.waiting.append((ready, node.replica.epochs.current.validators))
+        if not node.writing:
+            self._start_write(node)
+
+    def _start_write(self, node: Node) -> None:
+        group, node.waiting = tuple(node.waiting), []
+        node.writing = True
+        self._schedule(GROUP_COMMIT_MS, node, _Written(group))
+
+    def _written(self, node: Node, item: _Written) -> None:
+        node.writing = False
+        for ready, members in item.group:
+            if node.replica is None:
+                break  # (left the set: nothing more of it)
+            self.perform(node, ready, members if ROUTES_AS_STEPS_END else None, deferred=True)
+        if node.waiting and node.replica is not None:
+            self._start_write(node)
+
+    def perform(self, node: Node, ready: Ready, members: tuple[bytes, ...] | None = None,
+                deferred: bool = False) -> None:
         """The step's store batch, then its signing bound, then its actions in order (the
         adapter's `_write_records` and `_perform_one`); a crash may fall between any two of
-        them. One write per step: the adapter's group commit (several steps' records in one
-        write, their actions after it) is tested on the engine, with LevelDB
+        them. One write per step, unless GROUP_COMMIT_MS models the adapter's group commit
+        (`_submit`: `deferred`, the steps of one group write, performed after it, routed to
+        `members`); its LevelDB side is tested on the engine
         (tests/unit/pbft/test_group_commit.py)."""
         if ready.persist is not None:  # before anything of the step is sent
             persist = ready.persist
@@ -545,13 +604,17 @@ class Cluster:
                 case Broadcast():
                     self._send(node, None, action.data)
                 case SendTo():
-                    self._send(node, self._node_of(node, action.replica), action.data)
+                    self._send(node, self._node_of(node, action.replica, members), action.data)
                 case RelayRequests():
-                    self._relay(node, self._node_of(node, action.replica), action.tx_hashes)
+                    self._relay(node, self._node_of(node, action.replica, members),
+                                action.tx_hashes)
                 case LeftValidatorSet():
                     self._leave(node)
                     return  # (nothing else of the step is done: the replica is gone)
                 case SetTimer():
+                    if (deferred and TIMERS_AS_STEPS_END
+                            and node.armed.get((action.kind, action.key)) is not action):
+                        continue  # re-armed or cancelled by a later step already
                     node.timers[(action.kind, action.key)] = self.now + action.duration_ms
                     self._schedule(action.duration_ms, node, (action.kind, action.key))
                 case CancelTimer():
@@ -923,16 +986,18 @@ class Cluster:
             if node.replica is not None:
                 self.feed(node.index, change)
 
-    def _node_of(self, node: Node, replica: int) -> int:
+    def _node_of(self, node: Node, replica: int, members: tuple[bytes, ...] | None = None
+                 ) -> int:
         """The node replica `replica` of this node's installed epoch runs on (route by
-        address: an index names another member in another epoch)."""
+        address: an index names another member in another epoch), or of `members`."""
         assert node.replica is not None
-        return self.by_address[node.replica.epochs.current.validators[replica]]
+        return self.by_address[(members or node.replica.epochs.current.validators)[replica]]
 
     def _leave(self, node: Node) -> None:
         """LeftValidatorSet: the replica is gone, the node follows as an observer."""
         self.seen["left the set"] += 1
         node.replica, node.timers = None, {}
+        node.waiting, node.writing, node.armed = [], False, {}
         node.jobs.clear()
         node.busy = False
         self._follow(node)
@@ -1295,6 +1360,7 @@ class Cluster:
         node.replica, node.following = None, False
         node.epoch += 1
         node.timers.clear()
+        node.waiting, node.writing, node.armed = [], False, {}
         node.jobs.clear()
         node.busy = False
 
@@ -1348,6 +1414,7 @@ class Cluster:
         node = self.nodes[index]
         node.epoch += 1
         node.timers.clear()
+        node.waiting, node.writing, node.armed = [], False, {}
         node.jobs.clear()
         node.busy = False
         node.executed.clear()  # the adapter's memory

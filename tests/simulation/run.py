@@ -21,7 +21,7 @@ import sys
 import time
 from collections import Counter
 
-from tests.simulation import hostile, ledger, scenario
+from tests.simulation import cluster, hostile, ledger, scenario
 from tests.simulation.scenario import KINDS, kind_of, replay_command, run_seed
 
 SIZES = tuple(range(1, 11))
@@ -46,13 +46,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="no hostile world (hostile.py) in any seed: does a failure need it?")
     parser.add_argument("--world", action="store_true",
                         help="print what the hostile worlds did (Cluster.seen), summed per size")
+    parser.add_argument("--group-commit", type=int, default=0, metavar="MS",
+                        help="model the adapter's group commit as a write of MS ms "
+                             "(cluster.GROUP_COMMIT_MS; 0: one write per step, at once)")
+    parser.add_argument("--stale-timers", action="store_true",
+                        help="with --group-commit: a step's timers change only when its "
+                             "actions are performed (the adapter before _note_timers)")
+    parser.add_argument("--late-routing", action="store_true",
+                        help="with --group-commit: a waiting step's SendTo goes to the member "
+                             "its index names when performed (the adapter of s10-gc)")
     args = parser.parse_args(argv)
     ledger.POOL_ORDER = args.pool_order
     if args.amnesia:
         scenario.AMNESIA_SHARE = 1.0
     hostile.ENABLED = not args.calm
+    cluster.GROUP_COMMIT_MS = args.group_commit
+    cluster.TIMERS_AS_STEPS_END = not args.stale_timers
+    cluster.ROUTES_AS_STEPS_END = not args.late_routing
     suffix = ("" if args.pool_order == "arrival" else f" --pool-order {args.pool_order}") + (
-        " --amnesia" if args.amnesia else "") + (" --calm" if args.calm else "")
+        " --amnesia" if args.amnesia else "") + (" --calm" if args.calm else "") + (
+        f" --group-commit {args.group_commit}" if args.group_commit else "") + (
+        " --stale-timers" if args.stale_timers else "") + (
+        " --late-routing" if args.late_routing else "")
     seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
     failures = 0
     for n in args.n or SIZES:
