@@ -15,8 +15,10 @@ import pytest
 from eth_hash.auto import keccak
 
 from pbft_engine.core import (
+    BlockBuilt,
     BlockCommitted,
     BlockValidated,
+    BuildBlock,
     ChainHead,
     Event,
     MessageReceived,
@@ -24,15 +26,19 @@ from pbft_engine.core import (
     Ready,
     Replica,
     RequestReceived,
+    ScheduleChange,
     SendTo,
+    TimerFired,
     TimerKind,
 )
 from pbft_engine.core.records import Put, StoreName
 from pbft_engine.engine import ConsensusLog
-from pbft_engine.messages import Commit, KeyVerifier, Prepare
+from pbft_engine.messages import Commit, KeyVerifier, Prepare, PrePrepare
 from tests.unit.pbft.helpers import GENESIS, PARAMS, SIGNERS, from_peer, tx_hashes
 from tests.unit.pbft.test_group_commit import Adapter, run, until
+from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, V0
 from tests.unit.pbft.test_pbft_lost_state import ME, pre_prepare
+from tests.unit.test_replica_handover import PASSED_AT, Driven, block, digest
 
 
 @dataclass
@@ -239,3 +245,31 @@ def test_a_write_that_fails_otherwise_stops_the_node_too(tmp_path: Path) -> None
     assert adapter.sent == []
     assert len(adapter.failures) == 1  # the node is told, as for a database failure
     adapter.database.close()
+
+
+@pytest.mark.xfail(strict=True, reason="finding 4: the TRAILING_BLOCK timer clears block_due "
+                   "while the primary builds a block owed to the handover; the empty block "
+                   "built is dropped and never built again")
+def test_a_block_owed_to_the_handover_is_proposed_when_the_trailing_timer_fires_meanwhile(
+) -> None:
+    """Finding 4 (liveness at a set change; a core gap that group commit's timing exposed:
+    the simulator's group commit model, `run.py --seed 91 --n 4 --group-commit 20`). While
+    a change is scheduled the primary owes every block up to c, empty if need be
+    (`owes_block`): `_maybe_propose` sets `block_due` and builds. The TRAILING_BLOCK timer
+    fires before the build returns (in the seed: the BuildBlock waited 33 ms for the write
+    of its step; a slow build does the same) and sets `block_due` afresh from the trailing
+    rule alone: False. The empty block then comes back not due (`_on_block_built`) and is
+    dropped, with nothing to build it again on an idle chain: the backups, timing the
+    primary for the owed block, change view after a request timeout (in the seed: an idle,
+    healed cluster's views moved)."""
+    driven = Driven(Replica(PARAMS, 0, KEYS[V0[0]], KeyVerifier(),
+                            ChainHead(PASSED_AT, GENESIS), block_digest=keccak))
+    driven.step(ScheduleChange(ADDED, PASSED_AT))
+    assert any(isinstance(a, BuildBlock) and a.seq_no == PASSED_AT + 1 and a.allow_empty
+               for a in driven.actions)  # block 9, owed to the handover at c = 10
+    driven.step(TimerFired(TimerKind.TRAILING_BLOCK, b""))  # during the build
+    after = len(driven.actions)
+    driven.step(BlockBuilt(PASSED_AT + 1, digest(PASSED_AT + 1), block(PASSED_AT + 1), ()))
+    proposed = [body.seq_no for body in driven.sent(PrePrepare)]
+    built_again = [a for a in driven.actions[after:] if isinstance(a, BuildBlock)]
+    assert PASSED_AT + 1 in proposed or built_again  # proposed, or at least built again
