@@ -133,7 +133,8 @@ class PbftEngine(ConsensusEngine):
         self._armed: dict[tuple[TimerKind, bytes], SetTimer] = {}
         self._executed: dict[bytes, ExecutedBlock] = {}  # digest -> block executed here
         self._tasks = BackgroundTasks()
-        self._records = GroupCommit(self._write_records, self._perform_actions)
+        self._records: GroupCommit[EpochSchedule | None] = GroupCommit(
+            self._write_records, self._perform_actions)
         self._chain_lock = asyncio.Lock()  # one block import at a time (commit or catch-up)
         self.metrics = PbftMetrics(context.metrics, lambda: self.replica)
         self.log = ConsensusLog(log, lambda: self.replica)
@@ -449,8 +450,12 @@ class PbftEngine(ConsensusEngine):
     # A step's writes, then its actions in order.
 
     def _perform(self, ready: Ready) -> None:
+        """The step's actions wait for its write (`group_commit`); what they name is fixed as
+        the step ends: its timers, and the replica indices of its sends, whose epoch a later
+        step may install meanwhile (the step that installs one drops its own,
+        `handover.install`)."""
         self._note_timers(ready.actions)
-        self._records.submit(ready)
+        self._records.submit(ready, None if self.replica is None else self.replica.epochs.schedule)
 
     def _note_timers(self, actions: Sequence[Action]) -> None:
         """A step re-arms or cancels a timer as it ends, though its SetTimer and CancelTimer
@@ -469,25 +474,35 @@ class PbftEngine(ConsensusEngine):
         ahead of the file, which a restart joins and writes again before it sends anything; a
         file ahead of the store means records were lost (`core.signing_bound`), so the file
         must never get there first."""
-        with self.metrics.record_writes.time():
-            self.store.apply(ops)  # one synced batch
-            if signing_bound is not None:
-                self._write_signing_bound(signing_bound)
+        try:
+            with self.metrics.record_writes.time():
+                self.store.apply(ops)  # one synced batch
+                if signing_bound is not None:
+                    self._write_signing_bound(signing_bound)
+        except StorageFailure:
+            raise  # (reported by the database)
+        except Exception as exc:  # a write that fails otherwise stops the node the same way:
+            failure = StorageFailure(f"the consensus records could not be written: {exc!r}")
+            self.context.database.on_failure(failure)  # (nothing after it is performed)
+            raise failure from exc
 
-    def _perform_actions(self, actions: Sequence[Action]) -> None:
+    def _perform_actions(self, actions: Sequence[Action], schedule: EpochSchedule | None
+                         ) -> None:
         for action in actions:
-            self._perform_one(action)
+            self._perform_one(action, schedule)
 
-    def _perform_one(self, action: Action) -> None:
+    def _perform_one(self, action: Action, schedule: EpochSchedule | None) -> None:
         match action:
             case Broadcast():
                 self.context.broadcast(action.data)
-                for peer in self._members_dialing_in():
+                for peer in self._members_dialing_in(schedule):
                     self.context.send(peer, action.data)
             case SendTo():
-                self.context.send(self._installed_member(action.replica), action.data)
+                assert schedule is not None  # (only a replica's steps send)
+                self.context.send(schedule.current.validators[action.replica], action.data)
             case RelayRequests():
-                self.context.relay_transactions(self._installed_member(action.replica),
+                assert schedule is not None
+                self.context.relay_transactions(schedule.current.validators[action.replica],
                                                 action.tx_hashes)
             case LeftValidatorSet():
                 self._tasks.spawn(self._leave(action), "leaving the validator set")
@@ -729,13 +744,13 @@ class PbftEngine(ConsensusEngine):
         assert self.replica is not None
         return self.replica.address
 
-    def _members_dialing_in(self) -> frozenset[bytes]:
+    def _members_dialing_in(self, schedule: EpochSchedule | None) -> frozenset[bytes]:
         """Validators added by a vote that this node was configured to let in as observers:
         the transport's broadcast reaches only the peers it dials, so they are sent to one
-        by one (those of the installed epoch and of every scheduled one)."""
-        if self.replica is None:
+        by one (those of the installed epoch and of every scheduled one, as the step that
+        broadcasts ended)."""
+        if schedule is None or self.replica is None:
             return frozenset()
-        schedule = self.replica.epochs.schedule
         members = {v for e in schedule.epochs[schedule.installed:] for v in e.validators}
         return (frozenset(members) & self.context.peers()) - self.context.dialed_peers - {
             self.replica.address}

@@ -31,6 +31,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from pbft_engine.core import Action, Ready
 from pbft_engine.core.records import Put, StoreOp
@@ -47,40 +48,43 @@ MAX_PENDING_BYTES = 8 * 1024 * 1024
 QUIET_STEP_DELAY = 0.01  # seconds
 
 WriteRecords = Callable[[Sequence[StoreOp], SigningBound | None], None]
-PerformActions = Callable[[Sequence[Action]], None]
+C = TypeVar("C")  # what a step's actions are performed with, as it was when the step ended
+PerformActions = Callable[[Sequence[Action], C], None]
 
 
 @dataclass
-class _Group:
+class _Group(Generic[C]):
     """Steps that one write covers, in step order."""
 
     ops: list[StoreOp] = field(default_factory=list)
     signing_bound: SigningBound | None = None
-    actions: list[list[Action]] = field(default_factory=list)  # one list per step
+    actions: list[tuple[list[Action], C]] = field(default_factory=list)  # one per step
     size: int = 0
     performs: bool = False  # a step of the group has actions: they wait for the write
 
-    def add(self, ready: Ready, size: int) -> None:
+    def add(self, ready: Ready, context: C, size: int) -> None:
         if ready.persist is not None:
             self.ops.extend(ready.persist.ops)
             if ready.persist.signing_bound is not None:  # raised step by step: the last is
                 self.signing_bound = ready.persist.signing_bound  # the highest
-        self.actions.append(ready.actions)
+        self.actions.append((ready.actions, context))
         self.size += size
         self.performs = self.performs or bool(ready.actions)
 
 
-class GroupCommit:
-    """`submit` each step's `Ready` in step order; `write` runs on one writer thread."""
+class GroupCommit(Generic[C]):
+    """`submit` each step's `Ready` in step order, with the context its actions are to be
+    performed in (what they mean may change while they wait: the set of validators that a
+    `SendTo`'s index names); `write` runs on one writer thread."""
 
-    def __init__(self, write: WriteRecords, perform: PerformActions,
+    def __init__(self, write: WriteRecords, perform: PerformActions[C],
                  max_bytes: int = MAX_PENDING_BYTES) -> None:
         self._write = write
         self._perform = perform
         self._max_bytes = max_bytes
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="pbft-records")
-        self._pending = _Group()
-        self._in_flight: tuple[_Group, Future[None]] | None = None
+        self._pending: _Group[C] = _Group()
+        self._in_flight: tuple[_Group[C], Future[None]] | None = None
         self._start: asyncio.Handle | None = None  # the next write, once none is in flight
         self._start_soon = False  # ... on the next loop iteration (else QUIET_STEP_DELAY)
         self.failed = False  # a write failed (or the engine stopped): nothing more is performed
@@ -90,16 +94,16 @@ class GroupCommit:
         """No step waits for a write."""
         return self._in_flight is None and not self._pending.actions
 
-    def submit(self, ready: Ready) -> None:
+    def submit(self, ready: Ready, context: C) -> None:
         if self.failed:
             return
         if ready.persist is None and self.idle:
-            self._perform(ready.actions)  # nothing to write and nothing before it
+            self._perform(ready.actions, context)  # nothing to write and nothing before it
             return
         size = _ready_size(ready)
         if self._pending.actions and self._pending.size + size > self._max_bytes:
             self._drain()
-        self._pending.add(ready, size)
+        self._pending.add(ready, context, size)
         if self._in_flight is None:  # (else its return starts the next write)
             self._schedule()
 
@@ -129,11 +133,11 @@ class GroupCommit:
         future.add_done_callback(
             lambda _: loop.call_soon_threadsafe(self._written_in_background, group))
 
-    def _write_group(self, group: _Group) -> None:
+    def _write_group(self, group: _Group[C]) -> None:
         if group.ops or group.signing_bound is not None:
             self._write(group.ops, group.signing_bound)
 
-    def _written_in_background(self, group: _Group) -> None:
+    def _written_in_background(self, group: _Group[C]) -> None:
         if self._in_flight is None or self._in_flight[0] is not group:
             return  # `_drain` finished it already
         if self.failed:  # stopped meanwhile: nothing more is performed
@@ -150,16 +154,16 @@ class GroupCommit:
             elif self._pending.actions and not self.failed:
                 self._schedule()
 
-    def _finish(self, group: _Group, error: BaseException | None) -> None:
+    def _finish(self, group: _Group[C], error: BaseException | None) -> None:
         """The write covering `group` returned: its steps' actions, in order (none if it
         failed, and none of any later step)."""
         self._in_flight = None
         if error is not None:
             self._fail()
             return
-        for actions in group.actions:
+        for actions, context in group.actions:
             try:
-                self._perform(actions)
+                self._perform(actions, context)
             except StorageFailure:
                 pass  # the database reported it: the node stops
             except Exception:  # the step's own failure (it was its caller's): not the next's

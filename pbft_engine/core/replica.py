@@ -744,7 +744,8 @@ class Replica:
         if not event.block:  # the chain it was to go on is gone, or the build failed
             self._maybe_propose()  # on the chain as it is now
             return
-        if not event.tx_hashes and not self.block_due:
+        due = self.block_due or owes_block(self.epochs.schedule, event.seq_no - 1)
+        if not event.tx_hashes and not due:  # (owed to a handover whatever a timer said since)
             if self.arrived_while_building:  # the build missed it: build again, once per arrival
                 self._maybe_propose()
             return
