@@ -24,9 +24,13 @@ SETTINGS = {
     # The JIT's first tier only: a command's JVM lives seconds to minutes, mostly planning
     # queries and waiting on Python workers, and the second tier (C2) spent more CPU
     # compiling than it saved (an audit of the 11-block test chain: the JVM's CPU time
-    # 58 s -> 32 s on this 2-core machine)
+    # 58 s -> 32 s on this 2-core machine). With the first tier only the JVM reserves 48 MiB
+    # for compiled code (the tiered default is 240): an audit of 1,500 blocks filled it, and
+    # a full code cache cannot even make a method handle's adapter (the JVM's scheduler
+    # thread died: "Out of space in CodeCache for adapters")
     "spark.driver.extraJavaOptions":
-        f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} -XX:TieredStopAtLevel=1",
+        f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} -XX:TieredStopAtLevel=1 "
+        "-XX:ReservedCodeCacheSize=240m",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",  # the ETL prints its own progress
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
