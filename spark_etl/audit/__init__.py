@@ -2,9 +2,11 @@
 
 `run_audit(data, validators)` evaluates all RULES (each returns a DataFrame of violations)
 and the report's counts and figures as one query, collected in one Spark job, and returns an
-`AuditResult`. Signatures are recovered once each and shared by the consensus rules. A small
-export runs in one partition (`context.ONE_PARTITION_BYTES`), a large one in parallel, its
-signatures recovered first in a job of their own."""
+`AuditResult`. Signatures are recovered once each and shared by the consensus rules. The
+rules read every table in one partition (`context.ONE_PARTITION`); the passes over every row
+(signature recovery, the per-block column checks, the rows' digests) run inside that job for
+a small export (`context.ONE_PARTITION_BYTES`), and for a large one first, each a parallel
+job of its own (`context.PARALLEL`)."""
 
 from __future__ import annotations
 

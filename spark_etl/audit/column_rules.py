@@ -50,6 +50,7 @@ from spark_etl.hexcodec import (
     word,
 )
 from spark_etl.schemas import Table
+from spark_etl.tables import Dataset
 
 RAW_BLOCK = "raw-block"
 TRANSACTION_FIELDS = "transaction-fields"
@@ -815,11 +816,10 @@ def check_block(block: Row) -> list[tuple[str, str, int, str]]:
     return found.rows
 
 
-def _nested_blocks(audit: Audit) -> DataFrame:
+def _nested_blocks(data: Dataset) -> DataFrame:
     """One row per block and per (node, block_number) of rows with no block: its columns,
     node, `copy` (1 for a block's first row in blocks, 2... for a repeat, null for no row),
     and its transactions, receipts and logs (all their columns) nested."""
-    data = audit.data
     keys = ["node", "block_number"]
 
     def nested(frame: DataFrame, table: Table) -> DataFrame:
@@ -840,7 +840,8 @@ def column_checks(audit: Audit) -> DataFrame:
     """The violations of every rule of this module, computed once per audit."""
     return audit.cached(
         "column-checks",
-        lambda: flat_map_rows(_nested_blocks(audit), check_block, schemas.VIOLATIONS),
+        lambda tables: flat_map_rows(_nested_blocks(tables.data), check_block,
+                                     schemas.VIOLATIONS),
     )
 
 

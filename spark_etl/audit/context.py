@@ -4,7 +4,7 @@ Python over partitions (Arrow batches) and to shape violations."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,15 +143,18 @@ class ValidatorSet:
 
 
 # Up to this many bytes of exported tables (Parquet, as Spark's planner estimates them: the
-# files' sizes), the audit runs each table in one partition: its plans then need few
-# shuffles (a single partition is clustered every way), so every rule, count and figure is
-# one Spark job of a few dozen one-task stages instead of some 170 jobs, each of which costs
-# its scheduling however few rows it holds. An estimate: 10,000-20,000 transactions (a hex
-# hash does not compress: about 1 KB each with its receipt and certificate share), whose
-# Python pass (~145 us a transaction) takes a few seconds on one core.
+# files' sizes), the audit's Python passes (signature recovery, the per-block column checks)
+# run in one partition too, inside the rules' one job: their ~145 us a transaction take a few
+# seconds on one core. An estimate: 10,000-20,000 transactions (a hex hash does not
+# compress: about 1 KB each with its receipt and certificate share).
 ONE_PARTITION_BYTES = 16 * 1024 * 1024
-# How Spark plans and runs the audit's queries in one partition: no shuffle, and nothing
-# that only pays off on many rows.
+# How Spark plans and runs the rules' query, which reads every table in one partition (the
+# passes' results and the consensus tables are a few rows a block): no shuffle, and nothing
+# that only pays off on many rows. So it is one Spark job of a few dozen one-task stages
+# (independent stages run side by side) instead of some 150 jobs (each broadcast and each
+# adaptive query stage was a job of 1-2 tasks, each paying its scheduling however few rows
+# it held; the rules' joins are keyed by message, node, view and block alike, so no one
+# partitioning of the tables would have spared their shuffles).
 ONE_PARTITION = {
     # a join of two inputs in one partition needs no shuffle (EnsureRequirements) when
     # their estimated size is below this: Spark's estimate of a join multiplies its inputs'
@@ -174,12 +177,38 @@ ONE_PARTITION = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
+# How a large export's cached passes are planned: each one Spark job, its shuffles stages of
+# it (adaptive execution ran each exchange as a job, and each broadcast was one), into
+# PARALLEL_SHUFFLES partitions a core (room for uneven blocks; each task costs little beside
+# a block range's Python work)
+PARALLEL = {
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
+    "spark.sql.adaptive.enabled": "false",
+}
+PARALLEL_SHUFFLES = 2
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The tables as a cached pass reads them: in one partition (a small export's), or in
+    the partitions they were read in (a large one's, the work spread over the cores)."""
+
+    data: Dataset
+    one_partition: bool
+
+    def union(self, first: DataFrame, *others: DataFrame) -> DataFrame:
+        """`union_all`, kept in one partition when the tables are in one (a union has a
+        partition per part: grouping or joining it would shuffle)."""
+        frame = union_all(first, *others)
+        return frame.coalesce(1) if self.one_partition else frame
 
 
 @dataclass
 class Audit:
-    """One audit run: rules read `data`, and share `signatures` (recovered once, cached).
-    `one_partition` (None: decided from the data's size) runs every table in one partition."""
+    """One audit run: rules read `data` (every table in one partition) and share what
+    `cached` keeps (the recovered `signatures`, the column checks, the row digests).
+    `one_partition` (None: decided from the data's size) runs the cached passes in one
+    partition as well; else each is a parallel job of its own before the rules'."""
 
     data: Dataset
     validators: ValidatorSet
@@ -187,34 +216,46 @@ class Audit:
     _cache: dict[str, DataFrame] = field(default_factory=dict)
     # CPU time the Python workers spent recovering signatures (the per-core rate's divisor)
     recovery_cpu_seconds: Accumulator[float] = field(init=False)
+    tables: Tables = field(init=False)  # what the cached passes read
 
     def __post_init__(self) -> None:
         spark = self.data.blocks.sparkSession
         self.recovery_cpu_seconds = spark.sparkContext.accumulator(0.0)
         if self.one_partition is None:
             self.one_partition = self.data.estimated_bytes() <= ONE_PARTITION_BYTES
-        if self.one_partition:
-            self.data = self.data.in_one_partition()
+        parallel = self.data
+        self.data = self.data.in_one_partition()
+        self.tables = Tables(self.data if self.one_partition else parallel, self.one_partition)
 
-    def cached(self, name: str, build: Callable[[], DataFrame]) -> DataFrame:
-        """`build()` computed once per audit and kept for every rule: in one partition, cached
-        by the first task that reads it (no job of its own); else a local checkpoint."""
+    def cached(self, name: str, build: Callable[[Tables], DataFrame]) -> DataFrame:
+        """`build(self.tables)` computed once per audit and kept for every rule: in one
+        partition, cached by the first task that reads it (no job of its own); else a local
+        checkpoint of the parallel pass (one job: `PARALLEL`), read by the rules as one
+        partition."""
         if name not in self._cache:
-            with self.planning():  # cache() plans its query now
-                frame = build()
-                self._cache[name] = (frame.cache() if self.one_partition
-                                     else frame.localCheckpoint(eager=True))
+            if self.one_partition:
+                with self.planning():  # cache() plans its query now
+                    self._cache[name] = build(self.tables).cache()
+            else:
+                with self._configured(self._parallel()):
+                    frame = build(self.tables).localCheckpoint(eager=True)
+                self._cache[name] = frame.coalesce(1)
         return self._cache[name]
 
+    def planning(self) -> AbstractContextManager[None]:
+        """Spark plans and runs queries in here as the rules want (`ONE_PARTITION`)."""
+        return self._configured(ONE_PARTITION)
+
+    def _parallel(self) -> dict[str, str]:
+        cores = self.data.blocks.sparkSession.sparkContext.defaultParallelism
+        return {**PARALLEL, "spark.sql.shuffle.partitions": str(PARALLEL_SHUFFLES * cores)}
+
     @contextmanager
-    def planning(self) -> Iterator[None]:
-        """Spark plans and runs queries in here as the audit's mode wants (`ONE_PARTITION`)."""
-        if not self.one_partition:
-            yield
-            return
+    def _configured(self, settings: dict[str, str]) -> Iterator[None]:
+        """Spark plans and runs queries in here with `settings` (the session's, after)."""
         conf = self.data.blocks.sparkSession.conf
-        before: dict[str, str | None] = {key: conf.get(key, None) for key in ONE_PARTITION}
-        for key, value in ONE_PARTITION.items():
+        before: dict[str, str | None] = {key: conf.get(key, None) for key in settings}
+        for key, value in settings.items():
             conf.set(key, value)
         try:
             yield
@@ -226,21 +267,14 @@ class Audit:
                     conf.set(key, previous)
 
     def union(self, first: DataFrame, *others: DataFrame) -> DataFrame:
-        """`union_all`, kept in one partition when the audit runs in one (a union has a
-        partition per part: grouping or joining it would shuffle)."""
-        frame = union_all(first, *others)
-        return frame.coalesce(1) if self.one_partition else frame
-
-    def broadcast(self, frame: DataFrame) -> DataFrame:
-        """`frame` as the small side of a broadcast join, unless in one partition."""
-        return frame if self.one_partition else F.broadcast(frame)
+        """`union_all` of the rules' frames, kept in one partition."""
+        return union_all(first, *others).coalesce(1)
 
     def collect(self, frame: DataFrame) -> list[Row]:
-        """`frame`'s rows; in one partition, read by one task (a union's parts would be a
-        task each: the audit's results were 61 tasks of a few rows, each paying a task's
-        fixed cost)."""
+        """`frame`'s rows, read by one task (a union's parts would be a task each: the
+        audit's results were 61 tasks of a few rows, each paying a task's fixed cost)."""
         with self.planning():
-            return (frame.coalesce(1) if self.one_partition else frame).collect()
+            return frame.coalesce(1).collect()
 
     def release(self) -> None:
         """Drop what `cached` kept (a cache outlives the audit otherwise)."""

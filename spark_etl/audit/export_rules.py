@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 
 from spark_etl import schemas
 from spark_etl.audit.context import Audit, violations
-from spark_etl.tables import RANGE_KEYS
+from spark_etl.tables import RANGE_KEYS, Dataset
 
 # The tables whose rows every honest node serves alike for a block (certificates and
 # checkpoint proofs may legitimately hold different signatures); their height column.
@@ -21,16 +21,16 @@ AGREED_TABLES = {
 }
 
 
-def _row_digests(audit: Audit, table: str, height: str) -> DataFrame:
+def _row_digests(data: Dataset, table: str, height: str) -> DataFrame:
     """(node, block_number, table, digest): a SHA-256 over each node's rows of `table` at
     each height it exported a block (no rows is a digest too), node and range excluded."""
-    frame = getattr(audit.data, table)
+    frame = getattr(data, table)
     columns = [c for c in frame.columns if c not in RANGE_KEYS]
     rows = frame.groupBy("node", F.col(height).alias("block_number")).agg(
         F.sha2(F.array_join(F.sort_array(F.collect_list(F.to_json(F.struct(*columns)))), "\n"),
                256).alias("digest")
     )
-    exported = audit.data.blocks.select("node", F.col("number").alias("block_number"))
+    exported = data.blocks.select("node", F.col("number").alias("block_number"))
     return exported.join(rows, ["node", "block_number"], "left").select(
         "node", "block_number", F.lit(table).alias("table"),
         F.coalesce("digest", F.sha2(F.lit(""), 256)).alias("digest"),
@@ -42,7 +42,9 @@ def node_agreement(audit: Audit) -> DataFrame:
     same rows of blocks, transactions, receipts and logs for it (every column but node and
     range), one violation per height and table that differs."""
     hashes = audit.data.blocks.select("node", F.col("number").alias("block_number"), "hash")
-    digests = audit.union(*(_row_digests(audit, t, h) for t, h in AGREED_TABLES.items()))
+    # every row of the four tables hashed: a pass over them (parallel on a large export)
+    digests = audit.cached("row-digests", lambda tables: tables.union(
+        *(_row_digests(tables.data, t, h) for t, h in AGREED_TABLES.items())))
     # a node's version of a table at a height: its block hash and its rows' digest (short)
     version = F.concat_ws(" rows ", "hash", F.substring("digest", 1, 16))
     heights = (

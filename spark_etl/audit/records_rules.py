@@ -468,9 +468,7 @@ def _column_fault(table: str, column: str, size: int | None) -> Column:
 def malformed_records(audit: Audit) -> DataFrame:
     """malformed-value: every hash, address and signature column of the consensus tables is
     hex of its size, and every message column hex bytes that decode as a signed message."""
-    undecodable = audit.broadcast(
-        signatures(audit).where(F.col("malformed")).select("message", "error")
-    )
+    undecodable = signatures(audit).where(F.col("malformed")).select("message", "error")
     blocks = {
         "commit_certificates": F.col("block_number"),
         "checkpoints": F.col("seq_no"),

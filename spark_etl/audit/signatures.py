@@ -56,7 +56,7 @@ from pbft_engine.messages import (
     ViewChange,
     decode_signed_bytes,
 )
-from spark_etl.audit.context import Audit
+from spark_etl.audit.context import Audit, Tables
 from spark_etl.hexcodec import from_hex, to_hex
 from spark_etl.tables import to_record_batch
 
@@ -200,14 +200,14 @@ def nested_messages(message: str | None) -> list[str]:
     return found
 
 
-def signed_messages(audit: Audit) -> DataFrame:
+def signed_messages(tables: Tables) -> DataFrame:
     """Every distinct signed message in the data set, as bytes (one column, `encoded`)."""
-    data = audit.data
+    data = tables.data
     flat = [
         data.commit_certificates.select("message"),
         data.checkpoints.select("message"),
     ]
-    containers = audit.union(
+    containers = tables.union(
         data.view_changes.select("message"),
         data.view_changes.select(F.col("new_view").alias("message")),
         data.evidence.select(F.col("first").alias("message")),
@@ -215,7 +215,7 @@ def signed_messages(audit: Audit) -> DataFrame:
     ).distinct()
     unnest = F.udf(nested_messages, ArrayType(StringType()), useArrow=True)
     nested = containers.select(F.explode(unnest("message")).alias("message"))
-    union = audit.union(*flat, nested).where(F.col("message").isNotNull())
+    union = tables.union(*flat, nested).where(F.col("message").isNotNull())
     # a message that is not hex has no bytes to recover (malformed-value reports it)
     encoded = union.select(F.expr("unhex(substr(message, 3))").alias("encoded"))
     return encoded.where(F.col("encoded").isNotNull()).distinct()
@@ -224,12 +224,10 @@ def signed_messages(audit: Audit) -> DataFrame:
 def signatures(audit: Audit) -> DataFrame:
     """RECOVERED for every distinct signed message, plus `valid`; computed once per audit."""
 
-    def build() -> DataFrame:
-        messages = signed_messages(audit)
-        if not audit.one_partition:
-            # one partition per core: Spark's adaptive execution coalesces the few MB of
-            # messages a chain of thousands of blocks has into a single partition (one core)
-            messages = messages.repartition(messages.sparkSession.sparkContext.defaultParallelism)
+    def build(tables: Tables) -> DataFrame:
+        # a large export's messages are in the partitions of their `distinct`, a few a core
+        # (`context.PARALLEL`)
+        messages = signed_messages(tables)
         recovered = messages.mapInArrow(
             partial(_recover_batches, chain_id=audit.validators.chain_id,
                     cpu_seconds=audit.recovery_cpu_seconds),

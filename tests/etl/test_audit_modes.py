@@ -1,6 +1,6 @@
 """The audit's two ways of running (`Audit.one_partition`): a small export in one partition
-(no shuffle), a large one in parallel partitions. Both must report the same violations,
-counts and figures: the same rules, planned two ways."""
+(no shuffle), a large one's passes over every row in parallel partitions first. Both must
+report the same violations, counts and figures: the same rules, planned two ways."""
 
 from __future__ import annotations
 
@@ -60,3 +60,20 @@ def test_in_one_partition_the_audit_is_one_job_of_one_task_stages(
     stages = [tracker.getStageInfo(stage) for job in jobs if job for stage in job.stageIds]
     tasks = [stage.numTasks if stage else None for stage in stages]
     assert (len(jobs), set(tasks)) == (1, {1}), tasks
+
+
+def test_a_large_export_is_a_job_a_pass_and_one_for_the_rules(
+    spark: SparkSession, clean_tables: Tables, validator_set: ValidatorSet,
+) -> None:
+    # planned adaptively and with broadcast joins, the rules of a large export were ~150
+    # jobs of 1-2 tasks (each adaptive query stage and each broadcast a job): now each pass
+    # over every row (signatures, column checks, row digests) is a job, and the rules one
+    context = spark.sparkContext
+    context.setJobGroup("audit-in-parallel", "the audit's jobs")
+    try:
+        result = run_audit(dataset(spark, clean_tables), validator_set, one_partition=False)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert result.ok
+    tracker = context.statusTracker()
+    assert len(tracker.getJobIdsForGroup("audit-in-parallel")) == 4
