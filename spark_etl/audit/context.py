@@ -143,10 +143,11 @@ class ValidatorSet:
 
 
 # Up to this many bytes of exported tables (Parquet, as Spark's planner estimates them: the
-# files' sizes), the audit's Python passes (signature recovery, the per-block column checks)
-# run in one partition too, inside the rules' one job: their ~145 us a transaction take a few
-# seconds on one core. An estimate: 10,000-20,000 transactions (a hex hash does not
-# compress: about 1 KB each with its receipt and certificate share).
+# files' sizes), the audit's passes over every row (signature recovery, the per-block column
+# checks, the rows' digests) run in one partition too, inside the rules' one job: their
+# ~145 us a transaction take a few seconds on one core. An estimate: 10,000-20,000
+# transactions (a hex hash does not compress: about 1 KB each with its receipt and
+# certificate share).
 ONE_PARTITION_BYTES = 16 * 1024 * 1024
 # How Spark plans and runs the rules' query, which reads every table in one partition (the
 # passes' results and the consensus tables are a few rows a block): no shuffle, and nothing
@@ -177,10 +178,10 @@ ONE_PARTITION = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
-# How a large export's cached passes are planned: each one Spark job, its shuffles stages of
-# it (adaptive execution ran each exchange as a job, and each broadcast was one), into
-# PARALLEL_SHUFFLES partitions a core (room for uneven blocks; each task costs little beside
-# a block range's Python work)
+# How a large export's cached passes are planned: each is one Spark job whose shuffles are
+# stages of it (adaptive execution ran every exchange as a job of its own, as was every
+# broadcast), into PARALLEL_SHUFFLES partitions a core: room for uneven blocks, and a task
+# costs little beside its blocks' Python work
 PARALLEL = {
     "spark.sql.autoBroadcastJoinThreshold": "-1",
     "spark.sql.adaptive.enabled": "false",
