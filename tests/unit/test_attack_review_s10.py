@@ -8,10 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from eth_hash.auto import keccak
 
 from pbft_engine.core import FetchCompleted
+from pbft_engine.messages import MessageType, PrePrepare
 from pbft_engine.sync_messages import MAX_BLOCKS_PER_REQUEST, GetBlocks, decode_sync, encode_sync
+from tests.unit.pbft.helpers import from_peer
 from tests.unit.pbft.test_pbft_adapter_boundaries import ServingPeers, catch_up
+from tests.unit.pbft.test_pbft_resource_bounds import MIB, start_replica
 
 # --- finding 1: a peer that serves its ranges one block at a time holds a fetch for good -------
 
@@ -54,3 +58,31 @@ def test_a_peer_serving_one_block_per_request_cannot_hold_a_fetch() -> None:
     assert isinstance(outcome, FetchCompleted) and outcome.seq_no == target
     assert faults == []
     assert len(peers.asked) <= 2, f"the dribbler was asked {len(peers.asked)} times"
+
+
+# --- finding 2: a relay charges its bytes to the honest signer --------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="attack review s10, finding 2: the future buffer charges "
+                   "a relayed copy's block to the message's signer, so a relay of an honest "
+                   "primary's PRE-PREPAREs with junk blocks makes it the heaviest")
+def test_a_relay_with_junk_blocks_cannot_make_an_honest_primary_lose_its_own() -> None:
+    """The core does not know who relayed a message: a faulty member (or any peer the
+    transport let in) forwards view 6's primary's (replica 2, correct) signed PRE-PREPAREs
+    1..4 to replica 3, still in view 0, each with a 16 MiB junk block, ahead of the
+    primary's own copies (a faster link). `hold_future` keys and sums them under replica 2:
+    the first copy stays (its own copies of 1..4 are refused), and its genuine PRE-PREPARE
+    5, a 4 KiB block, passes the 64 MiB bound with replica 2 the heaviest sender, so it is
+    the one dropped; the relayer holds nothing. Replica 2's own blocks total 20 KiB, far
+    under the (bound - the other honest senders' bytes) / (f + 1) that docs/epochs.md says
+    a sender keeps; entering view 6, replica 3 fetches four bodies by digest and waits a
+    request timeout for 5 to be sent again. The join buffer (`JoinBuffer._sender`: the
+    signer; `len(data)`: the relayed copy) charges alike."""
+    replica = start_replica()
+    honest = [b"view 6's block %d" % n + b"\x00" * 4096 for n in range(1, 6)]
+    junk = b"\x01" * (16 * MIB - 1024)
+    for seq_no, block in enumerate(honest[:4], 1):
+        replica.step(from_peer(PrePrepare(6, seq_no, keccak(block), 2), (junk,)))  # relayed
+    for seq_no, block in enumerate(honest, 1):
+        replica.step(from_peer(PrePrepare(6, seq_no, keccak(block), 2), (block,)))  # its own
+    assert replica.future[(2, MessageType.PRE_PREPARE, 5)].blocks == (honest[4],)
