@@ -11,11 +11,15 @@ import pytest
 from eth_hash.auto import keccak
 
 from pbft_engine.core import FetchCompleted
+from pbft_engine.core.params import EngineParams
 from pbft_engine.messages import MessageType, PrePrepare
 from pbft_engine.sync_messages import MAX_BLOCKS_PER_REQUEST, GetBlocks, decode_sync, encode_sync
 from tests.unit.pbft.helpers import from_peer
+from tests.unit.pbft.test_join_buffer import buffer, wire
 from tests.unit.pbft.test_pbft_adapter_boundaries import ServingPeers, catch_up
 from tests.unit.pbft.test_pbft_resource_bounds import MIB, start_replica
+from tests.unit.test_attack_review_s8_joiner import JOINED
+from tests.unit.test_replica_handover import C
 
 # --- finding 1: a peer that serves its ranges one block at a time holds a fetch for good -------
 
@@ -86,3 +90,24 @@ def test_a_relay_with_junk_blocks_cannot_make_an_honest_primary_lose_its_own() -
     for seq_no, block in enumerate(honest, 1):
         replica.step(from_peer(PrePrepare(6, seq_no, keccak(block), 2), (block,)))  # its own
     assert replica.future[(2, MessageType.PRE_PREPARE, 5)].blocks == (honest[4],)
+
+
+@pytest.mark.xfail(strict=True, reason="attack review s10, finding 2: the join buffer charges a "
+                   "relayed copy's bytes to the message's signer")
+def test_a_relay_with_junk_blocks_cannot_make_the_new_primary_lose_its_own_in_the_join_buffer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 2 in the join buffer (bound scaled to 100 kB, as test_join_buffer's tests do):
+    a relayer forwards the new primary's signed PRE-PREPAREs of c+1 .. c+3 to the newcomer
+    with 33 kB junk blocks ahead of the primary's own copies; the primary's genuine
+    PRE-PREPARE of c+4 (a 1 kB block) passes the bound with the primary the heaviest sender,
+    and goes, though its own blocks total 4 kB."""
+    monkeypatch.setattr(EngineParams, "future_block_bytes", property(lambda self: 100_000))
+    kept = buffer()
+    own = {n: b"block %d " % n + b"." * 1_000 for n in range(C + 1, C + 5)}
+    for n in range(C + 1, C + 4):  # relayed first, each with a junk block
+        kept.keep(wire(PrePrepare(0, n, keccak(own[n]), 0), blocks=(b"x" * 33_000,)), JOINED, 9)
+    genuine = {n: wire(PrePrepare(0, n, keccak(block), 0), blocks=(block,))
+               for n, block in own.items()}
+    for data in genuine.values():
+        kept.keep(data, JOINED, 9)
+    assert genuine[C + 4] in kept.take()
