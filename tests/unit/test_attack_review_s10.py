@@ -40,8 +40,6 @@ class Dribbling(ServingPeers):
         super().send_sync(peer, payload)
 
 
-@pytest.mark.xfail(strict=True, reason="attack review s10, finding 1: a peer answering each "
-                   "range with one block is asked again for the next block, its whole turn")
 def test_a_peer_serving_one_block_per_request_cannot_hold_a_fetch() -> None:
     """A replica three ranges behind fetches 96 blocks from three peers; the first in turn
     (faulty, or the censoring primary itself) serves each range request with its first
@@ -51,9 +49,10 @@ def test_a_peer_serving_one_block_per_request_cannot_hold_a_fetch() -> None:
     of the fetch only when it ends, has `fetching` set and `missed_fetches` at 0, so
     `claimed_lag` excuses every request timeout (2 s: 160 of them), and the replica neither
     votes nor times the primary.
-    A replica 1000 blocks behind at N = 4: about 55 minutes. Bounded, a short answer moves
-    the turn on (as a failed one does), so the dribbler holds each fetch one request at a
-    time per turn."""
+    A replica 1000 blocks behind at N = 4: about 55 minutes; under load (over 0.3 blocks a
+    second at N = 4) it never catches up. Fixed (was a strict xfail): a short answer moves
+    the turn on, as a failed one does (`BlockSync._import_answer`), so the dribbler holds a
+    fetch for one request per turn."""
     dribbler = b"a" * 20
     target = 3 * MAX_BLOCKS_PER_REQUEST
     peers = Dribbling({dribbler: target, b"b" * 20: target, b"c" * 20: target},
