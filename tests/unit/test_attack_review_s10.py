@@ -10,16 +10,18 @@ from dataclasses import dataclass, field
 import pytest
 from eth_hash.auto import keccak
 
-from pbft_engine.core import FetchCompleted
+from pbft_engine.core import FetchCompleted, FetchFailed, PeerCommitted, TimerFired, TimerKind
 from pbft_engine.core.params import EngineParams
-from pbft_engine.messages import MessageType, PrePrepare
+from pbft_engine.messages import Commit, MessageType, Prepare, PrePrepare, ViewChange
 from pbft_engine.sync_messages import MAX_BLOCKS_PER_REQUEST, GetBlocks, decode_sync, encode_sync
 from tests.unit.pbft.helpers import from_peer
 from tests.unit.pbft.test_join_buffer import buffer, wire
 from tests.unit.pbft.test_pbft_adapter_boundaries import ServingPeers, catch_up
+from tests.unit.pbft.test_pbft_epochs import V0
 from tests.unit.pbft.test_pbft_resource_bounds import MIB, start_replica
+from tests.unit.test_attack_review_core7 import LIE, backup_with_a_waiting_request
 from tests.unit.test_attack_review_s8_joiner import JOINED
-from tests.unit.test_replica_handover import C
+from tests.unit.test_replica_handover import PASSED_AT, C, block, digest
 
 # --- finding 1: a peer that serves its ranges one block at a time holds a fetch for good -------
 
@@ -84,10 +86,10 @@ def test_a_relay_with_junk_blocks_cannot_make_an_honest_primary_lose_its_own() -
     replica = start_replica()
     honest = [b"view 6's block %d" % n + b"\x00" * 4096 for n in range(1, 6)]
     junk = b"\x01" * (16 * MIB - 1024)
-    for seq_no, block in enumerate(honest[:4], 1):
-        replica.step(from_peer(PrePrepare(6, seq_no, keccak(block), 2), (junk,)))  # relayed
-    for seq_no, block in enumerate(honest, 1):
-        replica.step(from_peer(PrePrepare(6, seq_no, keccak(block), 2), (block,)))  # its own
+    for seq_no, own in enumerate(honest[:4], 1):
+        replica.step(from_peer(PrePrepare(6, seq_no, keccak(own), 2), (junk,)))  # relayed
+    for seq_no, own in enumerate(honest, 1):
+        replica.step(from_peer(PrePrepare(6, seq_no, keccak(own), 2), (own,)))  # its own
     assert replica.future[(2, MessageType.PRE_PREPARE, 5)].blocks == (honest[4],)
 
 
@@ -110,3 +112,39 @@ def test_a_relay_with_junk_blocks_cannot_make_the_new_primary_lose_its_own_in_th
     for data in genuine.values():
         kept.keep(data, JOINED, 9)
     assert genuine[C + 4] in kept.take()
+
+
+# --- finding 3: a certified block held here waits for a failed fetch for good -------------------
+
+
+@pytest.mark.xfail(strict=True, reason="attack review s10, finding 3: a fetch that fails without "
+                   "progress does not go on with the certified block it held up (HALT)")
+def test_a_certified_block_held_up_by_a_failed_fetch_is_executed() -> None:
+    """Simulator seed 189 at N = 5, censor class, with --group-commit 20 (passes without: one
+    write per step; fails --calm too): V0[1] validated and prepared block 9 of the censoring
+    primary V0[0], then the primary claimed a head it cannot serve (`unchecked_claims`;
+    in a real cluster a real head whose fetch fails, the network down) and the COMMITs of 9
+    arrived during that fetch: 9 is certified here with its body, but `_advance` does
+    nothing while a fetch is under way. The fetch fails having imported nothing, and
+    `on_fetch_failed` does not go on (`on_fetch_completed` does), so 9 waits for the next
+    event that advances; the liar claims again at once each time, and the request timer
+    is excused for good, not by the claims (`claimed_lag` stops after two, as here) but by
+    the certified block not executed (`_certified_run_end() > last_exec`). At N = 5 every
+    honest backup stayed at height 0 in view 0 for the whole run (the heights [1, 0, 0, 0,
+    0]): a halt with one faulty replica. The fix: a fetch that fails goes on
+    (`replica._advance()`), as one that completes does."""
+    driven = backup_with_a_waiting_request()
+    n = PASSED_AT + 1
+    driven.receive(PrePrepare(0, n, digest(n), 0), V0, (block(n),))
+    for i in (2, 3):
+        driven.receive(Prepare(0, n, digest(n), i), V0)
+    driven.step(PeerCommitted(*LIE, b""))  # a fetch under way
+    for i in (0, 2, 3):
+        driven.receive(Commit(0, n, digest(n), i), V0)
+    assert n in driven.replica.log.certified and driven.replica.last_exec == PASSED_AT
+    for _ in range(6):
+        driven.step(FetchFailed(LIE[0]))
+        driven.step(PeerCommitted(*LIE, b""))  # the liar tells its head again at once
+        driven.step(TimerFired(TimerKind.REQUEST, b""))
+    assert driven.replica.last_exec == n, "a certified block held here is never executed"
+    assert driven.sent(ViewChange), "the censoring primary is never suspected"
