@@ -173,7 +173,10 @@ def _adopt_certificate(replica: Replica, event: PeerCommitted) -> bool:
 
 
 def on_fetch_failed(replica: Replica, event: FetchFailed) -> None:
-    """What the fetch imported before it failed is this replica's head now."""
+    """What the fetch imported before it failed is this replica's head now. One that
+    imported nothing goes on as a completed one does: a block certified here during the
+    fetch waited for it (`_advance` does nothing meanwhile), and nothing else may come to
+    execute it (the attack review s10, finding 3)."""
     if replica.fetching != event.target_seq_no:
         return
     if event.reached is not None and event.reached.seq_no > replica.last_exec:
@@ -184,3 +187,4 @@ def on_fetch_failed(replica: Replica, event: FetchFailed) -> None:
         # a peer claiming one it cannot serve would keep `lagging` true for good.
         if missed_fetch(replica) >= FORGOTTEN_AFTER:
             replica.peer_head = min(replica.peer_head, (replica.last_exec, replica.last_exec_hash))
+        replica._advance()

@@ -117,8 +117,6 @@ def test_a_relay_with_junk_blocks_cannot_make_the_new_primary_lose_its_own_in_th
 # --- finding 3: a certified block held here waits for a failed fetch for good -------------------
 
 
-@pytest.mark.xfail(strict=True, reason="attack review s10, finding 3: a fetch that fails without "
-                   "progress does not go on with the certified block it held up (HALT)")
 def test_a_certified_block_held_up_by_a_failed_fetch_is_executed() -> None:
     """Simulator seed 189 at N = 5, censor class, with --group-commit 20 (passes without: one
     write per step; fails --calm too): V0[1] validated and prepared block 9 of the censoring
@@ -131,8 +129,8 @@ def test_a_certified_block_held_up_by_a_failed_fetch_is_executed() -> None:
     is excused for good, not by the claims (`claimed_lag` stops after two, as here) but by
     the certified block not executed (`_certified_run_end() > last_exec`). At N = 5 every
     honest backup stayed at height 0 in view 0 for the whole run (the heights [1, 0, 0, 0,
-    0]): a halt with one faulty replica. The fix: a fetch that fails goes on
-    (`replica._advance()`), as one that completes does."""
+    0]): a halt with one faulty replica. Fixed (was a strict xfail): a fetch that fails
+    goes on (`replica._advance()`), as one that completes does."""
     driven = backup_with_a_waiting_request()
     n = PASSED_AT + 1
     driven.receive(PrePrepare(0, n, digest(n), 0), V0, (block(n),))
