@@ -48,15 +48,9 @@ def test_in_one_partition_the_audit_is_one_job_of_one_task_stages(
 ) -> None:
     # each task has a fixed cost: the results' union read one task per part (61 on a
     # 5-block chain) until it was read as one partition
-    context = spark.sparkContext
-    context.setJobGroup("audit-in-one-partition", "the audit's jobs")
-    try:
-        result = run_audit(dataset(spark, clean_tables), validator_set, one_partition=True)
-    finally:
-        context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    assert result.ok
-    tracker = context.statusTracker()
-    jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup("audit-in-one-partition")]
+    tracker = spark.sparkContext.statusTracker()
+    job_ids = audit_jobs(spark, clean_tables, validator_set, one_partition=True)
+    jobs = [tracker.getJobInfo(job) for job in job_ids]
     stages = [tracker.getStageInfo(stage) for job in jobs if job for stage in job.stageIds]
     tasks = [stage.numTasks if stage else None for stage in stages]
     assert (len(jobs), set(tasks)) == (1, {1}), tasks
@@ -68,12 +62,18 @@ def test_a_large_export_is_a_job_a_pass_and_one_for_the_rules(
     # planned adaptively and with broadcast joins, the rules of a large export were ~150
     # jobs of 1-2 tasks (each adaptive query stage and each broadcast a job): now each pass
     # over every row (signatures, column checks, row digests) is a job, and the rules one
+    assert len(audit_jobs(spark, clean_tables, validator_set, one_partition=False)) == 4
+
+
+def audit_jobs(spark: SparkSession, tables: Tables, validator_set: ValidatorSet,
+               one_partition: bool) -> list[int]:
+    """The ids of the Spark jobs a sound audit of `tables` ran."""
     context = spark.sparkContext
-    context.setJobGroup("audit-in-parallel", "the audit's jobs")
+    group = f"audit-jobs-{one_partition}"
+    context.setJobGroup(group, "the audit's jobs")
     try:
-        result = run_audit(dataset(spark, clean_tables), validator_set, one_partition=False)
+        result = run_audit(dataset(spark, tables), validator_set, one_partition=one_partition)
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
     assert result.ok
-    tracker = context.statusTracker()
-    assert len(tracker.getJobIdsForGroup("audit-in-parallel")) == 4
+    return list(context.statusTracker().getJobIdsForGroup(group))
