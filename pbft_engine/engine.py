@@ -244,8 +244,8 @@ class PbftEngine(ConsensusEngine):
         """The consensus messages kept while this node followed, in order (`core.joining`):
         among them the new primary's PRE-PREPARE of c+1, which may have gone out before this
         node held c; dropped, it would come again only after the request timers ran out."""
-        for data in self.join_buffer.take() if self.join_buffer is not None else ():
-            self._step(MessageReceived(data))
+        for received in self.join_buffer.take() if self.join_buffer is not None else ():
+            self._step(received)
 
     def _joined_replica(self, head: BlockHeaderAPI) -> Replica:
         """The replica of a validator added by a vote, at `head` = c (`Replica.join`)."""
@@ -381,7 +381,7 @@ class PbftEngine(ConsensusEngine):
             self.metrics.peer_dropped(sender)
             return
         if self.replica is not None:
-            self._step(MessageReceived(payload), sender)
+            self._step(MessageReceived(payload, sender), sender)
         if self.join_buffer is not None:
             self._keep_for_join(self.join_buffer, sender, payload)
 
@@ -390,7 +390,7 @@ class PbftEngine(ConsensusEngine):
         (`core.joining`: nothing, undecoded, for a member staying in the set), charged to
         the sender as a step is."""
         started = time.perf_counter()
-        buffer.keep(payload, self.feed.schedule, self.feed.head)
+        buffer.keep(payload, self.feed.schedule, self.feed.head, sender)
         self._charge(sender, time.perf_counter() - started)
 
     def on_sync_message(self, sender: bytes, payload: bytes) -> None:

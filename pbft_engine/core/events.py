@@ -21,9 +21,13 @@ class TimerKind(Enum):
 
 @dataclass(frozen=True)
 class MessageReceived:
-    """Bytes of a `WireMessage` from a peer (authenticated by its signature, not the link)."""
+    """Bytes of a `WireMessage` from a peer (authenticated by its signature, not the link).
+    `sender`: the member whose link delivered them (b"": not known), which is not its signer
+    when a member relays another's message: what the core holds of a message it cannot take
+    yet is charged to the one who delivered it (`log.hold_future`)."""
 
     data: bytes
+    sender: bytes = b""
 
 
 @dataclass(frozen=True)

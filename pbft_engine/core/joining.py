@@ -31,7 +31,10 @@ whole frame of the transport (16 MiB) for f <= 2 while the other honest members 
 others' lowest (the attack review s8-joiner, finding 2: when the oldest of the heaviest
 went, an honest primary with a few large blocks in flight was the heaviest, and lost c+1).
 Per-sender quotas of bound / s would promise no more, and would leave a primary's blocks in
-flight no more than bound / s when nobody floods.
+flight no more than bound / s when nobody floods. "Sender" here is the member whose link
+delivered the bytes: a copy another member relays is charged to the relayer, and its signer's
+own copy replaces it (the attack review s10, finding 2: charged to the signer, junk blocks
+relayed ahead of an honest primary's own copies made it the heaviest).
 
 A follower that has not yet imported the block b in which the change passed (block sync lags
 the validators, which send to the new set from b on) knows neither c nor the new set, nor
@@ -59,6 +62,7 @@ from collections import Counter
 from typing import NamedTuple
 
 from pbft_engine.core.epochs import EpochSchedule, Membership
+from pbft_engine.core.events import MessageReceived
 from pbft_engine.core.params import EngineParams
 from pbft_engine.errors import MessageError
 from pbft_engine.messages import (
@@ -83,6 +87,8 @@ FOLLOWER_LAG = 32
 class _Kept(NamedTuple):
     view: int  # a CHECKPOINT's is 0
     data: bytes
+    holder: bytes  # charged for its bytes: the member whose link delivered it
+    relayed: bool  # delivered by another member than its sender
 
 
 def handover_to_join(schedule: EpochSchedule, address: bytes, head: int) -> int | None:
@@ -129,9 +135,11 @@ class JoinBuffer:
     def kept_bytes(self) -> int:
         return self._bytes.total()
 
-    def keep(self, data: bytes, schedule: EpochSchedule, head: int) -> bool:
+    def keep(self, data: bytes, schedule: EpochSchedule, head: int,
+             delivered_by: bytes = b"") -> bool:
         """Keep a peer's wire message if it is one the replica this node starts at c will
-        take (`schedule`: the one its committed head says; `head`: that head); True if kept."""
+        take (`schedule`: the one its committed head says; `head`: that head;
+        `delivered_by`: the member whose link delivered it, b"" not known); True if kept."""
         self._expect(schedule, head)
         if self._c is None:
             return False
@@ -143,19 +151,22 @@ class JoinBuffer:
         if key is None:
             return False
         view = wire.signed.body.view if isinstance(wire.signed.body, PhaseMessage) else 0
+        holder = delivered_by or key[0]
+        kept = _Kept(view, data, holder, relayed=holder != key[0])
         held = self._kept.get(key)
-        if held is not None and held.view >= view:
-            return False  # the first copy stays: a relay sent after it must not replace it
+        if held is not None and not _replaces(kept, held):
+            return False
         self._drop(key)
-        self._kept[key] = _Kept(view, data)
-        self._bytes[key[0]] += len(data)
+        self._kept[key] = kept
+        self._bytes[holder] += len(data)
         self._bound()
         return True
 
-    def take(self) -> list[bytes]:
-        """Every message kept, by height, then phase (a CHECKPOINT after a height's votes);
-        the buffer is emptied."""
-        ordered = [self._kept[key].data for key in sorted(self._kept, key=_feed_order)]
+    def take(self) -> list[MessageReceived]:
+        """Every message kept, as received (by the member that delivered it), by height,
+        then phase (a CHECKPOINT after a height's votes); the buffer is emptied."""
+        ordered = [MessageReceived(kept.data, kept.holder)
+                   for kept in map(self._kept.__getitem__, sorted(self._kept, key=_feed_order))]
         self._kept, self._bytes = {}, Counter()
         return ordered
 
@@ -218,14 +229,22 @@ class JoinBuffer:
     def _drop(self, key: KeptKey) -> None:
         held = self._kept.pop(key, None)
         if held is not None:
-            self._bytes[key[0]] -= len(held.data)
+            self._bytes[held.holder] -= len(held.data)
 
     def _bound(self) -> None:
-        """Over the byte bound: the highest of the sender holding the most bytes goes first
+        """Over the byte bound: the highest of the member holding the most bytes goes first
         (see the module's doc for what that keeps)."""
         while self._bytes.total() > self.params.future_block_bytes:
             [(heaviest, _)] = self._bytes.most_common(1)
-            self._drop(max((k for k in self._kept if k[0] == heaviest), key=_feed_order))
+            self._drop(max((k for k, held in self._kept.items() if held.holder == heaviest),
+                           key=_feed_order))
+
+
+def _replaces(new: _Kept, held: _Kept) -> bool:
+    """A copy for a later view replaces the one held; in the same view only its sender's
+    own copy replaces a relayed one: otherwise the first copy stays, so a relay sent after
+    it cannot replace it."""
+    return new.view > held.view or (new.view == held.view and held.relayed and not new.relayed)
 
 
 def _feed_order(key: KeptKey) -> tuple[int, int]:

@@ -80,6 +80,8 @@ from pbft_engine.core.handover import (
 )
 from pbft_engine.core.log import (
     CheckpointTracker,
+    FutureKey,
+    Held,
     MessageLog,
     Slot,
     StoreWriter,
@@ -216,8 +218,7 @@ class Replica:
         self.wanted: set[tuple[int, bytes]] = set()  # bodies asked of the peers (FetchBlock)
         self.view_changes: dict[bytes, WireMessage[ViewChange]] = {}  # latest per member
         self.last_new_view: Signed[NewView] | None = None
-        # (replica, type, seqNo)
-        self.future: dict[tuple[int, int, int], WireMessage[PhaseMessage]] = {}
+        self.future: dict[FutureKey, Held] = {}
         self.evidence: set[bytes] = set()
         self.requests: dict[bytes, int] = {}  # executable transactions waiting, oldest first
         self.passed_over = 0  # commits passing over the oldest request, since the mark
@@ -839,11 +840,12 @@ class Replica:
             self._drop("own message")
             return
         self.received[wire.signed.body.TYPE.name.lower()] += 1
-        self._dispatch(wire)
+        self._dispatch(wire, event.sender)
 
-    def _dispatch(self, wire: WireMessage[Body]) -> None:
+    def _dispatch(self, wire: WireMessage[Body], delivered_by: bytes) -> None:
+        """`delivered_by`: the member whose link delivered it (b"": not known)."""
         if (phase := wire_as(wire, PhaseMessage)) is not None:
-            self._on_phase_message(phase)
+            self._on_phase_message(phase, delivered_by)
         elif (checkpoint := signed_as(wire.signed, Checkpoint)) is not None:
             self._on_checkpoint(checkpoint)
         elif (view_change := wire_as(wire, ViewChange)) is not None:
@@ -851,19 +853,19 @@ class Replica:
         elif (new_view := wire_as(wire, NewView)) is not None:
             on_new_view(self, new_view)
 
-    def _on_phase_message(self, wire: WireMessage[PhaseMessage]) -> None:
+    def _on_phase_message(self, wire: WireMessage[PhaseMessage], delivered_by: bytes) -> None:
         body = wire.signed.body
         if beyond_handover(self.epochs.schedule, body.seq_no,
                            self.low_watermark + self.params.log_size):
-            self._buffer_future(wire)  # the new set's: taken once its epoch is installed
+            self._buffer_future(wire, delivered_by)  # the new set's: taken once installed
         elif not self._in_window(body.seq_no):
             self._drop("outside the watermarks")
         elif body.view > self.view or (body.view == self.view and not self.active):
-            self._buffer_future(wire)
+            self._buffer_future(wire, delivered_by)
         elif body.view < self.view:
             self._drop("old view")
         elif (pre_prepare := wire_as(wire, PrePrepare)) is not None:
-            self._on_pre_prepare(pre_prepare)
+            self._on_pre_prepare(pre_prepare, delivered_by)
         elif (prepare := signed_as(wire.signed, Prepare)) is not None:
             if body.replica == self.epochs.primary(body.view, body.seq_no):
                 self._record_evidence(prepare, None)  # a primary never prepares
@@ -873,11 +875,14 @@ class Replica:
         elif (commit := signed_as(wire.signed, Commit)) is not None:
             self._on_vote(commit, self.log.slot(body.view, body.seq_no).commits)
 
-    def _buffer_future(self, wire: WireMessage[PhaseMessage]) -> None:
-        for _ in range(hold_future(self.future, wire, self.params.future_block_bytes)):
+    def _buffer_future(self, wire: WireMessage[PhaseMessage], delivered_by: bytes) -> None:
+        signer = self.epochs.address_of(wire.signed.body) or b""
+        holder = delivered_by or signer
+        held = Held(wire, holder, relayed=holder != signer)
+        for _ in range(hold_future(self.future, held, self.params.future_block_bytes)):
             self._drop("future blocks over their bound")
 
-    def _on_pre_prepare(self, wire: WireMessage[PrePrepare]) -> None:
+    def _on_pre_prepare(self, wire: WireMessage[PrePrepare], delivered_by: bytes) -> None:
         pre_prepare = wire.signed
         body = pre_prepare.body
         if body.replica != self.epochs.primary(body.view, body.seq_no) or len(wire.blocks) != 1:
@@ -887,7 +892,7 @@ class Replica:
             self._drop("pre-prepare at an executed seqNo")
             return
         if body.seq_no > self._pipeline_end():
-            self._buffer_future(wire)  # further ahead than the primary may be: held
+            self._buffer_future(wire, delivered_by)  # further ahead than the primary may be
             return
         slot = self.log.slot(body.view, body.seq_no)
         if slot.pre_prepare is not None:
@@ -922,11 +927,12 @@ class Replica:
 
     def _replay_future(self) -> None:
         """Messages held for the current view (or for a parent that is now certified)."""
-        replay = sorted((w for w in self.future.values() if w.signed.body.view == self.view),
-                        key=lambda w: (w.signed.body.seq_no, w.signed.body.TYPE))
-        self.future = {k: w for k, w in self.future.items() if w.signed.body.view != self.view}
-        for wire in replay:
-            self._dispatch(wire)
+        replay = sorted((h for h in self.future.values() if h.wire.signed.body.view == self.view),
+                        key=lambda h: (h.wire.signed.body.seq_no, h.wire.signed.body.TYPE))
+        self.future = {k: h for k, h in self.future.items()
+                       if h.wire.signed.body.view != self.view}
+        for held in replay:
+            self._dispatch(held.wire, held.holder)
 
     def _on_vote(self, vote: Signed[V], votes: dict[int, Signed[V]]) -> None:
         """A PREPARE or COMMIT, into its slot's `votes` (prepares or commits)."""
@@ -1231,7 +1237,7 @@ class Replica:
         self.seq_no = max(self.seq_no, seq_no)
         self.log.truncate(seq_no)
         self.wanted = {k for k in self.wanted if k[0] > seq_no}
-        self.future = {k: w for k, w in self.future.items() if k[2] > seq_no}
+        self.future = {k: h for k, h in self.future.items() if k[2] > seq_no}
         self._persist_meta()
         for checkpoint in self.checkpoints.take_inside(self.high_watermark):
             self._on_checkpoint(checkpoint)
@@ -1254,7 +1260,7 @@ class Replica:
         self.new_view_timer_armed = False
         self.view_change_sends = 0
         self.building, self.proposed, self.held, self.backlogged = None, {}, None, False
-        self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= view}
+        self.future = {k: h for k, h in self.future.items() if h.wire.signed.body.view >= view}
         self._persist_meta()
         stable = self.stable_checkpoint
         proof = self.checkpoints.proof(stable) if stable else ()

@@ -529,7 +529,7 @@ class Cluster:
             self._ask_block(node, item)
         else:
             if isinstance(item, MessageReceived):
-                self._keep_for_join(node, item.data)
+                self._keep_for_join(node, item)
             self.feed(index, item)
 
     def feed(self, index: int, event: Event) -> None:
@@ -1016,13 +1016,14 @@ class Cluster:
         elif isinstance(item, _Evict):
             self._evict(node, item.tx_hash)
         elif isinstance(item, MessageReceived):
-            self._keep_for_join(node, item.data)
+            self._keep_for_join(node, item)
 
-    def _keep_for_join(self, node: Node, data: bytes) -> None:
+    def _keep_for_join(self, node: Node, received: MessageReceived) -> None:
         """Every consensus message a node hears is offered to its `JoinBuffer`: kept if it
         is to join an epoch (a follower voted in, or a validator voted out and in again)."""
         assert node.join_buffer is not None and node.schedule is not None
-        node.join_buffer.keep(data, node.schedule, len(node.chain.blocks))
+        node.join_buffer.keep(received.data, node.schedule, len(node.chain.blocks),
+                              received.sender)
 
     def _follow_poll(self, node: Node) -> None:
         """Block sync as an observer does it: the certified blocks a connected peer holds
@@ -1069,9 +1070,9 @@ class Cluster:
         node.last_view = max(node.last_view, view)
         self.perform(node, node.replica.start())
         assert node.join_buffer is not None
-        for data in node.join_buffer.take():
+        for received in node.join_buffer.take():
             if node.replica is not None:
-                self.feed(node.index, MessageReceived(data))
+                self.feed(node.index, received)
         node.ready = {}
         self._refresh(node)
         node.last_progress = -1
@@ -1277,7 +1278,8 @@ class Cluster:
         if copies and self.rng.random() < self.faults.duplicate:
             copies = 2
         for _ in range(copies):
-            self._schedule(self._delay(), self.nodes[dst], MessageReceived(data))
+            self._schedule(self._delay(), self.nodes[dst],
+                           MessageReceived(data, self.nodes[src].address))
 
     def _record_signed(self, index: int, data: bytes) -> None:
         """No honest replica signs two different messages for one (type, view, seqNo)."""

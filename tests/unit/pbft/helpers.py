@@ -17,9 +17,13 @@ AUTH = Authenticator(PARAMS.chain_id, PARAMS.validators, KeyVerifier())
 GENESIS = keccak(b"genesis")
 
 
-def from_peer(body: object, blocks: tuple[bytes, ...] = ()) -> MessageReceived:
+def from_peer(body: object, blocks: tuple[bytes, ...] = (),
+              relayed_by: int | None = None) -> MessageReceived:
+    """`body` signed by its replica, delivered by that replica (or relayed by another)."""
     signer = SIGNERS[body.replica]  # type: ignore[attr-defined]
-    return MessageReceived(WireMessage(AUTH.sign(body, signer), blocks).encode())  # type: ignore[arg-type]
+    sender = signer if relayed_by is None else SIGNERS[relayed_by]
+    return MessageReceived(WireMessage(AUTH.sign(body, signer), blocks).encode(),  # type: ignore[arg-type]
+                           sender.address)
 
 
 def tx_hashes(count: int, tag: str = "tx") -> list[bytes]:

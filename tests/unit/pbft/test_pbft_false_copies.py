@@ -130,8 +130,8 @@ def test_no_race_needed_a_buffered_pre_prepare_is_replaced_by_a_forged_relay(
     # View 1's primary (replica 1) proposes; the backup is still in view 0.
     pre_prepare = PrePrepare(1, 1, digest, 1)
     replica.step(from_peer(pre_prepare, (genuine,)))  # the primary's own, first
-    replica.step(from_peer(pre_prepare, (forged,)))  # the byzantine relay, after it
-    held = [w for w in replica.future.values() if w.signed.body == pre_prepare]
+    replica.step(from_peer(pre_prepare, (forged,), relayed_by=3))  # the byzantine relay, after
+    held = [h.wire for h in replica.future.values() if h.wire.signed.body == pre_prepare]
     assert held and held[0].blocks == (genuine,), "the genuine copy was replaced by a relay"
 
 
@@ -147,7 +147,7 @@ def test_no_race_needed_end_to_end_the_new_primary_is_blamed(blocks: tuple) -> N
     replica = backup_replica(backup)
     pre_prepare = PrePrepare(1, 1, digest, 1)
     replica.step(from_peer(pre_prepare, (genuine,)))
-    replica.step(from_peer(pre_prepare, (forged,)))
+    replica.step(from_peer(pre_prepare, (forged,), relayed_by=3))
     votes = tuple(AUTH.sign(ViewChange(1, 0, (), (), (), r), SIGNERS[r]) for r in (0, 1, 3))
     actions = replica.step(from_peer(NewView(1, votes, (), 1))).actions
     assert replica.view == 1 and replica.active
