@@ -46,6 +46,7 @@ from tests.simulation.cluster import (
     SafetyViolation,
     _Queued,
 )
+from tests.simulation.invariants import LivenessFailure
 from tests.simulation.scenario import kind_of, replay_command, run_seed
 
 # CI seeds per size: the quorum edge cases (N = 2, 3, 5, 6) and the cheap sizes get more, the
@@ -509,3 +510,25 @@ def test_replicas_catching_up_slower_than_the_timers_replace_no_primary(
         lambda: len(transfers) == TRANSFERS and cluster.all_committed(transfers), 60_000), (
         f"heights {cluster.heights()}")
     assert [node.view_changes for node in cluster.nodes] == [0] * n, cluster.views()
+
+
+@pytest.mark.xfail(strict=True, raises=LivenessFailure, reason=(
+    "a replica fetched past the handover checkpoint keeps the old epoch's stable checkpoint "
+    "and may not ask for a view in the new one (`Replica._may_view_change`)"))
+@pytest.mark.parametrize(("seed", "write_ms"), [(313, 20), (40, 3)])
+def test_a_replica_fetched_past_the_handover_can_ask_for_a_view_again(
+        monkeypatch: pytest.MonkeyPatch, seed: int, write_ms: int) -> None:
+    """Found with the group-commit model (`--group-commit`, session 10; diagnosed in session
+    11): chaos seeds at N = 4 whose set change removes one validator (epoch 1 from height
+    13 or 5: three members, f = 0). One honest replica asked for view 1 (or joined view 3)
+    in epoch 0, then caught up by a fetch that ended past the handover checkpoint c
+    (`catch_up.on_fetch_completed` moves the watermarks to the fetched head and sends no
+    CHECKPOINT for the c it crossed, and the others' CHECKPOINTs at c are below its new low
+    watermark). Its stable checkpoint stays epoch 0's, so `_may_view_change` refuses every
+    view of epoch 1, while the others drop its epoch-0 VIEW-CHANGE ("view-change of
+    another epoch", 120 times): it is stranded for good, and a set of three, f = 0, needs
+    all three: the next request halts the set. A fix would let a replica that fetched
+    past c obtain c's proof (the others answer a lagging peer with their stable
+    checkpoint's proof, or block sync serves it) or ask for the view without it."""
+    monkeypatch.setattr(cluster_module, "GROUP_COMMIT_MS", write_ms)
+    run_seed(seed, 4)
