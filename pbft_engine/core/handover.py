@@ -32,6 +32,7 @@ from pbft_engine.messages import (
     PreparedProof,
     Signed,
     ViewChange,
+    WireMessage,
 )
 
 if TYPE_CHECKING:
@@ -380,6 +381,50 @@ def adopt_view_change_checkpoint(replica: Replica, signed: Signed[ViewChange]) -
             return False
         replica._adopt_stable(body.stable_seq_no, body.checkpoint_proof)
     return not replica.left and counts_toward_view(epochs, signed)
+
+
+def offer_stable_proof(replica: Replica, body: ViewChange) -> None:
+    """A VIEW-CHANGE of an older epoch from a member of the installed set: its stable
+    checkpoint is below c (it caught up past c by a fetch, which proves no checkpoint, and
+    the others' CHECKPOINTs at c were below its new low watermark by then), so it may ask
+    for no view of this epoch (`Replica._may_view_change`), nobody counts the one it sent,
+    and alone in its view it is stranded for good: in a set of three (f = 0) the next
+    request halts the set (simulator seeds 313 and 40 at N = 4 with the group-commit
+    model). The proof of this replica's stable checkpoint, if it is of this epoch, is sent
+    to it (`adopt_offered_checkpoint`); again at each of its resends, which its timer
+    backs off, since a lost answer would strand it still."""
+    epochs, stable = replica.epochs, replica.stable_checkpoint
+    sender = epochs.address_of(body)
+    current = epochs.current.validators
+    if (sender is None or sender not in current or body.stable_seq_no >= stable
+            or epochs.schedule.epoch_at(stable + 1) != epochs.current):
+        return
+    for checkpoint in replica.checkpoints.proof(stable):
+        replica._send(WireMessage(checkpoint), to=current.index(sender))
+
+
+def adopt_offered_checkpoint(replica: Replica, checkpoint: Signed[Checkpoint]) -> bool:
+    """A CHECKPOINT (signature verified) at a height this replica executed without holding
+    it stable, while its stable checkpoint is below the installed epoch's c
+    (`offer_stable_proof`): kept (heights of this epoch's window back from the low
+    watermark only: bounded), and once Q of them match it is stable here, as a
+    VIEW-CHANGE's checkpoint would be (`adopt_view_change_checkpoint`); then the replica
+    may ask for the next view of this epoch (`leave_old_epoch_view`). False: not such a
+    CHECKPOINT."""
+    epochs, seq_no = replica.epochs, checkpoint.body.seq_no
+    stable = replica.stable_checkpoint
+    if not (max(stable, replica.low_watermark - replica.params.log_size) < seq_no
+            <= replica.last_exec
+            and epochs.schedule.epoch_at(stable + 1) != epochs.current
+            and epochs.schedule.epoch_at(seq_no + 1) == epochs.current):
+        return False
+    if replica.checkpoints.held(seq_no, checkpoint.body.replica) is None:
+        replica.checkpoints.add(checkpoint)
+    proof = replica.checkpoints.proof(seq_no)
+    if len(proof) >= epochs.quorum_at(seq_no):
+        replica._adopt_stable(seq_no, proof)
+        leave_old_epoch_view(replica)
+    return True
 
 
 def unexecuted_by_genesis(replica: Replica, seq_no: int,

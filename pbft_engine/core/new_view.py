@@ -16,6 +16,7 @@ from pbft_engine.core.handover import (
     before_installed,
     complete_proof,
     counts_toward_view,
+    offer_stable_proof,
     retime_primary,
     takes_old_new_view,
     unexecuted_by_genesis,
@@ -52,6 +53,7 @@ def on_view_change(replica: Replica, wire: WireMessage[ViewChange]) -> None:
         return
     if not adopt_view_change_checkpoint(replica, signed):
         replica._drop("view-change of another epoch")
+        offer_stable_proof(replica, body)
         return
     sender = replica.epochs.current.validators[body.replica]  # (its signature verified)
     held = replica.view_changes.get(sender)

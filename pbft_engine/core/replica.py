@@ -60,6 +60,7 @@ from pbft_engine.core.events import (
     TimerKind,
 )
 from pbft_engine.core.handover import (
+    adopt_offered_checkpoint,
     awaiting_handover,
     awaits_primary,
     beyond_handover,
@@ -1192,7 +1193,8 @@ class Replica:
         # One at h still counts while h is not stable (a catch-up moved h to a checkpoint
         # this replica executed, whose proof it collects only now).
         if seq_no < self.low_watermark or seq_no <= self.stable_checkpoint:
-            if not complete_proof(self, seq_no, (checkpoint,)):
+            if not (complete_proof(self, seq_no, (checkpoint,))
+                    or adopt_offered_checkpoint(self, checkpoint)):
                 self._drop("checkpoint below the low watermark")
         elif seq_no > self.high_watermark:
             self._note_high_checkpoint(checkpoint)

@@ -73,7 +73,7 @@ from pbft_engine.core import (
     TimerKind,
     ValidateBlock,
 )
-from pbft_engine.core.epochs import EpochSchedule, Membership
+from pbft_engine.core.epochs import EpochSchedule, Membership, message_height
 from pbft_engine.core.joining import JoinBuffer
 from pbft_engine.core.params import DEFAULT_MAX_IN_FLIGHT
 from pbft_engine.core.records import META_NEW_VIEW, StoreName
@@ -1292,6 +1292,9 @@ class Cluster:
             raise UndecodableSent(f"replica {index} sent an undecodable "
                                   f"{signed.body.TYPE.name}: {exc}") from None
         body = signed.body
+        validators = self.epochs.schedule.epoch_at(message_height(body)).validators
+        if body.replica < len(validators) and validators[body.replica] != self.nodes[index].address:
+            return  # another's message it passes on (a stable checkpoint's proof)
         key = (index, body.TYPE, getattr(body, "view", 0), getattr(body, "seq_no", -1))
         encoded = signed.encode()
         if self.signed_by.setdefault(key, encoded) != encoded:

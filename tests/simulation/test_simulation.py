@@ -46,7 +46,6 @@ from tests.simulation.cluster import (
     SafetyViolation,
     _Queued,
 )
-from tests.simulation.invariants import LivenessFailure
 from tests.simulation.scenario import kind_of, replay_command, run_seed
 
 # CI seeds per size: the quorum edge cases (N = 2, 3, 5, 6) and the cheap sizes get more, the
@@ -512,9 +511,6 @@ def test_replicas_catching_up_slower_than_the_timers_replace_no_primary(
     assert [node.view_changes for node in cluster.nodes] == [0] * n, cluster.views()
 
 
-@pytest.mark.xfail(strict=True, raises=LivenessFailure, reason=(
-    "a replica fetched past the handover checkpoint keeps the old epoch's stable checkpoint "
-    "and may not ask for a view in the new one (`Replica._may_view_change`)"))
 @pytest.mark.parametrize(("seed", "write_ms"), [(313, 20), (40, 3)])
 def test_a_replica_fetched_past_the_handover_can_ask_for_a_view_again(
         monkeypatch: pytest.MonkeyPatch, seed: int, write_ms: int) -> None:
@@ -527,8 +523,9 @@ def test_a_replica_fetched_past_the_handover_can_ask_for_a_view_again(
     watermark). Its stable checkpoint stays epoch 0's, so `_may_view_change` refuses every
     view of epoch 1, while the others drop its epoch-0 VIEW-CHANGE ("view-change of
     another epoch", 120 times): it is stranded for good, and a set of three, f = 0, needs
-    all three: the next request halts the set. A fix would let a replica that fetched
-    past c obtain c's proof (the others answer a lagging peer with their stable
-    checkpoint's proof, or block sync serves it) or ask for the view without it."""
+    all three: the next request halts the set. Fixed: a member that drops such a
+    VIEW-CHANGE sends its sender the proof of its own stable checkpoint, if of the
+    installed epoch (`handover.offer_stable_proof`), and the stranded replica adopts it
+    (`handover.adopt_offered_checkpoint`), then asks for a view of the new epoch."""
     monkeypatch.setattr(cluster_module, "GROUP_COMMIT_MS", write_ms)
     run_seed(seed, 4)

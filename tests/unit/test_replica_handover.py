@@ -34,6 +34,7 @@ from pbft_engine.core import (
     Replica,
     RequestReceived,
     ScheduleChange,
+    SendTo,
     SetTimer,
     TimerFired,
     TimerKind,
@@ -422,3 +423,80 @@ def test_an_added_validator_that_missed_the_checkpoints_at_c_takes_its_proof_fro
     assert (view_change.view, view_change.stable_seq_no) == (1, C)
     installed = Membership(PARAMS.chain_id, scheduled(ADDED).install(C), KeyVerifier())
     verify_view_change(installed, signed(view_change, ADDED), 40)
+
+
+# --- a replica stranded in an old epoch's view change past c (session 11) -------------------
+
+
+def stranded_past_c() -> Driven:
+    """V0[2] asks for view 1 in epoch 0 (its request timer ran out at head 8), then catches
+    up by a fetch to 13, past c: it holds no stable checkpoint of the new epoch, so it may
+    ask for none of its views, and the new set counts no VIEW-CHANGE of epoch 0."""
+    driven = backup(2, ADDED)
+    driven.step(RequestReceived(keccak(b"a transfer")))
+    driven.step(TimerFired(TimerKind.REQUEST, b""))
+    assert driven.replica.view == 1 and not driven.replica.active
+    certificate = encode_commit_certificate(
+        signed(Commit(0, 13, digest(13), i), ADDED) for i in (0, 1, 3, 4))
+    driven.step(PeerCommitted(13, digest(13), certificate))
+    driven.step(FetchCompleted(13, digest(13), state(13), ()))
+    replica = driven.replica
+    assert replica.epochs.current.validators == ADDED and replica.stable_checkpoint == 0
+    return driven
+
+
+def test_a_replica_stranded_past_c_adopts_an_offered_proof_and_asks_for_a_view_again() -> None:
+    """Simulator seeds 313 and 40 at N = 4 (group-commit model): the others, active in view
+    0, drop its epoch-0 VIEW-CHANGE and never change view; it was stranded for good. Q
+    CHECKPOINTs of the old set at c, below its low watermark (13), now make c stable here
+    (`adopt_offered_checkpoint`), and its new-view timer then asks for view 2 of the new
+    epoch, which the new set counts."""
+    driven = stranded_past_c()
+    checkpoint_from(driven, (0, 1))
+    assert driven.replica.stable_checkpoint == 0  # two of the old set's Q = 3: not yet
+    before = len(driven.actions)
+    checkpoint_from(driven, (3,))
+    replica = driven.replica
+    assert replica.stable_checkpoint == C and replica.low_watermark == 13
+    [timer] = [a for a in driven.actions[before:]
+               if isinstance(a, SetTimer) and a.kind is TimerKind.NEW_VIEW]
+    driven.step(TimerFired(TimerKind.NEW_VIEW, timer.key))
+    view_change = driven.sent(ViewChange)[-1]
+    assert view_change.view == 2 and view_change.stable_seq_no == C  # type: ignore[attr-defined]
+    assert replica.epochs.schedule.epoch_at(message_height(view_change)) == replica.epochs.current  # type: ignore[arg-type]
+
+
+def test_a_replica_stable_in_its_epoch_takes_no_offer() -> None:
+    """The offer is taken only while the stable checkpoint is below the installed epoch:
+    once c is stable here, a CHECKPOINT below the low watermark is dropped, as before."""
+    driven = stranded_past_c()
+    checkpoint_from(driven, (0, 1, 3))
+    assert driven.replica.stable_checkpoint == C
+    assert driven.replica.dropped["checkpoint below the low watermark"] == 0
+    checkpoint_from(driven, (0,))
+    assert driven.replica.dropped["checkpoint below the low watermark"] == 1
+
+
+def test_a_member_answers_an_old_epoch_view_change_with_its_stable_checkpoint_proof() -> None:
+    """The other side: V0[1], stable at c in the new epoch, drops V0[2]'s VIEW-CHANGE of
+    epoch 0 and sends it the Q CHECKPOINTs proving c (`offer_stable_proof`); a removed
+    validator's, or one from a replica as far as this one, gets nothing."""
+    def offers(driven: Driven, since: int) -> list[tuple[int, Checkpoint]]:
+        return [(a.replica, WireMessage.decode(a.data).signed.body)
+                for a in driven.actions[since:] if isinstance(a, SendTo)
+                and isinstance(WireMessage.decode(a.data).signed.body, Checkpoint)]
+
+    driven = backup(1, REMOVED)
+    commit_through(driven, C)
+    checkpoint_from(driven, (0, 2))
+    assert driven.replica.stable_checkpoint == C
+    assert driven.replica.epochs.current.validators == REMOVED
+    before = len(driven.actions)
+    driven.receive(ViewChange(1, 0, (), (), (), 2), V0, epoch=0)
+    sent = offers(driven, before)
+    assert sorted(body.replica for _, body in sent) == [0, 1, 2]
+    assert {to for to, _ in sent} == {REMOVED.index(V0[2])}
+    assert all(body.seq_no == C for _, body in sent)
+    before = len(driven.actions)
+    driven.receive(ViewChange(1, 0, (), (), (), 0), V0, epoch=0)  # V0[0] was removed
+    assert offers(driven, before) == []
