@@ -461,6 +461,7 @@ class Blockchain:
         self.genesis = genesis
         self.chain_keyspace: Keyspace = db.keyspace(CHAIN_PREFIX)
         self.meta_keyspace: Keyspace = db.keyspace(META_PREFIX)
+        self.contracts = tuple(contracts)  # what a process executing eth_call builds it from
         self.chain_class = chain_class(genesis.chain_id, contracts)
         # Headers and the transaction index read straight from LevelDB: building a chain
         # view (and its overlay) for each of these reads cost more than the read.

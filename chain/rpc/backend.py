@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eth.abc import BlockHeaderAPI, TransactionBuilderAPI
+from eth.abc import BlockHeaderAPI
 
 from chain.blockchain import Blockchain
 from chain.engine import RpcHandler
@@ -47,7 +47,6 @@ class RpcBackend(ABC):
     chain_id: int
     blockchain: Blockchain  # the chain and its read store (reads run on the RPC's threads)
     pool: TxPool  # read by eth_getTransactionCount("pending"), txpool_*; written by submit
-    tx_builder: TransactionBuilderAPI  # the head fork's, for eth_call's unsigned transactions
     metrics: NodeMetrics  # the RPC's own gauges and counters go on the node's registry
 
     @abstractmethod

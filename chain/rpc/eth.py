@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from eth.abc import BlockHeaderAPI, ComputationAPI
-from eth.exceptions import Revert
-from eth.vm.spoof import SpoofTransaction
-from eth_abi import decode as abi_decode
+import rlp
+from eth.abc import BlockHeaderAPI
 from eth_hash.auto import keccak
-from eth_utils import ValidationError
 
 from chain.errors import TxPoolError
 from chain.rpc.backend import RpcBackend
-from chain.rpc.errors import EXECUTION_REVERTED, InvalidParams, RpcError, ServerError
+from chain.rpc.errors import InvalidParams, RpcError, ServerError
+from chain.rpc.evm_process import EvmProcesses, ExecutionRequest
 from chain.rpc.filters import FilterManager, LogCriteria
 from chain.rpc.formatters import transaction_json
 from chain.rpc.hexcodec import (
@@ -26,15 +24,7 @@ from chain.rpc.hexcodec import (
     parse_storage_slot,
     quantity,
 )
-from chain.rpc.served import (
-    MAX_PENDING_READS,
-    READ_WORKERS,
-    ExecutionTimeout,
-    ServedBlocks,
-    WorkerPool,
-    evm_deadline,
-    with_deadline,
-)
+from chain.rpc.served import MAX_PENDING_READS, READ_WORKERS, ServedBlocks, WorkerPool
 
 CLIENT_VERSION = "pbft-chain/v0.1.0/python3.11"
 HASH_PARAM_LENGTH = 2 + 64  # "0x" and 32 bytes of hex
@@ -43,30 +33,8 @@ MAX_LOG_RESULTS = 10_000
 MAX_FEE_HISTORY_BLOCKS = 1_024  # geth's: more are answered with the newest 1,024
 MAX_REWARD_PERCENTILES = 100  # geth's maxQueryLimit
 DEFAULT_PRIORITY_FEE = 1_000_000_000  # 1 gwei, what geth suggests on an idle chain
-ERROR_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
 
 Method = Callable[..., Awaitable[Any]]
-T = TypeVar("T")
-
-
-def _revert_error(computation: ComputationAPI) -> RpcError:
-    output = computation.output
-    message = "execution reverted"
-    if output[:4] == ERROR_SELECTOR:
-        try:
-            (reason,) = abi_decode(["string"], output[4:])
-            message += f": {reason}"
-        except Exception:  # a malformed reason still reverts, just without the text
-            pass
-    return RpcError(EXECUTION_REVERTED, message, data(output))
-
-
-def _raise_if_failed(computation: ComputationAPI) -> None:
-    if not computation.is_error:
-        return
-    if isinstance(computation.error, Revert):
-        raise _revert_error(computation)
-    raise ServerError(str(computation.error) or type(computation.error).__name__)
 
 
 def _check_percentiles(percentiles: Any) -> None:
@@ -94,14 +62,25 @@ class EthApi:
         self.reads = WorkerPool(READ_WORKERS, MAX_PENDING_READS, "read")
         self.gas_cap = node.rpc_settings().gas_cap
         self.evm_limits = node.rpc_settings().limits.evm
+        # A thread per EVM process, each only waiting on its process and answering its
+        # reads of the chain: not client work of this interpreter's, so not governed.
         self.executions = WorkerPool(
-            self.evm_limits.workers, self.evm_limits.max_pending, "eth_call/eth_estimateGas")
+            self.evm_limits.workers, self.evm_limits.max_pending, "eth_call/eth_estimateGas",
+            governed=False)
+        self.evm = EvmProcesses(self.evm_limits.workers, node.chain_id,
+                                self.blockchain.contracts, self.blockchain.chain_keyspace)
         node.add_head_listener(lambda c: self.filters.on_block(c.header, c.records))
 
+    def start(self) -> None:
+        """With the server: the EVM processes start (they import py-evm meanwhile)."""
+        self.evm.start()
+
     def close(self) -> None:
-        """On stop: every thread of client work ends (an EVM call within its deadline)."""
+        """On stop: every thread of client work ends (an EVM call within its deadline),
+        then the EVM processes."""
         for pool in (self.reads, self.executions):
             pool.close()
+        self.evm.close()
         self.filters.close()
 
     def methods(self) -> dict[str, Method]:
@@ -250,7 +229,10 @@ class EthApi:
 
     # Execution.
 
-    def _call_transaction(self, call: Any, header: BlockHeaderAPI, state: Any) -> Any:
+    def _request(self, call: Any, block: Any, *, estimate: bool) -> ExecutionRequest:
+        """The call parsed and bounded for an EVM process (on an execution thread)."""
+        header = self._header_for(block)
+        assert header is not None
         if not isinstance(call, dict):
             raise InvalidParams("invalid argument 0: call object expected")
         sender = parse_address(call["from"], "from") if call.get("from") else b"\x00" * 20
@@ -260,66 +242,33 @@ class EthApi:
         payload = parse_data(call.get("input", call.get("data", "0x")), "input")
         gas_cap = min(header.gas_limit, self.gas_cap)
         gas = parse_quantity(call["gas"], "gas", bits=64) if call.get("gas") else gas_cap
-        gas_price = parse_quantity(call.get("gasPrice") or "0x0", "gasPrice")
-        value = parse_quantity(call.get("value") or "0x0", "value")
-        unsigned = self.node.tx_builder.create_unsigned_transaction(
-            nonce=state.get_nonce(sender),
-            gas_price=gas_price,
-            gas=min(gas, gas_cap),
+        return ExecutionRequest(
+            estimate=estimate,
+            header=rlp.encode(header),
+            sender=sender,
             to=to,
-            value=value,
             data=payload,
+            gas=min(gas, gas_cap),
+            gas_price=parse_quantity(call.get("gasPrice") or "0x0", "gasPrice"),
+            value=parse_quantity(call.get("value") or "0x0", "value"),
+            timeout=self.evm_limits.timeout,
         )
-        return SpoofTransaction(unsigned, from_=sender)
-
-    def _run_call(self, call: Any, block: Any) -> ComputationAPI:
-        header = self._header_for(block)
-        vm = self.blockchain.vm_at(header)
-        with vm.in_costless_state() as state:
-            tx = self._call_transaction(call, header, state)
-            try:
-                return with_deadline(state).costless_execute_transaction(tx)
-            except ValidationError as exc:
-                raise ServerError(self._execution_message(exc)) from None
-
-    @staticmethod
-    def _execution_message(exc: ValidationError) -> str:
-        text = str(exc)
-        if "balance" in text.lower():
-            return "insufficient funds for gas * price + value"
-        if "intrinsic" in text.lower() or "insufficient gas" in text.lower():
-            return "intrinsic gas too low"
-        return text
 
     async def eth_call(self, call: Any, block: Any = "latest", overrides: Any = None) -> str:
         if overrides is not None:
             raise InvalidParams("state overrides are not supported")
-        computation = await self._execute(self._run_call, call, block)
-        _raise_if_failed(computation)
-        return data(computation.output)
+        return data(await self._execute(call, block, estimate=False))
 
     async def eth_estimateGas(self, call: Any, block: Any = "latest") -> str:  # noqa: N802
-        return await self._execute(self._estimate_gas, call, block)
+        return quantity(int.from_bytes(await self._execute(call, block, estimate=True), "big"))
 
-    def _estimate_gas(self, call: Any, block: Any) -> str:
-        _raise_if_failed(self._run_call(call, block))
-        header = self._header_for(block)
-        view = self.blockchain.view()
-        with view.get_vm(header).in_costless_state() as state:
-            tx = self._call_transaction(call, header, state)
-            return quantity(view.gas_estimator(with_deadline(state), tx))
+    async def _execute(self, call: Any, block: Any, *, estimate: bool) -> bytes:
+        """The call in an EVM process (chain/rpc/evm_process.py), all its executions within
+        one deadline (geth's): its output, or for an estimate the gas."""
+        def ask() -> bytes:
+            return self.evm.execute(self._request(call, block, estimate=estimate))
 
-    async def _execute(self, function: Callable[..., T], *args: Any) -> T:
-        """`function` on an EVM thread, all its executions within one deadline (geth's)."""
-        return await self.executions.run(self._within_deadline, function, *args)
-
-    def _within_deadline(self, function: Callable[..., T], *args: Any) -> T:
-        timeout = self.evm_limits.timeout
-        with evm_deadline(timeout):
-            try:
-                return function(*args)
-            except ExecutionTimeout:
-                raise ServerError(f"execution aborted (timeout = {timeout:g}s)") from None
+        return await self.executions.run(ask)
 
     async def eth_sendRawTransaction(self, raw: Any) -> str:  # noqa: N802
         try:

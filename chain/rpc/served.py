@@ -211,14 +211,17 @@ class WorkerPool:
     """Threads for one kind of client-driven work (long reads, execution, decoding big
     requests), so that none of it holds the event loop, which also carries consensus
     messages and commits, for its whole length; every call is a unit of the governor's
-    (`GOVERNOR`). Bounded: at most `max_pending` calls run or wait for a thread at once;
-    one more is refused at once with -32005 "server busy", never queued."""
+    (`GOVERNOR`) unless the pool is not `governed` (its threads mostly wait on another
+    process: execution's). Bounded: at most `max_pending` calls run or wait for a thread at
+    once; one more is refused at once with -32005 "server busy", never queued."""
 
-    def __init__(self, threads: int, max_pending: int, what: str) -> None:
+    def __init__(self, threads: int, max_pending: int, what: str, *,
+                 governed: bool = True) -> None:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="rpc-" + what)
         self._max_pending = max_pending
         self._pending = 0
         self._lock = threading.Lock()
+        self._governed = governed
         self._busy = (f"server busy: {max_pending} {what} requests are already running or "
                       "waiting; retry later")
 
@@ -227,16 +230,18 @@ class WorkerPool:
             if self._pending >= self._max_pending:
                 raise RpcError(LIMIT_EXCEEDED, self._busy)
             self._pending += 1
-        GOVERNOR.pulse.work_started()
+        if self._governed:
+            GOVERNOR.pulse.work_started()
         try:
             return await asyncio.wrap_future(self._executor.submit(self._counted, function, args))
         finally:
-            GOVERNOR.pulse.work_ended()
+            if self._governed:
+                GOVERNOR.pulse.work_ended()
 
     def _counted(self, function: Callable[..., T], args: tuple[Any, ...]) -> T:
         """Runs on a worker: the slot is free when the work ends, even if its caller left."""
         try:
-            with GOVERNOR.turn():
+            with GOVERNOR.turn() if self._governed else contextlib.nullcontext():
                 return function(*args)
         finally:
             with self._lock:

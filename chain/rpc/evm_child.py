@@ -1,0 +1,271 @@
+"""The process that executes a node's eth_call and eth_estimateGas (`python -m
+chain.rpc.evm_child`, started by chain/rpc/evm_process.py, which describes the conversation).
+
+It runs at nice 19 and reads the chain keyspace through its parent (`ParentDB`), keeping in a
+cache bounded in bytes what can never change: values whose key is their keccak (trie nodes,
+code, headers by hash) and canonical block numbers' hashes (BFT finality: a committed block is
+never replaced). Nothing else is kept, a missing key neither (it may be written later), so the
+cache is never stale; the head it never reads (each request carries its block's header).
+Each execution runs on a fresh overlay, so its writes stay in memory and are dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import traceback
+from collections import OrderedDict
+from typing import BinaryIO
+
+import rlp
+from eth.abc import ComputationAPI, StateAPI, VirtualMachineAPI
+from eth.chains.base import Chain
+from eth.db.atomic import AtomicDB
+from eth.db.backends.base import BaseDB
+from eth.db.batch import BatchDB
+from eth.exceptions import Revert
+from eth.vm.header import HeaderSedes
+from eth.vm.spoof import SpoofTransaction
+from eth_abi import decode as abi_decode
+from eth_hash.auto import keccak
+from eth_typing import Address
+from eth_utils import ValidationError
+
+from chain.blockchain import chain_class
+from chain.rpc.errors import EXECUTION_REVERTED, RpcError, ServerError
+from chain.rpc.evm_process import (
+    ERROR,
+    FAILURE,
+    FOUND,
+    FRAME_LENGTH,
+    GET,
+    MAX_FRAME_BYTES,
+    OUTPUT,
+    READY,
+    ExecutionRequest,
+    timeout_error,
+)
+from chain.rpc.hexcodec import data
+from chain.rpc.served import ExecutionTimeout, evm_deadline, with_deadline
+
+CACHE_BYTES = 64 * 1024 * 1024
+ENTRY_BYTES = 150  # what a cached entry costs beyond its key and value (objects, links)
+FINAL_KEY_PREFIX = b"block-number-to-hash:"  # py-evm's canonical number -> hash
+ERROR_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
+LOWEST_PRIORITY = 19
+
+
+class Channel:
+    """Frames over two pipes (blocking: the child does nothing else meanwhile)."""
+
+    def __init__(self, incoming: BinaryIO, outgoing: BinaryIO) -> None:
+        self._in = incoming
+        self._out = outgoing
+
+    def receive(self) -> bytes | None:
+        """The next frame; None when the parent closed the pipe (or left)."""
+        head = self._in.read(FRAME_LENGTH.size)
+        if len(head) < FRAME_LENGTH.size:
+            return None
+        (length,) = FRAME_LENGTH.unpack(head)
+        if length > MAX_FRAME_BYTES:
+            raise ValueError(f"a frame of {length} bytes from the parent")
+        payload = self._in.read(length)
+        return payload if len(payload) == length else None
+
+    def send(self, message: list[bytes]) -> None:
+        payload = rlp.encode(message)
+        self._out.write(FRAME_LENGTH.pack(len(payload)) + payload)
+        self._out.flush()
+
+
+class ByteBoundedCache:
+    """Values by key, least recently used out first once they hold over `limit` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._values: OrderedDict[bytes, bytes] = OrderedDict()
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._values.get(key)
+        if value is not None:
+            self._values.move_to_end(key)
+        return value
+
+    def put(self, key: bytes, value: bytes) -> None:
+        size = len(key) + len(value) + ENTRY_BYTES
+        if key in self._values or size > self.limit:
+            return
+        self._values[key] = value
+        self.bytes += size
+        while self.bytes > self.limit:
+            old_key, old_value = self._values.popitem(last=False)
+            self.bytes -= len(old_key) + len(old_value) + ENTRY_BYTES
+
+
+def immutable(key: bytes, value: bytes) -> bool:
+    """Whether `key` can only ever hold `value` (see the module's docstring)."""
+    return key.startswith(FINAL_KEY_PREFIX) or keccak(value) == key
+
+
+class ParentDB(BaseDB):
+    """The parent's chain keyspace, read-only, through the channel and the cache."""
+
+    def __init__(self, channel: Channel, cache: ByteBoundedCache) -> None:
+        self._channel = channel
+        self._cache = cache
+
+    def __getitem__(self, key: bytes) -> bytes:
+        value = self._cache.get(key)
+        if value is None:
+            value = self._ask(key)
+            if value is None:
+                raise KeyError(key)
+            if immutable(key, value):
+                self._cache.put(key, value)
+        return value
+
+    def _ask(self, key: bytes) -> bytes | None:
+        self._channel.send([GET, key])
+        answer = self._channel.receive()
+        if answer is None:
+            raise EOFError("the parent left")
+        return answer[1:] if answer[:1] == FOUND else None
+
+    def _exists(self, key: bytes) -> bool:
+        try:
+            self[key]
+        except KeyError:
+            return False
+        return True
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        raise TypeError("the chain is read-only here: executions write to an overlay")
+
+    def __delitem__(self, key: bytes) -> None:
+        raise TypeError("the chain is read-only here: executions write to an overlay")
+
+
+def _revert_error(computation: ComputationAPI) -> RpcError:
+    output = computation.output
+    message = "execution reverted"
+    if output[:4] == ERROR_SELECTOR:
+        try:
+            (reason,) = abi_decode(["string"], output[4:])
+            message += f": {reason}"
+        except Exception:  # a malformed reason still reverts, just without the text
+            pass
+    return RpcError(EXECUTION_REVERTED, message, data(output))
+
+
+def _raise_if_failed(computation: ComputationAPI) -> None:
+    if not computation.is_error:
+        return
+    if isinstance(computation.error, Revert):
+        raise _revert_error(computation)
+    raise ServerError(str(computation.error) or type(computation.error).__name__)
+
+
+def _execution_message(exc: ValidationError) -> str:
+    text = str(exc)
+    if "balance" in text.lower():
+        return "insufficient funds for gas * price + value"
+    if "intrinsic" in text.lower() or "insufficient gas" in text.lower():
+        return "intrinsic gas too low"
+    return text
+
+
+def _transaction(vm: VirtualMachineAPI, state: StateAPI,
+                 request: ExecutionRequest) -> SpoofTransaction:
+    unsigned = vm.get_transaction_builder().create_unsigned_transaction(
+        nonce=state.get_nonce(Address(request.sender)),
+        gas_price=request.gas_price,
+        gas=request.gas,
+        to=Address(request.to),
+        value=request.value,
+        data=request.data,
+    )
+    return SpoofTransaction(unsigned, from_=request.sender)
+
+
+class Executor:
+    """Runs requests on the chain class over the parent's database."""
+
+    def __init__(self, chain: type[Chain], db: ParentDB) -> None:
+        self._chain_class = chain
+        self._db = db
+
+    def answer(self, request: ExecutionRequest) -> list[bytes]:
+        try:
+            with evm_deadline(request.timeout):
+                output = self._execute(request)
+        except ExecutionTimeout:
+            return _error(timeout_error(request.timeout))
+        except RpcError as exc:
+            return _error(exc)
+        if len(output) > MAX_FRAME_BYTES - 64:
+            return _error(ServerError(f"the output of {len(output)} bytes is over the limit "
+                                      f"of {MAX_FRAME_BYTES - 64}"))
+        return [OUTPUT, output]
+
+    def _execute(self, request: ExecutionRequest) -> bytes:
+        header = rlp.decode(request.header, sedes=HeaderSedes)
+        chain = self._chain_class(AtomicDB(BatchDB(self._db)))
+        vm = chain.get_vm(header)
+        with vm.in_costless_state() as state:
+            tx = _transaction(vm, state, request)
+            try:
+                computation = with_deadline(state).costless_execute_transaction(tx)
+            except ValidationError as exc:
+                raise ServerError(_execution_message(exc)) from None
+        _raise_if_failed(computation)
+        if not request.estimate:
+            return computation.output
+        vm = chain.get_vm(header)
+        with vm.in_costless_state() as state:
+            gas = chain.gas_estimator(with_deadline(state), _transaction(vm, state, request))
+        return gas.to_bytes(8, "big")
+
+
+def _error(exc: RpcError) -> list[bytes]:
+    fields = [ERROR, str(exc.code).encode(), exc.message.encode()]
+    if exc.data is not None:
+        fields.append(str(exc.data).encode())
+    return fields
+
+
+def serve(channel: Channel) -> None:
+    """The conversation: the chain, then requests until the parent closes the pipe."""
+    chain = channel.receive()
+    if chain is None:
+        return
+    chain_id, contracts = pickle.loads(chain)
+    executor = Executor(chain_class(chain_id, contracts),
+                        ParentDB(channel, ByteBoundedCache(CACHE_BYTES)))
+    channel.send([READY])
+    while (frame := channel.receive()) is not None:
+        request = pickle.loads(frame)
+        try:
+            answer = executor.answer(request)
+        except EOFError:
+            return
+        except Exception as exc:  # a bug: the parent answers "internal error" and logs it
+            traceback.print_exc()
+            answer = [FAILURE, f"{type(exc).__name__}: {exc}".encode()]
+        channel.send(answer)
+
+
+def main() -> None:
+    os.setpriority(os.PRIO_PROCESS, 0, LOWEST_PRIORITY)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the parent stops it
+    # The frames go out on the original stdout; anything printed goes to stderr (the node's).
+    outgoing = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(Channel(sys.stdin.buffer, outgoing))
+
+
+if __name__ == "__main__":
+    main()
