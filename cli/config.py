@@ -22,7 +22,7 @@ batch_request_limit = 1000           # calls in one batch
 batch_response_max_size = 25000000   # bytes of one batch's answers; the rest get an error
 gascap = 50000000                    # gas for eth_call and eth_estimateGas
 evmtimeout = 5                       # seconds an eth_call / eth_estimateGas may execute
-evm_workers = 1                      # threads that execute them
+evm_workers = 1                      # processes that execute them (nice 19)
 evm_max_pending = 8                  # of them running or waiting; "server busy" beyond
 [txpool]                             # geth's --txpool.* (issue 29)
 pricelimit = 1                       # wei: the lowest fee cap admitted (the base fee if higher)

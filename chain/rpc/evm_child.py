@@ -246,16 +246,21 @@ def serve(channel: Channel) -> None:
     executor = Executor(chain_class(chain_id, contracts),
                         ParentDB(channel, ByteBoundedCache(CACHE_BYTES)))
     channel.send([READY])
-    while (frame := channel.receive()) is not None:
-        request = pickle.loads(frame)
-        try:
-            answer = executor.answer(request)
-        except EOFError:
-            return
-        except Exception as exc:  # a bug: the parent answers "internal error" and logs it
-            traceback.print_exc()
-            answer = [FAILURE, f"{type(exc).__name__}: {exc}".encode()]
-        channel.send(answer)
+    try:
+        while (frame := channel.receive()) is not None:
+            channel.send(_answer(executor, pickle.loads(frame)))
+    except (EOFError, BrokenPipeError):
+        return  # the parent left mid-call
+
+
+def _answer(executor: Executor, request: ExecutionRequest) -> list[bytes]:
+    try:
+        return executor.answer(request)
+    except (EOFError, BrokenPipeError):
+        raise
+    except Exception as exc:  # a bug: the parent answers "internal error" and logs it
+        traceback.print_exc()
+        return [FAILURE, f"{type(exc).__name__}: {exc}".encode()]
 
 
 def main() -> None:

@@ -14,12 +14,12 @@ class BatchLimits:
 
 @dataclass(frozen=True)
 class EvmLimits:
-    """eth_call and eth_estimateGas: they run on their own threads, apart from the reads, and
-    each is stopped at its deadline (its gas is capped by NodeConfig.rpc_gas_cap, geth's
-    RPCGasCap)."""
+    """eth_call and eth_estimateGas: they run in child processes at nice 19 (each with a
+    thread of the node's waiting on it and answering its reads of the chain), and each is
+    stopped at its deadline (its gas is capped by NodeConfig.rpc_gas_cap, geth's RPCGasCap)."""
 
     timeout: float = 5.0  # geth's --rpc.evmtimeout: "execution aborted (timeout = 5s)" beyond
-    workers: int = 1  # threads: they share the interpreter with consensus, so few
+    workers: int = 1  # processes, each executing one call at a time
     max_pending: int = 8  # calls running or waiting; one more gets -32005 "server busy"
 
 

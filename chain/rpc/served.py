@@ -7,12 +7,13 @@ formatted in a cache bounded by blocks and by transactions, most recently read l
 mostly ask for the head and the blocks just behind it, so those are served from memory, and
 a single lookup in such a block is a dictionary read.
 
-Whole-block reads, logs and execution run on worker threads (`WorkerPool`); single
+Whole-block reads and logs run on worker threads (`WorkerPool`); single
 lookups run on the event loop, where they cost less than the hop to a thread would (0.1 to
-0.3 ms of CPU a call under polling). The cache takes a lock. Execution (eth_call,
-eth_estimateGas) has threads of its own and a deadline checked inside the EVM
-(`with_deadline`). Every worker thread works in turns under one governor (`Governor`), which
-bounds what client work takes of the interpreter from the loop that carries consensus.
+0.3 ms of CPU a call under polling). The cache takes a lock. Every worker thread works in
+turns under one governor (`Governor`), which bounds what client work takes of the
+interpreter from the loop that carries consensus. Execution (eth_call, eth_estimateGas)
+runs in processes of its own (chain/rpc/evm_process.py), with a deadline checked inside the
+EVM (`with_deadline`); its threads only wait on them, ungoverned.
 """
 
 from __future__ import annotations
@@ -65,27 +66,28 @@ T = TypeVar("T")
 # (every 5 ms: sys.getswitchinterval), and then every waiting thread races for it, the loop
 # among them: n busy threads take up to n/(n+1) of the interpreter, and the loop waits 5 ms or
 # more at every wake-up (8 clients reading block bundles from the primary tripled the honest
-# transfers' latency; at a backup the view changed). So all client work (reads, bundles,
-# decoding large bodies, execution) goes through one governor:
+# transfers' latency; at a backup the view changed). So all client work of this process
+# (reads, bundles, decoding large bodies) goes through one governor (execution left the
+# process, chain/rpc/evm_process.py: paced as it was, an EVM thread still cost the loop a
+# wait at its wake-ups):
 # - Turns. A unit of client work runs holding the turn, a FIFO lock: whatever the number of
 #   clients and pools, one client thread at a time wants the interpreter beside the loop (the
 #   others wait on the turn, which does not hold the interpreter).
 # - The pulse. While client work is in flight, a callback on the loop every PULSE_SECONDS
 #   notes how late it runs behind its schedule: the loop's lag, which any thread can read.
-# - Rests. At checkpoints (between blocks, records, EVM jumps and units), after every slice
-#   of work, the holder looks at the pulse. When the loop is late by more than
-#   LOOP_LATE_SECONDS (its last beat, or the one it owes now: two switch intervals, so more
-#   than one thread's share of the interpreter kept it waiting, or its thread was not
-#   scheduled in time on a loaded machine), the holder rests as long as it worked (its CPU
-#   time), keeping the turn: client work then takes at most half of the interpreter (and of
-#   a core) until the loop is on time, the bound the EVM and the decoder kept before, each on
-#   its own. When the loop is on time it goes on: a read alone keeps its speed. (Every beat
-#   costs the holder a thread switch, 0.1 to a few ms on a loaded machine: hence a pulse of
-#   50 ms, and no pause at every beat. Pausing at every due beat halved a read's speed on a
-#   machine at a load of 8, for the beat's sake only: a consensus message the loop wakes up
-#   for is not seen by any beat.)
-# - After each slice the turn passes to the next waiting unit: a long one (a 5 s eth_call)
-#   does not hold the others back.
+# - Rests. At checkpoints (between blocks, records and units), after every slice of work,
+#   the holder looks at the pulse. When the loop is late by more than LOOP_LATE_SECONDS (its
+#   last beat, or the one it owes now: two switch intervals, so more than one thread's share
+#   of the interpreter kept it waiting, or its thread was not scheduled in time on a loaded
+#   machine), the holder rests as long as it worked (its CPU time), keeping the turn: client
+#   work then takes at most half of the interpreter (and of a core) until the loop is on
+#   time, the bound the decoder kept before on its own. When the loop is on time it goes on:
+#   a read alone keeps its speed. (Every beat costs the holder a thread switch, 0.1 to a few
+#   ms on a loaded machine: hence a pulse of 50 ms, and no pause at every beat. Pausing at
+#   every due beat halved a read's speed on a machine at a load of 8, for the beat's sake
+#   only: a consensus message the loop wakes up for is not seen by any beat.)
+# - After each slice the turn passes to the next waiting unit: a long one (a wide
+#   eth_getLogs) does not hold the others back.
 
 
 class _Turns:
@@ -280,7 +282,6 @@ def evm_deadline(seconds: float) -> Iterator[None]:
 def _check_deadline() -> None:
     if time.monotonic() >= _deadline.expires:
         raise ExecutionTimeout
-    GOVERNOR.checkpoint()
 
 
 def _checked(opcode: Callable[..., None]) -> Callable[..., None]:
@@ -300,8 +301,8 @@ def _deadline_computation(base: type[ComputationAPI]) -> type[ComputationAPI]:
 
 
 def with_deadline(state: StateAPI) -> StateAPI:
-    """`state` (a throwaway one: eth_call's) executing with the thread's `evm_deadline`;
-    consensus execution never pays for the checks."""
+    """`state` (a throwaway one: eth_call's, in the EVM process) executing with the thread's
+    `evm_deadline`; consensus execution never pays for the checks."""
     state.computation_class = _deadline_computation(state.computation_class)  # type: ignore[misc]
     return state
 
