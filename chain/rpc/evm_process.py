@@ -28,6 +28,7 @@ error and the next call starts a new child.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import queue
@@ -107,6 +108,10 @@ class _Child:
         self._from = self._process.stdout.fileno()
         os.set_blocking(self._to, False)
         os.set_blocking(self._from, False)
+        # poll, not select: a node's descriptors (LevelDB's files, clients) pass 1024
+        self._writable, self._readable = select.poll(), select.poll()
+        self._writable.register(self._to, select.POLLOUT)
+        self._readable.register(self._from, select.POLLIN)
         self.ready = False
         self.send(chain, time.monotonic() + START_SECONDS)
 
@@ -154,8 +159,7 @@ class _Child:
         left = deadline - time.monotonic()
         if left <= 0:
             raise _Late
-        fd = self._to if writing else self._from
-        select.select([] if writing else [fd], [fd] if writing else [], [], left)
+        (self._writable if writing else self._readable).poll(math.ceil(left * 1000))
 
     def kill(self) -> str:
         """Kills it (if still running) and says how it ended."""

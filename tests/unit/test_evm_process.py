@@ -5,6 +5,7 @@ node's own process, a child killed mid-call, and a cache that never serves an ol
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from chain.blockchain import Blockchain
 from chain.node import engine_contracts
 from chain.rpc.errors import EXECUTION_REVERTED, SERVER_ERROR, RpcError
 from chain.rpc.evm_child import ENTRY_BYTES, FINAL_KEY_PREFIX, ByteBoundedCache, immutable
-from chain.rpc.evm_process import EvmProcesses, ExecutionRequest
+from chain.rpc.evm_process import KILL_GRACE_SECONDS, EvmProcesses, ExecutionRequest
 from chain.system_contracts import revert_data
 from pbft_engine.registry import GET_VALIDATORS, REGISTRY_ADDRESS
 from storage import Database
@@ -170,7 +171,7 @@ def test_a_killed_child_fails_the_call_in_flight_and_the_next_call_works(
     caller = threading.Thread(target=looping)
     caller.start()
     wait_for(lambda: cpu_ticks(pid) >= before + 5, 30, "the child to run the loop")
-    os.kill(pid, 9)
+    os.kill(pid, signal.SIGKILL)
     caller.join(10)
     assert [(e.code, e.message) for e in errors] == [(
         SERVER_ERROR,
@@ -179,13 +180,30 @@ def test_a_killed_child_fails_the_call_in_flight_and_the_next_call_works(
     assert evm.pids != [pid]
 
 
+def test_a_child_that_stops_answering_is_killed_after_its_grace(
+    blockchain: Blockchain, evm: EvmProcesses
+) -> None:
+    """A child starved or stuck past its deadline (here stopped) cannot hold the call."""
+    head = blockchain.head()
+    evm.execute(request(head, ADD_AND_RETURN))
+    (pid,) = evm.pids
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    error = refusal(evm, request(head, ADD_AND_RETURN, timeout=0.3))
+    assert (error.code, error.message) == (SERVER_ERROR, "execution aborted (timeout = 0.3s)")
+    assert 0.3 + KILL_GRACE_SECONDS <= time.monotonic() - started < 0.3 + KILL_GRACE_SECONDS + 2
+    assert gone(pid)
+    assert evm.execute(request(head, ADD_AND_RETURN)) == (5).to_bytes(32, "big")
+
+
 def test_a_child_that_died_idle_is_replaced_without_an_error(
     blockchain: Blockchain, evm: EvmProcesses
 ) -> None:
     evm.execute(request(blockchain.head(), ADD_AND_RETURN))
     (pid,) = evm.pids
     assert pid is not None
-    os.kill(pid, 9)
+    os.kill(pid, signal.SIGKILL)
     wait_for(lambda: gone(pid), 10, "the child to die")
     assert evm.execute(request(blockchain.head(), ADD_AND_RETURN)) == (5).to_bytes(32, "big")
 
