@@ -49,11 +49,11 @@ from chain.rpc.evm_process import (
 )
 from chain.rpc.hexcodec import data
 from chain.rpc.served import ExecutionTimeout, evm_deadline, with_deadline
+from chain.system_contracts import ERROR_SELECTOR
 
 CACHE_BYTES = 64 * 1024 * 1024
 ENTRY_BYTES = 150  # what a cached entry costs beyond its key and value (objects, links)
 FINAL_KEY_PREFIX = b"block-number-to-hash:"  # py-evm's canonical number -> hash
-ERROR_SELECTOR = bytes.fromhex("08c379a0")  # Error(string)
 LOWEST_PRIORITY = 19
 
 

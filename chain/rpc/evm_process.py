@@ -99,7 +99,7 @@ class _Child:
     """One child process; the parent's ends of its pipes are non-blocking, read and written
     within deadlines (a thread waiting on them does not hold the interpreter)."""
 
-    def __init__(self, chain: bytes) -> None:
+    def __init__(self) -> None:
         self._process = subprocess.Popen(
             [sys.executable, "-m", CHILD_MODULE], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, bufsize=0)
@@ -112,8 +112,7 @@ class _Child:
         self._writable, self._readable = select.poll(), select.poll()
         self._writable.register(self._to, select.POLLOUT)
         self._readable.register(self._from, select.POLLIN)
-        self.ready = False
-        self.send(chain, time.monotonic() + START_SECONDS)
+        self.ready = False  # told the chain, and said it is ready
 
     @property
     def pid(self) -> int:
@@ -202,12 +201,12 @@ class EvmProcess:
         return None if self._child is None else self._child.pid
 
     def start(self) -> None:
-        """Starts the child unless one is running (it imports and builds the chain
-        meanwhile; the first request waits for it)."""
+        """Starts the child unless one is running (it imports py-evm meanwhile; the first
+        request tells it the chain and waits for it)."""
         if self._child is None or not self._child.alive():
             if self._child is not None:
                 self._child.kill()
-            self._child = _Child(self._chain)
+            self._child = _Child()
 
     def stop(self) -> None:
         if self._child is not None:
@@ -243,8 +242,11 @@ class EvmProcess:
             raise
 
     def _await_ready(self, child: _Child) -> None:
+        """Tells a new child the chain and waits until it is ready (its imports done)."""
+        deadline = time.monotonic() + START_SECONDS
         try:
-            message = _decoded(child.receive(time.monotonic() + START_SECONDS))
+            child.send(self._chain, deadline)
+            message = _decoded(child.receive(deadline))
         except _Late:
             self._discard()
             raise ServerError(f"execution failed: the EVM process did not start within "
