@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +238,22 @@ def test_the_cache_keeps_only_what_cannot_change_within_its_bytes() -> None:
     assert cache.bytes <= cache.limit
     assert [cache.get(bytes([i]) * 32) is not None for i in range(5)] == [False, False,
                                                                           True, True, True]
+
+
+def test_two_workers_execute_two_calls_at_once(blockchain: Blockchain) -> None:
+    processes = EvmProcesses(2, CHAIN_ID, blockchain.contracts, blockchain.chain_keyspace)
+    processes.start()
+    head = blockchain.head()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            # both started and ready: neither process is free before 0.3 s
+            list(pool.map(lambda _: refusal(processes, request(head, LOOP_FOREVER, timeout=0.3)),
+                          range(2)))
+            started = time.monotonic()
+            errors = list(pool.map(
+                lambda _: refusal(processes, request(head, LOOP_FOREVER, timeout=1.0)), range(2)))
+        assert time.monotonic() - started < 2.0  # one after the other would take 2 s
+        assert [e.message for e in errors] == ["execution aborted (timeout = 1s)"] * 2
+        assert len(set(processes.pids)) == 2
+    finally:
+        processes.close()
