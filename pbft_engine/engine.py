@@ -244,8 +244,8 @@ class PbftEngine(ConsensusEngine):
         """The consensus messages kept while this node followed, in order (`core.joining`):
         among them the new primary's PRE-PREPARE of c+1, which may have gone out before this
         node held c; dropped, it would come again only after the request timers ran out."""
-        for received in self.join_buffer.take() if self.join_buffer is not None else ():
-            self._step(received)
+        for data in self.join_buffer.take() if self.join_buffer is not None else ():
+            self._step(MessageReceived(data))  # (its signer's own: `joining.relayed_copy`)
 
     def _joined_replica(self, head: BlockHeaderAPI) -> Replica:
         """The replica of a validator added by a vote, at `head` = c (`Replica.join`)."""

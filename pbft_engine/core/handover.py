@@ -126,8 +126,8 @@ def forget_unproven(replica: Replica, first: int, keep_verified_prepared: bool =
             return False
         return True
 
-    replica.future = {k: h for k, h in replica.future.items()
-                      if k[2] < first or proven(h.wire.signed)}
+    replica.future = {k: w for k, w in replica.future.items()
+                      if k[2] < first or proven(w.signed)}
     replica.log.forget_unproven(first, proven, certifies,
                                 prepared if keep_verified_prepared else None)
     replica.checkpoints.forget_unproven(first, proven)

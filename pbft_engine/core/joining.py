@@ -31,10 +31,12 @@ whole frame of the transport (16 MiB) for f <= 2 while the other honest members 
 others' lowest (the attack review s8-joiner, finding 2: when the oldest of the heaviest
 went, an honest primary with a few large blocks in flight was the heaviest, and lost c+1).
 Per-sender quotas of bound / s would promise no more, and would leave a primary's blocks in
-flight no more than bound / s when nobody floods. "Sender" here is the member whose link
-delivered the bytes: a copy another member relays is charged to the relayer, and its signer's
-own copy replaces it (the attack review s10, finding 2: charged to the signer, junk blocks
-relayed ahead of an honest primary's own copies made it the heaviest).
+flight no more than bound / s when nobody floods. Only a sender's own copies are kept: the
+copy of a message that another member delivered is not (`relayed_copy`; correct members do not
+relay consensus messages, and a relayed copy's bytes, charged to the signer, let a relayer
+with junk blocks make an honest primary the heaviest: the attack review s10, finding 2;
+charged to the relayer, a validator voted out but still heard was one holder more than the
+f the promise counts: the attack review s11, finding 1).
 
 A follower that has not yet imported the block b in which the change passed (block sync lags
 the validators, which send to the new set from b on) knows neither c nor the new set, nor
@@ -62,7 +64,6 @@ from collections import Counter
 from typing import NamedTuple
 
 from pbft_engine.core.epochs import EpochSchedule, Membership
-from pbft_engine.core.events import MessageReceived
 from pbft_engine.core.params import EngineParams
 from pbft_engine.errors import MessageError
 from pbft_engine.messages import (
@@ -87,8 +88,13 @@ FOLLOWER_LAG = 32
 class _Kept(NamedTuple):
     view: int  # a CHECKPOINT's is 0
     data: bytes
-    holder: bytes  # charged for its bytes: the member whose link delivered it
-    relayed: bool  # delivered by another member than its sender
+
+
+def relayed_copy(delivered_by: bytes, signer: bytes | None) -> bool:
+    """Whether a message was delivered by another member than its signer (b"": by whom is
+    not known, as for a NEW-VIEW block sync hands over): such a copy is never held for
+    later, in the join buffer or the replica's `future`."""
+    return bool(delivered_by) and delivered_by != signer
 
 
 def handover_to_join(schedule: EpochSchedule, address: bytes, head: int) -> int | None:
@@ -139,7 +145,8 @@ class JoinBuffer:
              delivered_by: bytes = b"") -> bool:
         """Keep a peer's wire message if it is one the replica this node starts at c will
         take (`schedule`: the one its committed head says; `head`: that head;
-        `delivered_by`: the member whose link delivered it, b"" not known); True if kept."""
+        `delivered_by`: the member whose link delivered it, b"": not known); True if kept.
+        A copy another member relayed is not kept (`relayed_copy`)."""
         self._expect(schedule, head)
         if self._c is None:
             return False
@@ -148,25 +155,22 @@ class JoinBuffer:
         except MessageError:
             return False
         key = self._key(wire)
-        if key is None:
+        if key is None or relayed_copy(delivered_by, key[0]):
             return False
         view = wire.signed.body.view if isinstance(wire.signed.body, PhaseMessage) else 0
-        holder = delivered_by or key[0]
-        kept = _Kept(view, data, holder, relayed=holder != key[0])
         held = self._kept.get(key)
-        if held is not None and not _replaces(kept, held):
-            return False
+        if held is not None and held.view >= view:
+            return False  # the first copy stays: a relay sent after it must not replace it
         self._drop(key)
-        self._kept[key] = kept
-        self._bytes[holder] += len(data)
+        self._kept[key] = _Kept(view, data)
+        self._bytes[key[0]] += len(data)
         self._bound()
         return True
 
-    def take(self) -> list[MessageReceived]:
-        """Every message kept, as received (by the member that delivered it), by height,
-        then phase (a CHECKPOINT after a height's votes); the buffer is emptied."""
-        ordered = [MessageReceived(kept.data, kept.holder)
-                   for kept in map(self._kept.__getitem__, sorted(self._kept, key=_feed_order))]
+    def take(self) -> list[bytes]:
+        """Every message kept, by height, then phase (a CHECKPOINT after a height's votes);
+        the buffer is emptied."""
+        ordered = [self._kept[key].data for key in sorted(self._kept, key=_feed_order)]
         self._kept, self._bytes = {}, Counter()
         return ordered
 
@@ -229,22 +233,14 @@ class JoinBuffer:
     def _drop(self, key: KeptKey) -> None:
         held = self._kept.pop(key, None)
         if held is not None:
-            self._bytes[held.holder] -= len(held.data)
+            self._bytes[key[0]] -= len(held.data)
 
     def _bound(self) -> None:
-        """Over the byte bound: the highest of the member holding the most bytes goes first
+        """Over the byte bound: the highest of the sender holding the most bytes goes first
         (see the module's doc for what that keeps)."""
         while self._bytes.total() > self.params.future_block_bytes:
             [(heaviest, _)] = self._bytes.most_common(1)
-            self._drop(max((k for k, held in self._kept.items() if held.holder == heaviest),
-                           key=_feed_order))
-
-
-def _replaces(new: _Kept, held: _Kept) -> bool:
-    """A copy for a later view replaces the one held; in the same view only its sender's
-    own copy replaces a relayed one: otherwise the first copy stays, so a relay sent after
-    it cannot replace it."""
-    return new.view > held.view or (new.view == held.view and held.relayed and not new.relayed)
+            self._drop(max((k for k in self._kept if k[0] == heaviest), key=_feed_order))
 
 
 def _feed_order(key: KeptKey) -> tuple[int, int]:

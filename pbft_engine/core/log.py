@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import rlp
 
@@ -56,55 +56,36 @@ V = TypeVar("V", Prepare, Commit)  # a vote
 FutureKey = tuple[int, int, int]  # (replica, type, seqNo)
 
 
-class Held(NamedTuple):
-    """A message held in `future`, and the member its bytes are charged to: the one whose
-    link delivered it (`relayed`: another member than its signer)."""
-
-    wire: WireMessage[PhaseMessage]
-    holder: bytes
-    relayed: bool
-
-
-def hold_future(future: dict[FutureKey, Held], held: Held, block_bytes: int) -> int:
+def hold_future(future: dict[FutureKey, WireMessage[PhaseMessage]],
+                wire: WireMessage[PhaseMessage], block_bytes: int) -> int:
     """Keep a message for a view not yet entered (or a seqNo beyond the pipeline, or above
     a handover checkpoint not yet stable) in `future`, bounded: one per replica, type and
-    seqNo, and blocks (only a PRE-PREPARE carries one) of at most `block_bytes` in all,
-    charged to the member that delivered them: the heaviest holder loses its highest seqNo
-    first, so a flood costs the flooder its own and cannot push out an honest primary's
-    lowest, the one needed first, by making that primary the heaviest (as the join buffer's
-    rule, `joining`, whose doc says what it keeps). A relayed copy is the relayer's charge,
-    and the signer's own copy replaces it (the attack review s10, finding 2: charged to
-    the signer, an honest primary's PRE-PREPAREs relayed ahead of its own copies with junk
-    blocks made it the heaviest, and its next one went). Returns how many were dropped."""
-    body = held.wire.signed.body
+    seqNo, and blocks (only a PRE-PREPARE carries one) of at most `block_bytes` in all: the
+    heaviest sender loses its highest seqNo first, so a flood costs the flooder its own and
+    cannot push out an honest primary's lowest, the one needed first, by making that
+    primary the heaviest (as the join buffer's rule, `joining`, whose doc says what it
+    keeps). Returns how many were dropped."""
+    body = wire.signed.body
     key = (body.replica, body.TYPE, body.seq_no)
-    kept = future.get(key)
-    if kept is not None and not _replaces(held, kept):
-        return 0
+    held = future.get(key)
+    if held is not None and held.signed.body.view >= body.view:
+        return 0  # the first copy stays: a relay sent after it must not replace its block
     future.pop(key, None)
-    future[key] = held  # the newest
-    if not held.wire.blocks:
+    future[key] = wire  # the newest
+    if not wire.blocks:
         return 0
     # The other steps that shrink `future` replace it: its bytes are summed here.
-    holders: Counter[bytes] = Counter()
+    senders: Counter[int] = Counter()
     for message in future.values():
-        holders[message.holder] += sum(map(len, message.wire.blocks))
+        senders[message.signed.body.replica] += sum(map(len, message.blocks))
     dropped = 0
-    while holders.total() > block_bytes:
-        [(heaviest, _)] = holders.most_common(1)
-        highest = max((k for k, m in future.items() if m.wire.blocks and m.holder == heaviest),
+    while senders.total() > block_bytes:
+        [(heaviest, _)] = senders.most_common(1)
+        highest = max((k for k, m in future.items() if m.blocks and k[0] == heaviest),
                       key=lambda k: k[2])
-        holders[heaviest] -= sum(map(len, future.pop(highest).wire.blocks))
+        senders[heaviest] -= len(future.pop(highest).blocks[0])
         dropped += 1
     return dropped
-
-
-def _replaces(new: Held, kept: Held) -> bool:
-    """A copy for a later view replaces the one held; in the same view only the signer's
-    own copy replaces a relayed one: otherwise the first copy stays, so a relay sent after
-    it cannot replace its block."""
-    new_view, kept_view = new.wire.signed.body.view, kept.wire.signed.body.view
-    return new_view > kept_view or (new_view == kept_view and kept.relayed and not new.relayed)
 
 
 class StoreWriter:

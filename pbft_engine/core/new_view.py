@@ -208,8 +208,7 @@ def go_on_in_view(replica: Replica, top: int) -> None:
     replica._arm_trailing_block()
     replica.relayed = set()  # and every waiting request
     retime_primary(replica)  # armed in the old view; a new primary times no one
-    replica.future = {k: h for k, h in replica.future.items()
-                      if h.wire.signed.body.view >= replica.view}
+    replica.future = {k: w for k, w in replica.future.items() if w.signed.body.view >= replica.view}
     replica._replay_future()
     replica._advance()
 

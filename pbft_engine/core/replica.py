@@ -79,10 +79,9 @@ from pbft_engine.core.handover import (
     take_installed,
     take_override,
 )
+from pbft_engine.core.joining import relayed_copy
 from pbft_engine.core.log import (
     CheckpointTracker,
-    FutureKey,
-    Held,
     MessageLog,
     Slot,
     StoreWriter,
@@ -219,7 +218,8 @@ class Replica:
         self.wanted: set[tuple[int, bytes]] = set()  # bodies asked of the peers (FetchBlock)
         self.view_changes: dict[bytes, WireMessage[ViewChange]] = {}  # latest per member
         self.last_new_view: Signed[NewView] | None = None
-        self.future: dict[FutureKey, Held] = {}
+        # (replica, type, seqNo)
+        self.future: dict[tuple[int, int, int], WireMessage[PhaseMessage]] = {}
         self.evidence: set[bytes] = set()
         self.requests: dict[bytes, int] = {}  # executable transactions waiting, oldest first
         self.passed_over = 0  # commits passing over the oldest request, since the mark
@@ -877,10 +877,10 @@ class Replica:
             self._on_vote(commit, self.log.slot(body.view, body.seq_no).commits)
 
     def _buffer_future(self, wire: WireMessage[PhaseMessage], delivered_by: bytes) -> None:
-        signer = self.epochs.address_of(wire.signed.body) or b""
-        holder = delivered_by or signer
-        held = Held(wire, holder, relayed=holder != signer)
-        for _ in range(hold_future(self.future, held, self.params.future_block_bytes)):
+        if relayed_copy(delivered_by, self.epochs.address_of(wire.signed.body)):
+            self._drop("relayed copy of a message for later")
+            return
+        for _ in range(hold_future(self.future, wire, self.params.future_block_bytes)):
             self._drop("future blocks over their bound")
 
     def _on_pre_prepare(self, wire: WireMessage[PrePrepare], delivered_by: bytes) -> None:
@@ -928,12 +928,11 @@ class Replica:
 
     def _replay_future(self) -> None:
         """Messages held for the current view (or for a parent that is now certified)."""
-        replay = sorted((h for h in self.future.values() if h.wire.signed.body.view == self.view),
-                        key=lambda h: (h.wire.signed.body.seq_no, h.wire.signed.body.TYPE))
-        self.future = {k: h for k, h in self.future.items()
-                       if h.wire.signed.body.view != self.view}
-        for held in replay:
-            self._dispatch(held.wire, held.holder)
+        replay = sorted((w for w in self.future.values() if w.signed.body.view == self.view),
+                        key=lambda w: (w.signed.body.seq_no, w.signed.body.TYPE))
+        self.future = {k: w for k, w in self.future.items() if w.signed.body.view != self.view}
+        for wire in replay:
+            self._dispatch(wire, b"")  # (its signer's own: `joining.relayed_copy`)
 
     def _on_vote(self, vote: Signed[V], votes: dict[int, Signed[V]]) -> None:
         """A PREPARE or COMMIT, into its slot's `votes` (prepares or commits)."""
@@ -1239,7 +1238,7 @@ class Replica:
         self.seq_no = max(self.seq_no, seq_no)
         self.log.truncate(seq_no)
         self.wanted = {k for k in self.wanted if k[0] > seq_no}
-        self.future = {k: h for k, h in self.future.items() if k[2] > seq_no}
+        self.future = {k: w for k, w in self.future.items() if k[2] > seq_no}
         self._persist_meta()
         for checkpoint in self.checkpoints.take_inside(self.high_watermark):
             self._on_checkpoint(checkpoint)
@@ -1262,7 +1261,7 @@ class Replica:
         self.new_view_timer_armed = False
         self.view_change_sends = 0
         self.building, self.proposed, self.held, self.backlogged = None, {}, None, False
-        self.future = {k: h for k, h in self.future.items() if h.wire.signed.body.view >= view}
+        self.future = {k: w for k, w in self.future.items() if w.signed.body.view >= view}
         self._persist_meta()
         stable = self.stable_checkpoint
         proof = self.checkpoints.proof(stable) if stable else ()

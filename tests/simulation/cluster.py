@@ -1070,9 +1070,9 @@ class Cluster:
         node.last_view = max(node.last_view, view)
         self.perform(node, node.replica.start())
         assert node.join_buffer is not None
-        for received in node.join_buffer.take():
+        for data in node.join_buffer.take():
             if node.replica is not None:
-                self.feed(node.index, received)
+                self.feed(node.index, MessageReceived(data))
         node.ready = {}
         self._refresh(node)
         node.last_progress = -1

@@ -58,7 +58,6 @@ from tests.unit.pbft.test_join_buffer import (
     buffer,
     old_checkpoints,
     round_of,
-    taken,
     wire,
 )
 from tests.unit.pbft.test_pbft_epochs import ADDED, KEYS, POOL, REMOVED, V0, scheduled
@@ -75,8 +74,8 @@ def joined(schedule: EpochSchedule = JOINED, c: int = C, view: int = 0) -> Drive
 
 
 def fed(driven: Driven, kept: JoinBuffer) -> Driven:
-    for received in kept.take():
-        driven.step(received)
+    for data in kept.take():
+        driven.step(MessageReceived(data))
     return driven
 
 
@@ -127,7 +126,7 @@ def test_a_member_cannot_push_the_new_primarys_first_proposal_out_of_the_bound(
         flood = b"flood %d " % n + b"x" * 5_000
         kept.keep(wire(PrePrepare(1, n, keccak(flood), 1), blocks=(flood,)), JOINED, 9)
     assert kept.kept_bytes <= 100_000
-    assert proposals[0] in taken(kept)
+    assert proposals[0] in kept.take()
 
 
 # --- what held -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from eth_hash.auto import keccak
 
-from pbft_engine.core import ChainHead, EngineParams, Replica
+from pbft_engine.core import ChainHead, EngineParams, MessageReceived, Replica
 from pbft_engine.core.epochs import EpochSchedule
 from pbft_engine.core.joining import (
     FOLLOWER_LAG,
@@ -106,8 +106,8 @@ def test_the_new_sets_round_of_c_plus_1_kept_while_following_is_processed_after_
     for data in [*round_of(C + 1), *old_checkpoints()]:
         assert kept.keep(data, scheduled(ADDED), 9)
     driven = joined()
-    for received in kept.take():
-        driven.step(received)
+    for data in kept.take():
+        driven.step(MessageReceived(data))
     assert len(kept) == 0 and kept.kept_bytes == 0
     assert Prepare(0, C + 1, digest(C + 1), 4, epoch=1) in driven.sent(Prepare)
     assert driven.replica.last_exec == C + 1
@@ -134,8 +134,8 @@ def test_a_follower_that_has_not_imported_the_change_keeps_what_it_will_need() -
     kept.keep(wire(Commit(0, C + 2, digest(C + 2), 1)), scheduled(ADDED), 8)  # b imported
     assert len(kept) == 8 + 3 + 1 + 1  # (the one far beyond c + L went)
     driven = joined()
-    for received in kept.take():
-        driven.step(received)
+    for data in kept.take():
+        driven.step(MessageReceived(data))
     assert driven.replica.last_exec == C + 1
     assert driven.replica.dropped["SignatureError"] == 1  # REORDERED's replica 1 is V0[2]
 
@@ -169,7 +169,7 @@ def test_a_member_flooding_keeps_one_message_per_kind_and_height() -> None:
     kept = buffer()
     for view in (0, 0, 1, 0):
         kept.keep(wire(Prepare(view, C + 1, keccak(b"%d" % view), 2)), scheduled(ADDED), 9)
-    [data] = taken(kept)
+    [data] = kept.take()
     assert WireMessage.decode(data).signed.body.view == 1
     for n in range(C - 5, C + L + 10):
         for _ in range(3):
@@ -196,11 +196,6 @@ def proposal(view: int, n: int, size: int, epoch_set: tuple[bytes, ...] = ADDED)
     return wire(PrePrepare(view, n, keccak(proposed), primary), epoch_set, (proposed,))
 
 
-def taken(kept: JoinBuffer) -> list[bytes]:
-    """The kept messages' bytes, in the order they are fed."""
-    return [received.data for received in kept.take()]
-
-
 def heights(kept: JoinBuffer, sender: bytes) -> list[int]:
     return sorted(seq_no for who, _, seq_no in kept._kept if who == sender)
 
@@ -215,7 +210,7 @@ def test_blocks_over_the_byte_bound_push_out_the_heaviest_senders_own(
         bounded.keep(proposal(1, n, 10_000), scheduled(ADDED), 9)
     assert bounded.kept_bytes <= BOUND
     assert heights(bounded, V0[1]) == list(range(C + 1, C + 10))  # its lowest nine
-    assert taken(bounded)[0] == honest
+    assert bounded.take()[0] == honest
 
 
 def test_f_members_flooding_at_once_leave_the_new_primarys_first_proposal(
@@ -240,7 +235,7 @@ def test_f_members_flooding_at_once_leave_the_new_primarys_first_proposal(
     assert heights(bounded, V0[0]) == [C + 1]
     assert heights(bounded, V0[1]) == list(range(C + 1, C + 8))  # (36 kB and 41 kB: each
     assert heights(bounded, V0[2]) == list(range(C + 1, C + 9))  # more than the primary's)
-    assert set(honest) - set(taken(bounded)) == {honest[1], honest[2]}
+    assert set(honest) - set(bounded.take()) == {honest[1], honest[2]}
 
 
 def test_a_flood_from_above_then_below_costs_the_flooder_its_highest(
@@ -262,7 +257,7 @@ def test_a_flood_from_above_then_below_costs_the_flooder_its_highest(
     assert bounded.kept_bytes <= BOUND
     assert heights(bounded, V0[0]) == [C + 1, C + 2]
     assert heights(bounded, V0[1]) == [*range(C + 1, C + 10), C + 21, C + 22]
-    assert primarys[0] in taken(bounded)
+    assert primarys[0] in bounded.take()
 
 
 def test_the_engine_keeps_an_observers_messages_and_feeds_them_after_the_join() -> None:

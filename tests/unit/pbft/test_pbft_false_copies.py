@@ -131,7 +131,7 @@ def test_no_race_needed_a_buffered_pre_prepare_is_replaced_by_a_forged_relay(
     pre_prepare = PrePrepare(1, 1, digest, 1)
     replica.step(from_peer(pre_prepare, (genuine,)))  # the primary's own, first
     replica.step(from_peer(pre_prepare, (forged,), relayed_by=3))  # the byzantine relay, after
-    held = [h.wire for h in replica.future.values() if h.wire.signed.body == pre_prepare]
+    held = [w for w in replica.future.values() if w.signed.body == pre_prepare]
     assert held and held[0].blocks == (genuine,), "the genuine copy was replaced by a relay"
 
 

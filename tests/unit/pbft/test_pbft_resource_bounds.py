@@ -81,7 +81,7 @@ def test_a_vote_carrying_a_block_is_refused_not_buffered() -> None:
 
 
 def future_blocks(replica: Replica) -> int:
-    return sum(len(block) for held in replica.future.values() for block in held.wire.blocks)
+    return sum(len(block) for wire in replica.future.values() for block in wire.blocks)
 
 
 def test_the_future_buffer_is_bounded_in_bytes() -> None:
@@ -94,9 +94,9 @@ def test_the_future_buffer_is_bounded_in_bytes() -> None:
     for seq_no in range(1, 9):  # 96 MiB from the primary of view 5
         replica.step(from_peer(PrePrepare(5, seq_no, keccak(flood), 1), (flood,)))
     assert future_blocks(replica) <= PARAMS.future_block_bytes
-    kept = sorted(seq_no for (sender, _, seq_no) in replica.future if sender == 1)
+    kept = sorted(seq_no for (sender, _, seq_no), wire in replica.future.items() if sender == 1)
     assert kept == [1, 2, 3, 4, 5]  # the lowest five of the flood: its highest went
-    assert replica.future[(2, MessageType.PRE_PREPARE, 1)].wire.blocks == (honest,)
+    assert replica.future[(2, MessageType.PRE_PREPARE, 1)].blocks == (honest,)
 
 
 def test_a_flood_cannot_make_an_honest_primary_the_heaviest_and_cost_it_its_lowest() -> None:
@@ -113,7 +113,7 @@ def test_a_flood_cannot_make_an_honest_primary_the_heaviest_and_cost_it_its_lowe
     for seq_no in range(1, 12):
         replica.step(from_peer(PrePrepare(5, seq_no, keccak(flood), 1), (flood,)))
     assert future_blocks(replica) <= PARAMS.future_block_bytes
-    assert replica.future[(2, MessageType.PRE_PREPARE, 1)].wire.blocks == (honest[0],)
+    assert replica.future[(2, MessageType.PRE_PREPARE, 1)].blocks == (honest[0],)
 
 
 # --- the largest NEW-VIEW ---------------------------------------------------------------
