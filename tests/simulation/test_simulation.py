@@ -529,3 +529,17 @@ def test_a_replica_fetched_past_the_handover_can_ask_for_a_view_again(
     (`handover.adopt_offered_checkpoint`), then asks for a view of the new epoch."""
     monkeypatch.setattr(cluster_module, "GROUP_COMMIT_MS", write_ms)
     run_seed(seed, 4)
+
+
+def test_a_faulty_primary_replaced_on_an_idle_cluster_is_no_churn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chaos seed 291 at N = 5 with the group-commit model at 3 ms: the cluster settles in
+    view 1, whose primary poisons bodies, with the trailing empty block still owed
+    (`Replica._arm_trailing_block`); the primary proposes it poisoned during the quiet
+    window, and the others replace it ("invalid_block"). `check_no_churn` took that for
+    churn; a view change that proves its primary faulty is not (`_faulty_primary_replaced`),
+    and the cluster must settle again in the next view."""
+    monkeypatch.setattr(cluster_module, "GROUP_COMMIT_MS", 3)
+    cluster = run_seed(291, 5)
+    assert any(node.replica is not None and node.replica.view_change_reasons["invalid_block"]
+               for node in cluster.honest())
