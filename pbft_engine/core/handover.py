@@ -15,11 +15,13 @@ validator stops at c and an added one starts there (`Replica.join`). Pure: no I/
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from pbft_engine.core.actions import LeftValidatorSet, RelayRequests, SendTo
 from pbft_engine.core.epochs import EpochSchedule, Membership, message_height
 from pbft_engine.core.events import ScheduleChange
+from pbft_engine.core.joining import relayed_copy
 from pbft_engine.core.records import VIEW_MESSAGE_SEQ_NO, signed_key
 from pbft_engine.core.signing_bound import SigningBound
 from pbft_engine.core.view_change import verify_view_change
@@ -38,6 +40,9 @@ from pbft_engine.messages import (
 if TYPE_CHECKING:
     from pbft_engine.core.replica import Replica
 
+# How many times a member sends a stranded member the proof of one stable checkpoint
+# (`offer_stable_proof`): one answer may be lost, and a faulty member draws no stream.
+OFFERS_PER_CHECKPOINT = 3
 
 def high_watermark(low_watermark: int, log_size: int, schedule: EpochSchedule) -> int:
     """H = h + L, stopped at the handover checkpoint c while a change is scheduled (R2)."""
@@ -383,7 +388,7 @@ def adopt_view_change_checkpoint(replica: Replica, signed: Signed[ViewChange]) -
     return not replica.left and counts_toward_view(epochs, signed)
 
 
-def offer_stable_proof(replica: Replica, body: ViewChange) -> None:
+def offer_stable_proof(replica: Replica, body: ViewChange, delivered_by: bytes) -> None:
     """A VIEW-CHANGE of an older epoch from a member of the installed set: its stable
     checkpoint is below c (it caught up past c by a fetch, which proves no checkpoint, and
     the others' CHECKPOINTs at c were below its new low watermark by then), so it may ask
@@ -391,40 +396,69 @@ def offer_stable_proof(replica: Replica, body: ViewChange) -> None:
     and alone in its view it is stranded for good: in a set of three (f = 0) the next
     request halts the set (simulator seeds 313 and 40 at N = 4 with the group-commit
     model). The proof of this replica's stable checkpoint, if it is of this epoch, is sent
-    to it (`adopt_offered_checkpoint`); again at each of its resends, which its timer
-    backs off, since a lost answer would strand it still."""
+    to it (`adopt_offered_checkpoint`): only for a copy its signer delivered (a relayed
+    one would let any member draw Q CHECKPOINTs per copy: the attack review s11-offer,
+    finding 2), and at most OFFERS_PER_CHECKPOINT times a member and stable checkpoint (its
+    resends come every new-view timeout; an answer may be lost)."""
     epochs, stable = replica.epochs, replica.stable_checkpoint
     sender = epochs.address_of(body)
     current = epochs.current.validators
     if (sender is None or sender not in current or body.stable_seq_no >= stable
+            or relayed_copy(delivered_by, sender)
             or epochs.schedule.epoch_at(stable + 1) != epochs.current):
         return
+    at, times = replica.proofs_offered.get(sender, (stable, 0))
+    times = times if at == stable else 0
+    if times >= OFFERS_PER_CHECKPOINT:
+        return
+    replica.proofs_offered[sender] = (stable, times + 1)
     for checkpoint in replica.checkpoints.proof(stable):
         replica._send(WireMessage(checkpoint), to=current.index(sender))
 
 
-def adopt_offered_checkpoint(replica: Replica, checkpoint: Signed[Checkpoint]) -> bool:
+def adopt_offered_checkpoint(replica: Replica, checkpoint: Signed[Checkpoint],
+                             delivered_by: bytes) -> bool:
     """A CHECKPOINT (signature verified) at a height this replica executed without holding
     it stable, while its stable checkpoint is below the installed epoch's c
-    (`offer_stable_proof`): kept (heights of this epoch's window back from the low
-    watermark only: bounded), and once Q of them match it is stable here, as a
-    VIEW-CHANGE's checkpoint would be (`adopt_view_change_checkpoint`); then the replica
-    may ask for the next view of this epoch (`leave_old_epoch_view`). False: not such a
+    (`offer_stable_proof`): kept with the others the same member delivered (one height a
+    member, its latest: bounded), and once Q of them match, that checkpoint is stable
+    here, as a VIEW-CHANGE's would be (`adopt_view_change_checkpoint`); then the replica
+    may ask for the next view of this epoch (`leave_old_epoch_view`). By deliverer, so a
+    faulty signer's forged CHECKPOINT sent first cannot displace its genuine one from an
+    honest member's offer (the attack review s11-offer, finding 1). False: not such a
     CHECKPOINT."""
     epochs, seq_no = replica.epochs, checkpoint.body.seq_no
     stable = replica.stable_checkpoint
-    if not (max(stable, replica.low_watermark - replica.params.log_size) < seq_no
-            <= replica.last_exec
-            and epochs.schedule.epoch_at(stable + 1) != epochs.current
-            and epochs.schedule.epoch_at(seq_no + 1) == epochs.current):
+    if epochs.schedule.epoch_at(stable + 1) == epochs.current:
+        replica.offers = {}
         return False
-    if replica.checkpoints.held(seq_no, checkpoint.body.replica) is None:
-        replica.checkpoints.add(checkpoint)
-    proof = replica.checkpoints.proof(seq_no)
-    if len(proof) >= epochs.quorum_at(seq_no):
-        replica._adopt_stable(seq_no, proof)
-        leave_old_epoch_view(replica)
+    if not (max(stable, replica.low_watermark - replica.params.log_size) < seq_no
+            <= replica.last_exec and epochs.schedule.epoch_at(seq_no + 1) == epochs.current):
+        return False
+    offer = replica.offers.setdefault(delivered_by, {})
+    if offer and next(iter(offer.values())).body.seq_no != seq_no:
+        if next(iter(offer.values())).body.seq_no > seq_no:
+            return True  # an older offer than the one this member is making
+        offer.clear()
+    offer.setdefault(checkpoint.body.replica, checkpoint)
+    value, count = Counter(c.body.value for c in offer.values()).most_common(1)[0]
+    if count >= epochs.quorum_at(seq_no):
+        _adopt_offer(replica, seq_no, tuple(c for c in offer.values() if c.body.value == value))
     return True
+
+
+def _adopt_offer(replica: Replica, seq_no: int, proof: tuple[Signed[Checkpoint], ...]) -> None:
+    """Q matching CHECKPOINTs offered at seq_no: stable here, unless this replica signed
+    another value there (its execution diverged: the alarm the window raises too, the
+    attack review s11-offer, finding 3)."""
+    replica.offers = {}
+    own = replica.checkpoints.mine(seq_no)
+    if own is not None and own.body.value != proof[0].body.value:
+        replica._alarm("checkpoint_conflict",
+                       f"checkpoint {seq_no}: replicas disagree on the block or state root")
+        return
+    replica._adopt_stable(seq_no, proof)
+    leave_old_epoch_view(replica)
 
 
 def unexecuted_by_genesis(replica: Replica, seq_no: int,

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from pbft_engine.core.replica import Replica
 
 
-def on_view_change(replica: Replica, wire: WireMessage[ViewChange]) -> None:
+def on_view_change(replica: Replica, wire: WireMessage[ViewChange],
+                   delivered_by: bytes = b"") -> None:
     signed = wire.signed
     body = signed.body
     counts = counts_toward_view(replica.epochs, signed)
@@ -53,7 +54,7 @@ def on_view_change(replica: Replica, wire: WireMessage[ViewChange]) -> None:
         return
     if not adopt_view_change_checkpoint(replica, signed):
         replica._drop("view-change of another epoch")
-        offer_stable_proof(replica, body)
+        offer_stable_proof(replica, body, delivered_by)
         return
     sender = replica.epochs.current.validators[body.replica]  # (its signature verified)
     held = replica.view_changes.get(sender)

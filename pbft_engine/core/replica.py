@@ -217,6 +217,11 @@ class Replica:
         self.checkpoints = CheckpointTracker(self.epochs, self.address, self.writer)
         self.wanted: set[tuple[int, bytes]] = set()  # bodies asked of the peers (FetchBlock)
         self.view_changes: dict[bytes, WireMessage[ViewChange]] = {}  # latest per member
+        # Stable checkpoint proofs offered to this replica stranded below the installed
+        # epoch, by the member that delivered them, and the proofs it offered others (by
+        # member: its stable checkpoint then, how many times): `handover.offer_stable_proof`.
+        self.offers: dict[bytes, dict[int, Signed[Checkpoint]]] = {}
+        self.proofs_offered: dict[bytes, tuple[int, int]] = {}
         self.last_new_view: Signed[NewView] | None = None
         # (replica, type, seqNo)
         self.future: dict[tuple[int, int, int], WireMessage[PhaseMessage]] = {}
@@ -848,9 +853,9 @@ class Replica:
         if (phase := wire_as(wire, PhaseMessage)) is not None:
             self._on_phase_message(phase, delivered_by)
         elif (checkpoint := signed_as(wire.signed, Checkpoint)) is not None:
-            self._on_checkpoint(checkpoint)
+            self._on_checkpoint(checkpoint, delivered_by)
         elif (view_change := wire_as(wire, ViewChange)) is not None:
-            on_view_change(self, view_change)
+            on_view_change(self, view_change, delivered_by)
         elif (new_view := wire_as(wire, NewView)) is not None:
             on_new_view(self, new_view)
 
@@ -1187,13 +1192,13 @@ class Replica:
         self._store_checkpoint(checkpoint)
         self._arm_resend_timer()  # (a lost CHECKPOINT at a handover would stop the chain)
 
-    def _on_checkpoint(self, checkpoint: Signed[Checkpoint]) -> None:
+    def _on_checkpoint(self, checkpoint: Signed[Checkpoint], delivered_by: bytes = b"") -> None:
         seq_no = checkpoint.body.seq_no
         # One at h still counts while h is not stable (a catch-up moved h to a checkpoint
         # this replica executed, whose proof it collects only now).
         if seq_no < self.low_watermark or seq_no <= self.stable_checkpoint:
             if not (complete_proof(self, seq_no, (checkpoint,))
-                    or adopt_offered_checkpoint(self, checkpoint)):
+                    or adopt_offered_checkpoint(self, checkpoint, delivered_by)):
                 self._drop("checkpoint below the low watermark")
         elif seq_no > self.high_watermark:
             self._note_high_checkpoint(checkpoint)
