@@ -85,11 +85,34 @@ def _closing(status: int, text: str) -> web.Response:
     return response
 
 
+class BodyBudget:
+    """A token bucket of request-body bytes a second, shared by every connection: each
+    chunk read is paid for before the next is read, and a reader short of tokens sleeps
+    until its debt is paid (readers queue by their debts: the later one waits longer).
+    The debt is bounded: each connection owes at most one chunk (aiohttp's buffer), and the
+    connections are bounded. `burst`: bytes read at once from a full bucket."""
+
+    def __init__(self, rate: int, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self._tokens = float(burst)
+        self._since: float | None = None
+
+    async def spend(self, size: int) -> None:
+        now = asyncio.get_running_loop().time()
+        if self._since is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._since) * self.rate)
+        self._since = now
+        self._tokens -= size
+        if self._tokens < 0:
+            await asyncio.sleep(-self._tokens / self.rate)
+
+
 class RpcServer:
     def __init__(self, node: RpcBackend, websocket: WebSocketLimits | None = None) -> None:
         self.node = node
         self.settings = settings = node.rpc_settings()
         self.limits = settings.limits
+        self._body_budget = BodyBudget(self.limits.max_body_rate, self.limits.max_body_bytes)
         self.host_allowlist = {h.lower() for h in settings.host_allowlist}
         self.cors_origins = set(settings.cors_origins)
         self.eth = EthApi(node)
@@ -151,13 +174,28 @@ class RpcServer:
         or too slow."""
         try:
             async with asyncio.timeout(self.limits.read_timeout):
-                return await request.read()
+                return await self._read_within_budget(request)
         except web.HTTPRequestEntityTooLarge:
             return _closing(413, "content length too large\n")
         except TimeoutError:
             return _closing(408, "request body read timeout\n")
         except (RequestPayloadError, ConnectionError):  # bad encoding, or the client left
             return _closing(400, "malformed or incomplete request body\n")
+
+    async def _read_within_budget(self, request: web.Request) -> bytes:
+        """The body, chunk by chunk as the transport delivers it, each paid for from the
+        node's budget for request bodies before the next is read: while a client waits for
+        it, aiohttp stops reading its socket, and the kernel makes the client wait."""
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await request.content.readany():
+            size += len(chunk)
+            if size > self.limits.max_body_bytes:
+                raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes,
+                                                    actual_size=size)
+            chunks.append(chunk)
+            await self._body_budget.spend(len(chunk))
+        return b"".join(chunks)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket":
