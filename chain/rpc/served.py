@@ -234,20 +234,28 @@ class WorkerPool:
             self._pending += 1
         if self._governed:
             GOVERNOR.pulse.work_started()
+        future = self._executor.submit(self._counted, function, args)
         try:
-            return await asyncio.wrap_future(self._executor.submit(self._counted, function, args))
+            return await asyncio.wrap_future(future)
         finally:
             if self._governed:
                 GOVERNOR.pulse.work_ended()
+            if future.cancelled():  # its caller was cancelled before a thread took it
+                self._release()
 
     def _counted(self, function: Callable[..., T], args: tuple[Any, ...]) -> T:
-        """Runs on a worker: the slot is free when the work ends, even if its caller left."""
+        """Runs on a worker: the slot is free when the work ends, even if its caller left
+        (a call cancelled before it reached a thread frees it in `run`: the attack review
+        s11-rpc, finding 4)."""
         try:
             with GOVERNOR.turn() if self._governed else contextlib.nullcontext():
                 return function(*args)
         finally:
-            with self._lock:
-                self._pending -= 1
+            self._release()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._pending -= 1
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
