@@ -1,9 +1,10 @@
 """Attack review (session 11) of eth_call's EVM process and the request-body budget (issue
 29): what an unauthenticated JSON-RPC client can still do. Each strict xfail names the gap;
 it passes once the gap is closed (then remove its mark). Findings 1 (init code over EIP-3860's
-limit killed the child) and 4 (a call cancelled before it reached a thread kept its slot)
-are fixed in session 11; 2 (a small body waits for the flood's whole debt) and 3 (a body in
-1-byte chunks pays for a sixth of what the loop parsed) are open."""
+limit killed the child), 2 (a small body waited for the flood's whole debt: the budget now
+shares the rate as a processor is) and 4 (a call cancelled before it reached a thread kept
+its slot) are fixed in session 11; 3 (a body in 1-byte chunks pays for a sixth of what the
+loop parsed) is open."""
 
 from __future__ import annotations
 
@@ -45,15 +46,6 @@ def test_initcode_over_the_limit_is_an_error_of_the_call_not_of_the_evm_process(
     assert evm.pids == [pid]  # the process did nothing wrong: it stays, its cache too
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the budget is one FIFO of debts: every body, however small, first waits for every chunk "
-    "all other connections have been allowed to read. Measured on the 1-validator testnet, "
-    "flooding connections posting 5 MiB bodies (each owes ~0.75 MiB at a time): 8 of them "
-    "made a 52-byte eth_blockNumber take 303 ms (1 ms alone), 32 took it to 1.46 s, 100 (of "
-    "the 256 connections allowed) to 4.4 s, an honest 1 MiB body to 13.4 s and a 5 MiB one "
-    "to 408 at 30 s. With Content-Encoding: gzip each 5 MiB body is 5.3 KB on the wire, so "
-    "the 100 connections cost the attacker ~90 KB/s (4.7 s for eth_blockNumber). The design "
-    "note accepts a 5 MiB body waiting, not every small request"))
 def test_a_small_body_does_not_wait_for_every_flooding_connections_debt(
     naps: list[float],  # noqa: F811
 ) -> None:
