@@ -55,6 +55,7 @@ from tests.unit.test_replica_handover import (
     checkpoint_from,
     commit_through,
     digest,
+    fetch_past_c,
     state,
     stranded_past_c,
 )
@@ -230,10 +231,7 @@ def test_an_offered_checkpoint_contradicting_its_own_raises_the_alarm() -> None:
     assert driven.replica.checkpoints.mine(C) is not None
     driven.step(TimerFired(TimerKind.REQUEST, b""))
     assert driven.replica.view == 1 and not driven.replica.active
-    certificate = encode_commit_certificate(
-        signed(Commit(0, 13, digest(13), i), ADDED) for i in (0, 1, 3, 4))
-    driven.step(PeerCommitted(13, digest(13), certificate))
-    driven.step(FetchCompleted(13, digest(13), state(13), ()))
+    fetch_past_c(driven)
     assert driven.replica.low_watermark == 13 and driven.replica.stable_checkpoint == 0
     others_checkpoints_with_another_root(driven)
     assert conflict_alarms(driven), (

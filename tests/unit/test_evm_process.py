@@ -156,13 +156,19 @@ def gone(pid: int) -> bool:
     return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
-def test_a_killed_child_fails_the_call_in_flight_and_the_next_call_works(
-    blockchain: Blockchain, evm: EvmProcesses
-) -> None:
+def running_child(blockchain: Blockchain, evm: EvmProcesses) -> tuple[BlockHeaderAPI, int]:
+    """The head, and the pid of the child that has answered a call at it."""
     head = blockchain.head()
     evm.execute(request(head, ADD_AND_RETURN))
     (pid,) = evm.pids
     assert pid is not None
+    return head, pid
+
+
+def test_a_killed_child_fails_the_call_in_flight_and_the_next_call_works(
+    blockchain: Blockchain, evm: EvmProcesses
+) -> None:
+    head, pid = running_child(blockchain, evm)
     before = cpu_ticks(pid)
     errors: list[RpcError] = []
 
@@ -185,10 +191,7 @@ def test_a_child_that_stops_answering_is_killed_after_its_grace(
     blockchain: Blockchain, evm: EvmProcesses
 ) -> None:
     """A child starved or stuck past its deadline (here stopped) cannot hold the call."""
-    head = blockchain.head()
-    evm.execute(request(head, ADD_AND_RETURN))
-    (pid,) = evm.pids
-    assert pid is not None
+    head, pid = running_child(blockchain, evm)
     os.kill(pid, signal.SIGSTOP)
     started = time.monotonic()
     error = refusal(evm, request(head, ADD_AND_RETURN, timeout=0.3))

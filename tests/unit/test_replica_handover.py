@@ -436,13 +436,18 @@ def stranded_past_c() -> Driven:
     driven.step(RequestReceived(keccak(b"a transfer")))
     driven.step(TimerFired(TimerKind.REQUEST, b""))
     assert driven.replica.view == 1 and not driven.replica.active
+    fetch_past_c(driven)
+    replica = driven.replica
+    assert replica.epochs.current.validators == ADDED and replica.stable_checkpoint == 0
+    return driven
+
+
+def fetch_past_c(driven: Driven) -> None:
+    """A catch-up to 13 by the certificate of the set V0 + the newcomer (four of five)."""
     certificate = encode_commit_certificate(
         signed(Commit(0, 13, digest(13), i), ADDED) for i in (0, 1, 3, 4))
     driven.step(PeerCommitted(13, digest(13), certificate))
     driven.step(FetchCompleted(13, digest(13), state(13), ()))
-    replica = driven.replica
-    assert replica.epochs.current.validators == ADDED and replica.stable_checkpoint == 0
-    return driven
 
 
 def test_a_replica_stranded_past_c_adopts_an_offered_proof_and_asks_for_a_view_again() -> None:
