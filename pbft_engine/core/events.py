@@ -23,8 +23,9 @@ class TimerKind(Enum):
 class MessageReceived:
     """Bytes of a `WireMessage` from a peer (authenticated by its signature, not the link).
     `sender`: the member whose link delivered them (b"": not known), which is not its signer
-    when a member relays another's message: what the core holds of a message it cannot take
-    yet is charged to the one who delivered it (`log.hold_future`)."""
+    when a member relays another's message: such a copy is never held for later
+    (`joining.relayed_copy`), nor answered with a checkpoint proof
+    (`handover.offer_stable_proof`)."""
 
     data: bytes
     sender: bytes = b""

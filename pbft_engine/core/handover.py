@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 # (`offer_stable_proof`): one answer may be lost, and a faulty member draws no stream.
 OFFERS_PER_CHECKPOINT = 3
 
+
 def high_watermark(low_watermark: int, log_size: int, schedule: EpochSchedule) -> int:
     """H = h + L, stopped at the handover checkpoint c while a change is scheduled (R2)."""
     top, cap = low_watermark + log_size, schedule.high_watermark_cap()
