@@ -71,10 +71,6 @@ class EthApi:
                                 self.blockchain.contracts, self.blockchain.chain_keyspace)
         node.add_head_listener(lambda c: self.filters.on_block(c.header, c.records))
 
-    def start(self) -> None:
-        """With the server: the EVM processes start (they import py-evm meanwhile)."""
-        self.evm.start()
-
     def close(self) -> None:
         """On stop: every thread of client work ends (an EVM call within its deadline),
         then the EVM processes."""

@@ -305,7 +305,6 @@ class RpcServer:
 
     async def start(self) -> None:
         settings = self.settings
-        self.eth.start()
         self._runner = web.AppRunner(
             self._app(),
             access_log=None,
