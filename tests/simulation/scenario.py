@@ -942,7 +942,10 @@ def run_membership(seed: int, n: int, rng: random.Random) -> Cluster:
     econ = economy(rng, tuple(rng.uniform(1.0, 2.0) for _ in range(n + SPARE)),
                    rng.choice((0, 500)))
     cluster = _cluster(n, seed, econ, faults, spare=SPARE)
-    changes, sets = _membership_plan(rng, n)
+    changes, _ = _membership_plan(rng, n)
+    # The votes may commit in any order (seed 4072 at N = 4, group commit at 20 ms: the
+    # planned order's sets bore f faults, an order that passed did not).
+    sets = _passes_through(n, changes)
     f = min((len(members) - 1) // 3 for members in sets)
     stay = [i for i in range(n) if all(i in members for members in sets)]
     faulty = rng.sample(stay, min(len(stay), rng.randint(0, f)))

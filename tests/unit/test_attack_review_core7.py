@@ -205,6 +205,25 @@ def test_a_head_claimed_once_no_longer_shields_the_primary() -> None:
     assert driven.sent(ViewChange)
 
 
+def test_two_fetches_that_fail_fast_forget_no_head_before_its_timeouts() -> None:
+    """The control's other side (gapped simulator seed 47 at N = 5, fetches failing half the
+    time): a real head two blocks above, proved twice, and both fetches failed within the
+    first request timeout. The head used to be forgotten then, so that timeout suspected a
+    correct primary. It now excuses the primary for its two timeouts (each fetching again)
+    and is forgotten once those fetches failed too."""
+    driven = backup_with_a_waiting_request()
+    head = PASSED_AT + 2
+    for _ in range(2):
+        driven.step(PeerCommitted(head, digest(head), b""))
+        driven.step(FetchFailed(head))
+    for _ in range(2):
+        driven.step(TimerFired(TimerKind.REQUEST, b""))  # excused: it fetches again
+        assert driven.replica.fetching == head and not driven.sent(ViewChange)
+        driven.step(FetchFailed(head))
+    driven.step(TimerFired(TimerKind.REQUEST, b""))
+    assert driven.sent(ViewChange)
+
+
 def test_a_backup_catching_up_block_by_block_does_not_suspect_the_primary() -> None:
     """The other side of finding 2's fix: an honest backup that really lags behind a cluster
     that goes on (a head two blocks above it proved before each request timeout, each fetch
