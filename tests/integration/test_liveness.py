@@ -287,10 +287,12 @@ def commit_deadline(count: int) -> float:
     return 60 + count / 20  # a generous bound (20 transfers a second), not an expectation
 
 
+# (A 1,000-transfer spray ran here too: the 3,000 one takes the same path under more load,
+# and CI's 20 minutes are better spent elsewhere.)
 @pytest.mark.parametrize(
     ("count", "sprayed"),
-    [(400, False), (1_000, True), (3_000, False), (3_000, True)],
-    ids=["400-to-node0", "1000-sprayed", "3000-to-node0", "3000-sprayed"],
+    [(400, False), (3_000, False), (3_000, True)],
+    ids=["400-to-node0", "3000-to-node0", "3000-sprayed"],
 )
 def test_burst_commits_everything_without_a_view_change(
     cluster: Cluster, count: int, sprayed: bool
