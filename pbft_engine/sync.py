@@ -39,9 +39,9 @@ from functools import partial
 import rlp
 from eth_utils import keccak
 
-from chain.blockchain import ExecutedBlock, block_hash_of
+from chain.blockchain import ExecutedBlock, block_hash_of, check_body_matches_header
 from chain.engine import EngineContext, TimerHandle
-from chain.errors import BlockValidationError, StaleParentError
+from chain.errors import BlockValidationError, FalseBodyError, StaleParentError
 from pbft_engine.core import (
     BlockReceived,
     Event,
@@ -351,9 +351,7 @@ class BlockSync:
     async def _horizon_from(self, peer: bytes, horizon: int) -> None:
         try:
             block, certificate = (await self._request(peer, horizon, 1)).blocks[0]
-            block_hash = certified_block_hash(
-                block, certificate, number=horizon, epoch=self._epoch_at(horizon),
-                chain_id=self.context.chain_id)
+            block_hash = await self._certified(horizon, block, certificate)
         except PeerLied as exc:
             self._failed_peer(peer, horizon, exc)
             return
@@ -437,8 +435,9 @@ class BlockSync:
         imported: list[ExecutedBlock] = []
         self._imported = imported
         ahead: tuple[int, bytes, asyncio.Future[Blocks]] | None = None
+        served, first = True, 0
         try:
-            while self.context.head().block_number < target:
+            while served and self.context.head().block_number < target:
                 stop = stop_at()
                 if stop is not None and stop < target:
                     target, target_hash = stop, b""
@@ -451,16 +450,19 @@ class BlockSync:
                 if ahead is not None:
                     prefetched = ahead[1:] if ahead[0] == first else None
                     if prefetched is None:
-                        ahead[2].cancel()
+                        await self._drop(ahead)
                 following = first + count
                 ahead = self._prefetch(following, target) if following <= target else None
-                if not await self._fetch_range(first, count, imported, prefetched):
-                    log.warning("catch-up to block %d failed at block %d: no peer served it",
-                                target, first)
-                    return self.failed(target)
+                served = await self._fetch_range(first, count, imported, prefetched)
+            await self._drop(ahead)
+            ahead = None
         finally:
-            if ahead is not None:
+            if ahead is not None:  # this fetch was cancelled: nothing more is waited for
                 ahead[2].cancel()
+        if not served:
+            log.warning("catch-up to block %d failed at block %d: no peer served it",
+                        target, first)
+            return self.failed(target)
         head = self.context.head()
         if (imported and imported[-1].number == target and target_hash
                 and imported[-1].hash != target_hash):
@@ -493,6 +495,29 @@ class BlockSync:
         request = asyncio.ensure_future(self._request(peers[0], first, count))
         request.add_done_callback(lambda done: done.cancelled() or done.exception())
         return first, peers[0], request
+
+    async def _drop(self, ahead: tuple[int, bytes, asyncio.Future[Blocks]] | None) -> None:
+        """A prefetched range this fetch will not import (it caught up otherwise, or the
+        range before it came short): not waited for if unanswered, but an answer already
+        here is judged as an imported one is, up to the horizon (certificates, bodies against
+        the certified roots), so that a liar's answer is charged whichever way the fetch
+        went (it costs no request)."""
+        if ahead is None:
+            return
+        first, peer, request = ahead
+        if not request.done():
+            request.cancel()
+            return
+        if request.cancelled() or request.exception() is not None:
+            return
+        blocks = enumerate(request.result().blocks, first)
+        try:
+            for number, (block, certificate) in blocks:
+                if number > self.feed.horizon:
+                    break
+                await self._certified(number, block, certificate)
+        except PeerLied as exc:
+            self._failed_peer(peer, first, exc)
 
     def _peers_for(self, first: int) -> list[bytes]:
         """The connected sources, starting with the one whose turn the range from `first` is
@@ -609,6 +634,21 @@ class BlockSync:
             if chain:
                 await self.context.commit_blocks(chain)
         return [executed for executed, _ in chain]
+
+    async def _certified(self, number: int, block: bytes, certificate: bytes) -> bytes:
+        """`certified_block_hash`, and the body the certified header commits to (its roots,
+        checked off the loop as a validation is): for a block that is not executed here, a
+        true header over a false body is the lie to catch."""
+        block_hash = certified_block_hash(block, certificate, number=number,
+                                          epoch=self._epoch_at(number),
+                                          chain_id=self.context.chain_id)
+        try:
+            await asyncio.to_thread(check_body_matches_header, block)
+        except FalseBodyError as exc:
+            raise PeerLied("false_copy", f"certified block {number}: {exc}") from None
+        except BlockValidationError:
+            pass  # a header without the roots is its signers' fault, not this copy's
+        return block_hash
 
     def _epoch_at(self, number: int) -> Epoch:
         epoch = self.feed.epoch_at(number)

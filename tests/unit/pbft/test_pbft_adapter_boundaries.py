@@ -30,7 +30,7 @@ from pbft_engine.sync_messages import (
 )
 from storage import Database
 from tests.unit.pbft.helpers import fixed_feed
-from tests.unit.pbft.test_pbft_catch_up import VALIDATORS, _certificate
+from tests.unit.pbft.test_pbft_catch_up import VALIDATORS, _block_with_roots, _certificate
 from tests.unit.test_blockchain import COINBASE, make_genesis, transfers
 
 TRANSACTIONS_ROOT = 4
@@ -208,3 +208,40 @@ def test_a_fetch_that_fails_part_way_says_how_far_it_got() -> None:
     assert isinstance(outcome, FetchFailed) and outcome.target_seq_no == first_range + 5
     assert outcome.reached is not None and outcome.reached.seq_no == first_range
     assert faults == []
+
+
+@dataclass
+class CommittingMeanwhile(ServingPeers):
+    """Blocks whose headers commit to their (empty) bodies; once the first range is
+    imported, the replica has committed every block up to `meanwhile` through consensus."""
+
+    meanwhile: int = 0
+
+    @staticmethod
+    def block(number: int, *, false: bool) -> tuple[bytes, bytes]:
+        return _block_with_roots(number, false_body=false)
+
+    async def validate_block(self, data: bytes, parent: object = None) -> SimpleNamespace:
+        await asyncio.sleep(0)  # executed off the loop: the answers in flight arrive meanwhile
+        return await super().validate_block(data, parent)
+
+    async def commit_blocks(self, blocks: list) -> None:
+        await super().commit_blocks(blocks)
+        if self.height == MAX_BLOCKS_PER_REQUEST:
+            self.height = self.meanwhile
+
+
+def test_a_prefetched_range_the_fetch_no_longer_needs_is_judged_all_the_same() -> None:
+    """The next range is asked for while one is imported (of the peer whose turn it is: the
+    liar here, which serves true headers over false bodies); the replica commits it through
+    consensus meanwhile, so the fetch ends without importing it. The answer, already here,
+    is judged all the same (certificates, bodies against the certified roots): it used to
+    be dropped unread, and the liar went unrecorded. The honest answer costs no request."""
+    first_range, target = MAX_BLOCKS_PER_REQUEST, MAX_BLOCKS_PER_REQUEST + 8
+    liar = b"b" * 20  # the turn of the range from 33 (`BlockSync._peers_for`)
+    peers = CommittingMeanwhile({b"a" * 20: target, liar: target, b"c" * 20: target},
+                                liar=liar, meanwhile=target)
+    outcome, faults = catch_up(peers, target)
+    assert isinstance(outcome, FetchCompleted) and outcome.seq_no == target
+    assert peers.committed == list(range(1, first_range + 1))
+    assert faults == [(liar, "false_copy")]

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import rlp
+from eth.constants import BLANK_ROOT_HASH
 from eth_hash.auto import keccak
 
 from pbft_engine.core import (
@@ -241,6 +242,58 @@ def test_a_peer_head_counts_only_with_a_certificate_for_it() -> None:
     certificate = _certificate(5, head, range(3))
     sync.on_message(b"a" * 20, encode_sync(Status(5, head, certificate, b"")))
     assert delivered == [PeerCommitted(5, head, certificate)]
+
+
+def _block_with_roots(number: int, *, false_body: bool) -> tuple[bytes, bytes]:
+    """A block whose header commits to an empty body (roots, uncles hash), with a quorum's
+    certificate over that header; or the same header over a transaction it does not hold."""
+    header = [b"\x01" * 32, keccak(rlp.encode([])), b"", b"", BLANK_ROOT_HASH, b"", b"", b"",
+              number, 30_000_000, 0, 0, b"", b"", b"", 0, BLANK_ROOT_HASH]
+    body = [b"a false transaction"] if false_body else []
+    return (rlp.encode([header, body, [], []]),
+            _certificate(number, keccak(rlp.encode(header)), range(3)))
+
+
+@pytest.mark.parametrize("false_body", [False, True])
+def test_a_head_proved_at_the_horizon_is_judged_by_its_body_too(false_body: bool) -> None:
+    """A peer claims a head above the horizon; block sync asks it for the block at the
+    horizon and believes its certificate. A true header over a false body (a certificate
+    that verifies) proves the same head, but the answer is a lie: it is charged to the
+    peer (`false_copy`) and proves nothing. It went unjudged (only the certificate was
+    checked, the body dropped), so a liar whose first lie went to this request was never
+    recorded: test_byzantine's false-bodies test failed about one run in four."""
+    liar = b"a" * 20
+    peers = SyncPeers()
+    status = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_watermark=40,
+                           primary=0, stable_checkpoint=0, last_executed=2, fetching=None,
+                           mode=Mode.NORMAL)
+    delivered: list[object] = []
+    faults: list[tuple[bytes, str]] = []
+
+    async def prove() -> None:
+        judged = asyncio.Event()
+        sync = BlockSync(peers, None, fixed_feed(VALIDATORS),  # type: ignore[arg-type]
+                         deliver=lambda event: (delivered.append(event), judged.set()),
+                         replica_status=lambda: status, held_block=lambda n, d: None,
+                         chain_lock=asyncio.Lock(), poll_interval=1.0,
+                         on_peer_fault=lambda p, k: (faults.append((p, k)), judged.set()))
+        sync.start()
+        peers.tick()  # progress seen
+        peers.tick()  # none since: ask every peer where it is
+        sync.on_message(liar, encode_sync(Status(10_000, keccak(b"far"), b"", b"")))
+        await asyncio.sleep(0)  # the proof's task sends its request at its first step
+        [(asked, request)] = [(p, m) for p, m in peers.sent if isinstance(m, GetBlocks)]
+        assert asked == liar and request.first == sync.feed.horizon and request.count == 1
+        answer = _block_with_roots(request.first, false_body=false_body)
+        sync.on_message(liar, encode_sync(Blocks(request.request_id, (answer,))))
+        await asyncio.wait_for(judged.wait(), 5)
+        await sync.stop()
+
+    asyncio.run(prove())
+    if false_body:
+        assert faults == [(liar, "false_copy")] and delivered == []
+    else:
+        assert faults == [] and [type(event) for event in delivered] == [PeerCommitted]
 
 
 def test_a_finished_fetch_asks_the_peers_where_they_went_meanwhile() -> None:
