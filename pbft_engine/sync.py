@@ -351,7 +351,9 @@ class BlockSync:
     async def _horizon_from(self, peer: bytes, horizon: int) -> None:
         try:
             block, certificate = (await self._request(peer, horizon, 1)).blocks[0]
-            block_hash = await self._certified(horizon, block, certificate)
+            block_hash = certified_block_hash(
+                block, certificate, number=horizon, epoch=self._epoch_at(horizon),
+                chain_id=self.context.chain_id)
         except PeerLied as exc:
             self._failed_peer(peer, horizon, exc)
             return
@@ -359,6 +361,10 @@ class BlockSync:
             return
         finally:
             self._proving = False
+        try:
+            await self._check_body(horizon, block)
+        except PeerLied as exc:  # a lie, though the certified header proves the head
+            self._failed_peer(peer, horizon, exc)
         if horizon > self.replica_status().last_executed:
             self.deliver(PeerCommitted(horizon, block_hash, certificate))
 
@@ -515,7 +521,9 @@ class BlockSync:
             for number, (block, certificate) in blocks:
                 if number > self.feed.horizon:
                     break
-                await self._certified(number, block, certificate)
+                certified_block_hash(block, certificate, number=number,
+                                     epoch=self._epoch_at(number), chain_id=self.context.chain_id)
+                await self._check_body(number, block)
         except PeerLied as exc:
             self._failed_peer(peer, first, exc)
 
@@ -635,20 +643,17 @@ class BlockSync:
                 await self.context.commit_blocks(chain)
         return [executed for executed, _ in chain]
 
-    async def _certified(self, number: int, block: bytes, certificate: bytes) -> bytes:
-        """`certified_block_hash`, and the body the certified header commits to (its roots,
-        checked off the loop as a validation is): for a block that is not executed here, a
-        true header over a false body is the lie to catch."""
-        block_hash = certified_block_hash(block, certificate, number=number,
-                                          epoch=self._epoch_at(number),
-                                          chain_id=self.context.chain_id)
+    @staticmethod
+    async def _check_body(number: int, block: bytes) -> None:
+        """A certified block that is not executed here: its body against the roots of its
+        header (off the loop, as a validation is), the lie a true header over a false body
+        would otherwise get away with."""
         try:
             await asyncio.to_thread(check_body_matches_header, block)
         except FalseBodyError as exc:
             raise PeerLied("false_copy", f"certified block {number}: {exc}") from None
         except BlockValidationError:
             pass  # a header without the roots is its signers' fault, not this copy's
-        return block_hash
 
     def _epoch_at(self, number: int) -> Epoch:
         epoch = self.feed.epoch_at(number)

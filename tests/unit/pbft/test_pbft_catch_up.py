@@ -259,9 +259,9 @@ def test_a_head_proved_at_the_horizon_is_judged_by_its_body_too(false_body: bool
     """A peer claims a head above the horizon; block sync asks it for the block at the
     horizon and believes its certificate. A true header over a false body (a certificate
     that verifies) proves the same head, but the answer is a lie: it is charged to the
-    peer (`false_copy`) and proves nothing. It went unjudged (only the certificate was
-    checked, the body dropped), so a liar whose first lie went to this request was never
-    recorded: test_byzantine's false-bodies test failed about one run in four."""
+    peer (`false_copy`). It went unjudged (only the certificate was checked, the body
+    dropped), so a liar whose first lie went to this request was never recorded:
+    test_byzantine's false-bodies test failed about one run in four."""
     liar = b"a" * 20
     peers = SyncPeers()
     status = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_watermark=40,
@@ -290,10 +290,8 @@ def test_a_head_proved_at_the_horizon_is_judged_by_its_body_too(false_body: bool
         await sync.stop()
 
     asyncio.run(prove())
-    if false_body:
-        assert faults == [(liar, "false_copy")] and delivered == []
-    else:
-        assert faults == [] and [type(event) for event in delivered] == [PeerCommitted]
+    assert faults == ([(liar, "false_copy")] if false_body else [])
+    assert [type(event) for event in delivered] == [PeerCommitted]
 
 
 def test_a_finished_fetch_asks_the_peers_where_they_went_meanwhile() -> None:
