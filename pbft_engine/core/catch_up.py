@@ -185,10 +185,11 @@ def on_fetch_failed(replica: Replica, event: FetchFailed) -> None:
         replica.fetching = None
         # A head that two fetches in a row could not reach any of is no longer believed
         # (a peer claiming one it cannot serve would keep `lagging` true for good), once
-        # it has also excused the primary for its timeouts: two fetches that failed fast,
-        # within one timeout, forgot a real head and left the timer nothing to excuse
-        # (gapped simulator seed 47 at N = 5: a lone VIEW-CHANGE of an honest cluster).
+        # it has excused a request timeout: two fetches that failed fast, within one
+        # timeout, forgot a real head and left the timer nothing to excuse (gapped
+        # simulator seed 47 at N = 5: a lone VIEW-CHANGE of an honest cluster). Waiting
+        # for two excused timeouts let censor seed 9 at N = 9 miss its latency bound.
         if (missed_fetch(replica) >= FORGOTTEN_AFTER
-                and at_head(replica, replica.excused) >= FORGOTTEN_AFTER):
+                and at_head(replica, replica.excused) >= 1):
             replica.peer_head = min(replica.peer_head, (replica.last_exec, replica.last_exec_hash))
         replica._advance()
