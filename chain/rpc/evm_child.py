@@ -11,13 +11,8 @@ Each execution runs on a fresh overlay, so its writes stay in memory and are dro
 
 from __future__ import annotations
 
-import os
 import pickle
-import signal
-import sys
 import traceback
-from collections import OrderedDict
-from typing import BinaryIO
 
 import rlp
 from eth.abc import ComputationAPI, StateAPI, VirtualMachineAPI
@@ -34,77 +29,24 @@ from eth_typing import Address
 from eth_utils import ValidationError
 
 from chain.blockchain import chain_class
-from chain.rpc.errors import EXECUTION_REVERTED, RpcError, ServerError
-from chain.rpc.evm_process import (
-    ERROR,
+from chain.rpc.child_process import (
     FAILURE,
     FOUND,
-    FRAME_LENGTH,
-    GET,
-    MAX_FRAME_BYTES,
-    OUTPUT,
     READY,
-    ExecutionRequest,
-    timeout_error,
+    ByteBoundedCache,
+    Channel,
+    child_main,
+    error_message,
 )
+from chain.rpc.errors import EXECUTION_REVERTED, RpcError, ServerError
+from chain.rpc.evm_process import GET, MAX_FRAME_BYTES, OUTPUT, ExecutionRequest, timeout_error
 from chain.rpc.hexcodec import data
 from chain.rpc.served import ExecutionTimeout, evm_deadline, with_deadline
 from chain.system_contracts import ERROR_SELECTOR
 
 CACHE_BYTES = 64 * 1024 * 1024
-ENTRY_BYTES = 150  # what a cached entry costs beyond its key and value (objects, links)
 FINAL_KEY_PREFIX = b"block-number-to-hash:"  # py-evm's canonical number -> hash
-LOWEST_PRIORITY = 19
 MAX_INITCODE_SIZE = 49_152  # EIP-3860
-
-
-class Channel:
-    """Frames over two pipes (blocking: the child does nothing else meanwhile)."""
-
-    def __init__(self, incoming: BinaryIO, outgoing: BinaryIO) -> None:
-        self._in = incoming
-        self._out = outgoing
-
-    def receive(self) -> bytes | None:
-        """The next frame; None when the parent closed the pipe (or left)."""
-        head = self._in.read(FRAME_LENGTH.size)
-        if len(head) < FRAME_LENGTH.size:
-            return None
-        (length,) = FRAME_LENGTH.unpack(head)
-        if length > MAX_FRAME_BYTES:
-            raise ValueError(f"a frame of {length} bytes from the parent")
-        payload = self._in.read(length)
-        return payload if len(payload) == length else None
-
-    def send(self, message: list[bytes]) -> None:
-        payload = rlp.encode(message)
-        self._out.write(FRAME_LENGTH.pack(len(payload)) + payload)
-        self._out.flush()
-
-
-class ByteBoundedCache:
-    """Values by key, least recently used out first once they hold over `limit` bytes."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.bytes = 0
-        self._values: OrderedDict[bytes, bytes] = OrderedDict()
-
-    def get(self, key: bytes) -> bytes | None:
-        value = self._values.get(key)
-        if value is not None:
-            self._values.move_to_end(key)
-        return value
-
-    def put(self, key: bytes, value: bytes) -> None:
-        size = len(key) + len(value) + ENTRY_BYTES
-        if key in self._values or size > self.limit:
-            return
-        self._values[key] = value
-        self.bytes += size
-        while self.bytes > self.limit:
-            old_key, old_value = self._values.popitem(last=False)
-            self.bytes -= len(old_key) + len(old_value) + ENTRY_BYTES
 
 
 def immutable(key: bytes, value: bytes) -> bool:
@@ -130,10 +72,7 @@ class ParentDB(BaseDB):
         return value
 
     def _ask(self, key: bytes) -> bytes | None:
-        self._channel.send([GET, key])
-        answer = self._channel.receive()
-        if answer is None:
-            raise EOFError("the parent left")
+        answer = self._channel.ask([GET, key])
         return answer[1:] if answer[:1] == FOUND else None
 
     def _exists(self, key: bytes) -> bool:
@@ -213,11 +152,11 @@ class Executor:
             with evm_deadline(request.timeout):
                 output = self._execute(request)
         except ExecutionTimeout:
-            return _error(timeout_error(request.timeout))
+            return error_message(timeout_error(request.timeout))
         except RpcError as exc:
-            return _error(exc)
+            return error_message(exc)
         if len(output) > MAX_FRAME_BYTES - 64:
-            return _error(ServerError(f"the output of {len(output)} bytes is over the limit "
+            return error_message(ServerError(f"the output of {len(output)} bytes is over the limit "
                                       f"of {MAX_FRAME_BYTES - 64}"))
         return [OUTPUT, output]
 
@@ -240,13 +179,6 @@ class Executor:
         with vm.in_costless_state() as state:
             gas = chain.gas_estimator(with_deadline(state), _transaction(vm, state, request))
         return gas.to_bytes(8, "big")
-
-
-def _error(exc: RpcError) -> list[bytes]:
-    fields = [ERROR, str(exc.code).encode(), exc.message.encode()]
-    if exc.data is not None:
-        fields.append(str(exc.data).encode())
-    return fields
 
 
 def serve(channel: Channel) -> None:
@@ -276,12 +208,7 @@ def _answer(executor: Executor, request: ExecutionRequest) -> list[bytes]:
 
 
 def main() -> None:
-    os.setpriority(os.PRIO_PROCESS, 0, LOWEST_PRIORITY)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the parent stops it
-    # The frames go out on the original stdout; anything printed goes to stderr (the node's).
-    outgoing = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    serve(Channel(sys.stdin.buffer, outgoing))
+    child_main(serve, MAX_FRAME_BYTES)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ from eth_hash.auto import keccak
 
 from chain.blockchain import Blockchain
 from chain.node import engine_contracts
+from chain.rpc.child_process import ENTRY_BYTES, KILL_GRACE_SECONDS, ByteBoundedCache
 from chain.rpc.errors import EXECUTION_REVERTED, SERVER_ERROR, RpcError
-from chain.rpc.evm_child import ENTRY_BYTES, FINAL_KEY_PREFIX, ByteBoundedCache, immutable
-from chain.rpc.evm_process import KILL_GRACE_SECONDS, EvmProcesses, ExecutionRequest
+from chain.rpc.evm_child import FINAL_KEY_PREFIX, immutable
+from chain.rpc.evm_process import EvmProcesses, ExecutionRequest
 from chain.system_contracts import revert_data
 from pbft_engine.registry import GET_VALIDATORS, REGISTRY_ADDRESS
 from storage import Database
