@@ -13,7 +13,7 @@ bloom-bits index (chain/bloom_index.py) that `eth_getLogs` narrows its range wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,11 +237,16 @@ class ReadStore:
         return None if encoded is None else TxRecord.decode(encoded)
 
     def records(self, number: int) -> tuple[TxRecord, ...]:
+        return tuple(TxRecord.decode(value) for value in self._encoded(number))
+
+    def encoded_records(self, number: int) -> bytes:
+        """The block's records as stored, one after the other (each an RLP list: the reads'
+        process, chain/rpc/read_child.py, splits them)."""
+        return b"".join(self._encoded(number))
+
+    def _encoded(self, number: int) -> Iterator[bytes]:
         start = _number_key(number)
-        return tuple(
-            TxRecord.decode(value)
-            for _, value in self._transactions.items(start, _number_key(number + 1))
-        )
+        return (value for _, value in self._transactions.items(start, _number_key(number + 1)))
 
     def block_info(self, number: int) -> BlockInfo | None:
         encoded = self._blocks.get(_number_key(number))

@@ -22,18 +22,22 @@ engine serves those, and by no other."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import rlp
 from eth.abc import BlockHeaderAPI
 from eth_bloom import BloomFilter
 
 from chain.blockchain import Blockchain
 from chain.read_store import TxRecord, encode_block
+from chain.rpc.child_process import ByteBoundedCache
 from chain.rpc.errors import InvalidParams
 from chain.rpc.hexcodec import data, parse_quantity, quantity
+from chain.rpc.read_process import BUNDLES, ReadRequest, ReadWorkers, parts
 from chain.rpc.served import WorkerPool, paced
 
 METHOD = "pbft_getBlockBundles"
@@ -43,6 +47,9 @@ MAX_BUNDLE_BLOCKS = 1_000  # blocks asked at once, as a batch's calls (BatchLimi
 # Answer bytes counted per block beside its hex: the JSON around it, its certificate (Q
 # signed COMMITs of ~150 bytes, hex) and its checkpoints' proofs, when it has any
 BLOCK_ALLOWANCE = 8 * 1024
+# Certificates kept as JSON, by block (each of a committed block is permanent): decoding one
+# cost the worker about what encoding the block did, and the blocks moved to a read process.
+CERTIFICATE_CACHE_BYTES = 8 * 1024 * 1024
 EngineMethod = Callable[..., Awaitable[Any]]
 
 
@@ -105,6 +112,8 @@ class BlockBundles:
         self.max_answer_bytes = max_answer_bytes
         self.certificate = engine[CERTIFICATE_METHOD]
         self.checkpoints = engine[CHECKPOINTS_METHOD]
+        self._certificates = ByteBoundedCache(CERTIFICATE_CACHE_BYTES)
+        self._certificates_lock = threading.Lock()
 
     @classmethod
     def methods_for(cls, blockchain: Blockchain, reads: WorkerPool, max_answer_bytes: int,
@@ -130,9 +139,45 @@ class BlockBundles:
             blocks.append(block)
         return blocks
 
-    async def get_block_bundles(self, first: Any, last: Any) -> list[dict[str, Any]]:
+    async def get_block_bundles(self, first: Any, last: Any) -> Any:
         start, stop = parse_range(first, last)
+        if isinstance(self.reads, ReadWorkers):
+            return await self.reads.run(self._bundles_in_child, self.reads, start, stop)
         return await self.reads.run(self._bundles, start, stop)
+
+    def _bundles_in_child(self, reads: ReadWorkers, first: int, last: int) -> orjson.Fragment:
+        """On a read worker: the blocks' bytes from a read process (chain/rpc/read_process.py)
+        as JSON members, each closed here with its certificate and checkpoints."""
+        head = self.blockchain.head().block_number
+        blocks = list(parts(reads.in_child(ReadRequest(
+            BUNDLES, head=head, first=first, last=last, max_bytes=self.max_answer_bytes))))
+        if not blocks:
+            return orjson.Fragment(b"[]")
+        return asyncio.run(self._closed(first, blocks))
+
+    async def _closed(self, first: int, blocks: list[bytes]) -> orjson.Fragment:
+        checkpoints: dict[str, list[Any]] = {}
+        for entry in await self.checkpoints(quantity(first), quantity(first + len(blocks) - 1)):
+            checkpoints.setdefault(entry["seqNo"], []).append(entry)
+        closed = []
+        for number, members in enumerate(paced(blocks), first):
+            closed.append(b"".join((
+                b"{", members, b',"certificate":', await self._certificate_json(number),
+                b',"checkpoints":', orjson.dumps(checkpoints.get(quantity(number), [])), b"}")))
+        return orjson.Fragment(b"[" + b",".join(closed) + b"]")
+
+    async def _certificate_json(self, number: int) -> bytes:
+        key = number.to_bytes(8, "big")
+        with self._certificates_lock:
+            cached = self._certificates.get(key)
+        if cached is not None:
+            return cached
+        certificate = await self.certificate(quantity(number))
+        made = orjson.dumps(certificate)
+        if certificate is not None:  # not yet written: asked again next time
+            with self._certificates_lock:
+                self._certificates.put(key, made)
+        return made
 
     def _bundles(self, first: int, last: int) -> list[dict[str, Any]]:
         """On a read worker, all of it: the certificates and checkpoints too (decoding a

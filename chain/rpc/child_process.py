@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import queue
 import select
 import signal
@@ -22,10 +23,11 @@ import struct
 import subprocess
 import sys
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import BinaryIO, Generic, TypeVar
+from typing import Any, BinaryIO, Generic, TypeVar
 
 import rlp
 
@@ -370,11 +372,40 @@ class ByteBoundedCache:
             self.bytes -= len(old_key) + len(old_value) + ENTRY_BYTES
 
 
-def child_main(serve: Callable[[Channel], None], max_frame: int) -> None:
+# A child's work: made from its settings (the parent's first frame) and the channel it asks
+# the parent on, it answers each request.
+Answer = Callable[[Any], list[bytes]]
+
+
+def serve(channel: Channel, start: Callable[[bytes, Channel], Answer]) -> None:
+    """The conversation: the settings, then requests until the parent closes the pipe."""
+    settings = channel.receive()
+    if settings is None:
+        return
+    answer = start(settings, channel)
+    channel.send([READY])
+    try:
+        while (frame := channel.receive()) is not None:
+            channel.send(_answered(answer, pickle.loads(frame)))
+    except (EOFError, BrokenPipeError):
+        return  # the parent left mid-request
+
+
+def _answered(answer: Answer, request: Any) -> list[bytes]:
+    try:
+        return answer(request)
+    except (EOFError, BrokenPipeError):
+        raise
+    except Exception as exc:  # a bug: the parent answers "internal error" and logs it
+        traceback.print_exc()
+        return [FAILURE, f"{type(exc).__name__}: {exc}".encode()]
+
+
+def child_main(start: Callable[[bytes, Channel], Answer], max_frame: int) -> None:
     """A child's main: lowest priority, ^C ignored, frames on the original stdout."""
     os.setpriority(os.PRIO_PROCESS, 0, LOWEST_PRIORITY)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the parent stops it
     # The frames go out on the original stdout; anything printed goes to stderr (the node's).
     outgoing = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    serve(Channel(sys.stdin.buffer, outgoing, max_frame))
+    serve(Channel(sys.stdin.buffer, outgoing, max_frame), start)

@@ -24,7 +24,15 @@ from chain.rpc.hexcodec import (
     parse_storage_slot,
     quantity,
 )
-from chain.rpc.served import MAX_PENDING_READS, READ_WORKERS, ServedBlocks, WorkerPool
+from chain.rpc.read_process import (
+    BLOCK_HASHES,
+    FULL_BLOCK,
+    LOGS,
+    RECEIPTS,
+    ReadRequest,
+    ReadWorkers,
+)
+from chain.rpc.served import ServedBlocks, WorkerPool
 
 CLIENT_VERSION = "pbft-chain/v0.1.0/python3.11"
 HASH_PARAM_LENGTH = 2 + 64  # "0x" and 32 bytes of hex
@@ -59,7 +67,8 @@ class EthApi:
         self.blockchain = node.blockchain
         self.filters = FilterManager()
         self.served = ServedBlocks(node.blockchain)
-        self.reads = WorkerPool(READ_WORKERS, MAX_PENDING_READS, "read")
+        # Heavy reads are answered by a process per worker (chain/rpc/read_process.py).
+        self.reads = ReadWorkers(node.blockchain)
         self.gas_cap = node.rpc_settings().gas_cap
         self.evm_limits = node.rpc_settings().limits.evm
         # A thread per EVM process, each only waiting on its process and answering its
@@ -300,10 +309,16 @@ class EthApi:
         located = self.served.locate(parse_hash(tx_hash, "transaction hash"))
         return None if located is None else self.served.receipt(located)
 
+    def _whole_block(self, kind: str, header: BlockHeaderAPI | None) -> Any:
+        """On a read worker: a whole block's JSON, made in a read process."""
+        if header is None:
+            return None
+        number = header.block_number  # committed: the head is at least this
+        return self.reads.json(ReadRequest(kind, head=number, first=number))
+
     async def eth_getBlockReceipts(self, block: Any) -> Any:  # noqa: N802
         def receipts() -> Any:
-            header = self._header_for(block, allow_missing=True)
-            return None if header is None else self.served.block(header).receipts
+            return self._whole_block(RECEIPTS, self._header_for(block, allow_missing=True))
 
         return await self.reads.run(receipts)
 
@@ -317,8 +332,7 @@ class EthApi:
             raise InvalidParams("invalid argument 1: want a boolean for full transactions")
 
         def block() -> Any:
-            header = find_header()
-            return None if header is None else self.served.block(header).json(full)
+            return self._whole_block(FULL_BLOCK if full else BLOCK_HASHES, find_header())
 
         return await self.reads.run(block)
 
@@ -359,19 +373,22 @@ class EthApi:
             raise RpcError(-32005, f"query exceeds max block range {MAX_LOG_BLOCK_RANGE}")
         return start, end
 
-    def _logs(self, query: Any) -> list[dict[str, Any]]:
+    def _logs(self, query: Any) -> Any:
+        """On a read worker: the blocks the bloom-bits index names are read in a read
+        process (the index changes with each block: read here)."""
         if not isinstance(query, dict):
             raise InvalidParams("invalid argument 0: filter object expected")
         criteria = LogCriteria.parse(query)
         first, last = self._log_range(query)
-        logs: list[dict[str, Any]] = []
-        for log in self.served.logs(criteria, first, last):
-            if len(logs) == MAX_LOG_RESULTS:
-                raise RpcError(-32005, f"query returned more than {MAX_LOG_RESULTS} results")
-            logs.append(log)
-        return logs
+        candidates = tuple(self.served.store.bloom_index.candidates(
+            first, last, criteria.bloom_groups()))
+        if not candidates:
+            return []
+        return self.reads.json(ReadRequest(  # last: at most the head, all committed
+            LOGS, head=last, first=first, numbers=candidates, criteria=criteria,
+            max_results=MAX_LOG_RESULTS))
 
-    async def eth_getLogs(self, query: Any) -> list[dict[str, Any]]:  # noqa: N802
+    async def eth_getLogs(self, query: Any) -> Any:  # noqa: N802
         return await self.reads.run(self._logs, query)
 
     async def eth_newFilter(self, query: Any) -> str:  # noqa: N802
@@ -386,7 +403,7 @@ class EthApi:
     async def eth_getFilterChanges(self, filter_id: Any) -> list[Any]:  # noqa: N802
         return await self.filters.take_changes(filter_id)
 
-    async def eth_getFilterLogs(self, filter_id: Any) -> list[Any]:  # noqa: N802
+    async def eth_getFilterLogs(self, filter_id: Any) -> Any:  # noqa: N802
         installed = self.filters.get(filter_id)
         if installed.kind != "logs":
             raise ServerError("filter not found")

@@ -12,7 +12,7 @@ Each execution runs on a fresh overlay, so its writes stay in memory and are dro
 from __future__ import annotations
 
 import pickle
-import traceback
+from collections.abc import Callable
 
 import rlp
 from eth.abc import ComputationAPI, StateAPI, VirtualMachineAPI
@@ -30,9 +30,7 @@ from eth_utils import ValidationError
 
 from chain.blockchain import chain_class
 from chain.rpc.child_process import (
-    FAILURE,
     FOUND,
-    READY,
     ByteBoundedCache,
     Channel,
     child_main,
@@ -181,34 +179,15 @@ class Executor:
         return gas.to_bytes(8, "big")
 
 
-def serve(channel: Channel) -> None:
-    """The conversation: the chain, then requests until the parent closes the pipe."""
-    chain = channel.receive()
-    if chain is None:
-        return
+def start(chain: bytes, channel: Channel) -> Callable[[ExecutionRequest], list[bytes]]:
+    """The executor of the chain the parent described (its id and system contracts)."""
     chain_id, contracts = pickle.loads(chain)
-    executor = Executor(chain_class(chain_id, contracts),
-                        ParentDB(channel, ByteBoundedCache(CACHE_BYTES)))
-    channel.send([READY])
-    try:
-        while (frame := channel.receive()) is not None:
-            channel.send(_answer(executor, pickle.loads(frame)))
-    except (EOFError, BrokenPipeError):
-        return  # the parent left mid-call
-
-
-def _answer(executor: Executor, request: ExecutionRequest) -> list[bytes]:
-    try:
-        return executor.answer(request)
-    except (EOFError, BrokenPipeError):
-        raise
-    except Exception as exc:  # a bug: the parent answers "internal error" and logs it
-        traceback.print_exc()
-        return [FAILURE, f"{type(exc).__name__}: {exc}".encode()]
+    return Executor(chain_class(chain_id, contracts),
+                    ParentDB(channel, ByteBoundedCache(CACHE_BYTES))).answer
 
 
 def main() -> None:
-    child_main(serve, MAX_FRAME_BYTES)
+    child_main(start, MAX_FRAME_BYTES)
 
 
 if __name__ == "__main__":

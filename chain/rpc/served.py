@@ -7,8 +7,9 @@ formatted in a cache bounded by blocks and by transactions, most recently read l
 mostly ask for the head and the blocks just behind it, so those are served from memory, and
 a single lookup in such a block is a dictionary read.
 
-Whole-block reads and logs run on worker threads (`WorkerPool`); single
-lookups run on the event loop, where they cost less than the hop to a thread would (0.1 to
+Whole-block reads and logs run on worker threads (`WorkerPool`), which have them answered
+by processes of their own (chain/rpc/read_process.py; `ServedBlock` makes their JSON there);
+single lookups run on the event loop, where they cost less than the hop to a thread would (0.1 to
 0.3 ms of CPU a call under polling). The cache takes a lock. Every worker thread works in
 turns under one governor (`Governor`), which bounds what client work takes of the
 interpreter from the loop that carries consensus. Execution (eth_call, eth_estimateGas)
@@ -194,6 +195,23 @@ class Governor:
         if self._turns.others_waiting():
             self._holder = None
             self._turns.give()
+            self._turns.take()
+            self._holder = threading.get_ident()
+            self._since, self._cpu_since = time.monotonic(), time.thread_time()
+
+    @contextlib.contextmanager
+    def outside(self) -> Iterator[None]:
+        """The holder waits on another process (a read child, chain/rpc/read_process.py):
+        the turn goes to the next unit meanwhile, and is taken again after."""
+        if self._holder != threading.get_ident():
+            yield
+            return
+        self._holder = None
+        self._handed_on = self._turns.others_waiting()
+        self._turns.give()
+        try:
+            yield
+        finally:
             self._turns.take()
             self._holder = threading.get_ident()
             self._since, self._cpu_since = time.monotonic(), time.thread_time()

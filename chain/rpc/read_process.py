@@ -1,0 +1,163 @@
+"""The heavy reads answered in a process of their own, at the lowest CPU priority.
+
+Why: whole-block reads (a full `eth_getBlockBy*`, `eth_getBlockReceipts`), the block bundles
+(chain/rpc/bundles.py) and `eth_getLogs` over ranges decode records and format JSON in Python.
+On the read workers' threads that work took turns at the interpreter lock with the event loop
+that votes (~54% of samples each under 8 clients posting batches of heavy reads: the honest
+transfers' p50 / p99 at 3.2 / 4.4 times those without them; issue 29's hostile row), however
+the governor (chain/rpc/served.py) paced it. In a child at nice 19 (`python -m
+chain.rpc.read_child`) it holds an interpreter of its own, as eth_call's does
+(chain/rpc/evm_process.py; the frames and lifecycle are chain/rpc/child_process.py's).
+
+Each read worker has a child (`ReadProcesses`); the worker resolves the request's blocks (a
+tag, a hash) and reads the head, sends a `ReadRequest`, and answers the child's questions,
+off the governor's turn (it only waits and reads LevelDB): `[block, number]` is answered with
+the block's stored header and its read-store records, as stored, in one frame (two gets and
+one range read; the child never asks above the request's head, so everything it reads is
+final, BFT, and it keeps it: chain/rpc/read_child.py). Its answer is JSON, built in the
+child and spliced into the response unparsed (`orjson.Fragment`).
+
+The conversation, after the settings (the cache's bytes) and [ready]:
+  parent: a ReadRequest (pickled)
+  child:  [block, number]  parent: FOUND + header + records, or MISSING  (as it needs)
+  child:  [output, json] | [parts, sizes, fragments] | [error, code, message] | [failure, text]
+A child that dies or overruns the deadline is killed; the read in flight gets a one-line
+error and the next read starts a new child. The bounds are the in-process reads': pending
+reads (the workers' pool), the answers' bytes and results (in the request), and a deadline.
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import orjson
+from eth.db.schema import SchemaV1
+from eth_typing import BlockNumber
+
+from chain.blockchain import Blockchain
+from chain.rpc.child_process import FOUND, MISSING, ChildFailure, ChildPool, ChildProcess
+from chain.rpc.errors import ServerError
+from chain.rpc.filters import LogCriteria
+from chain.rpc.served import GOVERNOR, MAX_PENDING_READS, READ_WORKERS, WorkerPool
+
+CHILD_MODULE = "chain.rpc.read_child"
+# An answer: within the response byte limit (25 MB by default: a bundle's blocks stop at
+# it); a block asked, its header and records (a full block of transfers: ~0.5 MB).
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+MESSAGE_ITEMS = 4  # a tag and up to 3 fields
+READ_SECONDS = 30.0  # a read's deadline, in the child (as an HTTP client's usual timeout)
+CACHE_BYTES = 64 * 1024 * 1024  # each child's: blocks read and the JSON made of them
+BLOCK, OUTPUT, PARTS = b"block", b"output", b"parts"
+SIZE = struct.Struct(">I")  # a part's size, in PARTS' sizes
+# What a request asks the child for.
+FULL_BLOCK, BLOCK_HASHES, RECEIPTS, BUNDLES, LOGS = "full", "hashes", "receipts", "bundles", "logs"
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """A read of committed blocks up to `head` (none above it exists for the child)."""
+
+    kind: str
+    head: int
+    first: int  # the block (or the range's first)
+    last: int = -1  # the range's last (bundles)
+    numbers: tuple[int, ...] = ()  # the blocks to read (logs: the bloom index's candidates)
+    criteria: LogCriteria | None = None  # logs
+    max_results: int = 0  # logs, more: an error
+    max_bytes: int = 0  # bundles: the answer stops before the block that passes it
+    timeout: float = READ_SECONDS
+
+
+def timeout_error(timeout: float) -> ServerError:
+    return ServerError(f"read aborted (timeout = {timeout:g}s)")
+
+
+def number_key(number: int) -> bytes:
+    return number.to_bytes(8, "big")
+
+
+def parts(message: list[bytes]) -> Iterator[bytes]:
+    """The fragments of a [parts, sizes, fragments] answer."""
+    if message[0] != PARTS or len(message) != 3 or len(message[1]) % SIZE.size:
+        raise ChildFailure(f"an unknown answer from the read process: {message!r:.100}")
+    at = 0
+    fragments = message[2]
+    for (size,) in SIZE.iter_unpack(message[1]):
+        yield fragments[at:at + size]
+        at += size
+
+
+class ReadProcess(ChildProcess):
+    """Reads in a child process, one at a time, started again after it dies."""
+
+    def __init__(self, blockchain: Blockchain, cache_bytes: int = CACHE_BYTES) -> None:
+        super().__init__(CHILD_MODULE, "read process", "read failed", pickle.dumps(cache_bytes),
+                         max_frame=MAX_FRAME_BYTES, max_items=MESSAGE_ITEMS)
+        self._chain = blockchain.chain_keyspace
+        self._store = blockchain.read_store
+
+    def read(self, request: ReadRequest) -> list[bytes]:
+        """The child's answer ([output, json] or [parts, ...]); RpcError as the in-process
+        read raised it."""
+        def lookup(message: list[bytes]) -> bytes | None:
+            if message[0] != BLOCK:
+                return None
+            if len(message) != 2 or len(message[1]) != 8:
+                raise ChildFailure("a malformed block asked by the read process")
+            return self._block(int.from_bytes(message[1], "big"), request.head)
+
+        return self.converse(pickle.dumps(request), request.timeout, lookup,
+                             lambda: timeout_error(request.timeout))
+
+    def _block(self, number: int, head: int) -> bytes:
+        """A committed block's stored header and records (MISSING above the head: what the
+        child keeps must be final)."""
+        if number > head:
+            return MISSING
+        hash_rlp = self._chain.get(
+            SchemaV1.make_block_number_to_hash_lookup_key(BlockNumber(number)))
+        header = None if hash_rlp is None else self._chain.get(hash_rlp[1:])  # rlp(32 bytes)
+        if header is None:
+            return MISSING
+        return b"".join((FOUND, header, self._store.encoded_records(number)))
+
+
+class ReadProcesses(ChildPool[ReadProcess]):
+    """A child per read worker (`count`), each reading for whichever worker takes it."""
+
+    def __init__(self, count: int, blockchain: Blockchain,
+                 cache_bytes: int = CACHE_BYTES) -> None:
+        super().__init__([ReadProcess(blockchain, cache_bytes) for _ in range(count)])
+
+    def read(self, request: ReadRequest) -> list[bytes]:
+        with self.taken() as process:
+            return process.read(request)
+
+
+
+class ReadWorkers(WorkerPool):
+    """The read workers, with a read child each (`children`)."""
+
+    def __init__(self, blockchain: Blockchain, threads: int = READ_WORKERS,
+                 max_pending: int = MAX_PENDING_READS, cache_bytes: int = CACHE_BYTES) -> None:
+        super().__init__(threads, max_pending, "read")
+        self.children = ReadProcesses(threads, blockchain, cache_bytes)
+
+    def in_child(self, request: ReadRequest) -> list[bytes]:
+        """On a worker: the child's answer, waited for off the governor's turn."""
+        with GOVERNOR.outside():
+            return self.children.read(request)
+
+    def json(self, request: ReadRequest) -> orjson.Fragment:
+        """On a worker: the JSON of an [output, json] answer, to splice into the response."""
+        message = self.in_child(request)
+        if message[0] != OUTPUT or len(message) != 2:
+            raise ChildFailure(f"an unknown answer from the read process: {message!r:.100}")
+        return orjson.Fragment(message[1])
+
+    def close(self) -> None:
+        super().close()
+        self.children.close()
