@@ -13,6 +13,8 @@ What a child says is RLP, never pickled: a flat list, a tag and its fields.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
 import os
 import pickle
@@ -26,7 +28,6 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import rlp
@@ -41,6 +42,7 @@ KILL_GRACE_SECONDS = 2.0
 START_SECONDS = 60.0  # to import py-evm and build the chain, at nice 19 on a busy machine
 STOP_SECONDS = 2.0  # for an idle child to exit when its stdin closes; then it is killed
 LOWEST_PRIORITY = 19
+PIPE_BYTES = 1024 * 1024  # the child's stdout (Linux's default limit for a pipe's size)
 ENTRY_BYTES = 150  # what a cached entry costs beyond its key and value (objects, links)
 
 READY, ERROR, FAILURE = b"ready", b"error", b"failure"
@@ -74,6 +76,8 @@ class _Child:
         self._from = self._process.stdout.fileno()
         os.set_blocking(self._to, False)
         os.set_blocking(self._from, False)
+        with contextlib.suppress(OSError):  # fewer wake-ups to read a large answer
+            fcntl.fcntl(self._from, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         # poll, not select: a node's descriptors (LevelDB's files, clients) pass 1024
         self._writable, self._readable = select.poll(), select.poll()
         self._writable.register(self._to, select.POLLOUT)
@@ -161,11 +165,14 @@ Answerer = Callable[[list[bytes]], bytes | None]
 class ChildProcess:
     """Requests to a child process (`python -m module`), one at a time, in a child started
     again after it dies. `settings` is its first frame; `failed` begins the errors of a
-    request whose child died ("execution failed", "read failed")."""
+    request whose child died ("execution failed", "read failed"). With `raw_tail`, the last
+    field of an answer (not of an error) comes in a frame of its own, not RLP: a large JSON
+    answer is then neither encoded nor decoded (`child_main`'s `raw_tail` must agree)."""
 
     def __init__(self, module: str, what: str, failed: str, settings: bytes, *,
-                 max_frame: int, max_items: int) -> None:
+                 max_frame: int, max_items: int, raw_tail: bool = False) -> None:
         self._module = module
+        self._raw_tail = raw_tail
         self._what = what
         self._failed = failed
         self._settings = settings
@@ -211,6 +218,8 @@ class ChildProcess:
                 elif message[0] in (ERROR, FAILURE):
                     raise self._refusal(message)
                 else:
+                    if self._raw_tail:
+                        message.append(child.receive(deadline))
                     return message
         except _Late:
             self._discard()
@@ -290,7 +299,7 @@ class ChildPool(Generic[P]):
         for process in self._processes:
             process.start()
 
-    @contextmanager
+    @contextlib.contextmanager
     def taken(self) -> Iterator[P]:
         process = self._idle.get()
         try:
@@ -329,6 +338,11 @@ class Channel:
     def send(self, message: list[bytes]) -> None:
         payload = rlp.encode(message)
         self._out.write(FRAME_LENGTH.pack(len(payload)) + payload)
+        self._out.flush()
+
+    def send_raw(self, payload: bytes) -> None:
+        self._out.write(FRAME_LENGTH.pack(len(payload)))
+        self._out.write(payload)
         self._out.flush()
 
     def ask(self, message: list[bytes]) -> bytes:
@@ -377,7 +391,7 @@ class ByteBoundedCache:
 Answer = Callable[[Any], list[bytes]]
 
 
-def serve(channel: Channel, start: Callable[[bytes, Channel], Answer]) -> None:
+def serve(channel: Channel, start: Callable[[bytes, Channel], Answer], raw_tail: bool) -> None:
     """The conversation: the settings, then requests until the parent closes the pipe."""
     settings = channel.receive()
     if settings is None:
@@ -386,7 +400,12 @@ def serve(channel: Channel, start: Callable[[bytes, Channel], Answer]) -> None:
     channel.send([READY])
     try:
         while (frame := channel.receive()) is not None:
-            channel.send(_answered(answer, pickle.loads(frame)))
+            message = _answered(answer, pickle.loads(frame))
+            if raw_tail and message[0] not in (ERROR, FAILURE):
+                channel.send(message[:-1])
+                channel.send_raw(message[-1])
+            else:
+                channel.send(message)
     except (EOFError, BrokenPipeError):
         return  # the parent left mid-request
 
@@ -401,11 +420,12 @@ def _answered(answer: Answer, request: Any) -> list[bytes]:
         return [FAILURE, f"{type(exc).__name__}: {exc}".encode()]
 
 
-def child_main(start: Callable[[bytes, Channel], Answer], max_frame: int) -> None:
+def child_main(start: Callable[[bytes, Channel], Answer], max_frame: int, *,
+               raw_tail: bool = False) -> None:
     """A child's main: lowest priority, ^C ignored, frames on the original stdout."""
     os.setpriority(os.PRIO_PROCESS, 0, LOWEST_PRIORITY)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the parent stops it
     # The frames go out on the original stdout; anything printed goes to stderr (the node's).
     outgoing = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    serve(Channel(sys.stdin.buffer, outgoing, max_frame), start)
+    serve(Channel(sys.stdin.buffer, outgoing, max_frame), start, raw_tail)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import pickle
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 import orjson
 import rlp
@@ -35,12 +35,14 @@ from chain.rpc.child_process import (
 from chain.rpc.errors import LIMIT_EXCEEDED, RpcError, ServerError
 from chain.rpc.filters import matching_logs
 from chain.rpc.read_process import (
-    BLOCK,
     BLOCK_HASHES,
+    BLOCKS,
     BUNDLES,
     FULL_BLOCK,
     LOGS,
+    MAX_BLOCKS_ASKED,
     MAX_FRAME_BYTES,
+    NUMBER,
     OUTPUT,
     PARTS,
     RECEIPTS,
@@ -90,15 +92,30 @@ class ParentBlocks:
         self.deadline = float("inf")
 
     def block(self, number: int) -> tuple[BlockHeaderAPI, tuple[TxRecord, ...]]:
-        key = b"block/" + number_key(number)
-        stored = self._cache.get(key)
-        if stored is None:
-            answer = self._channel.ask([BLOCK, number_key(number)])
-            if answer[:1] != FOUND:
-                raise ChildFailure(f"block {number}, at or below the head, is missing")
-            stored = answer[1:]
-            self._cache.put(key, stored)
-        return _split(stored)
+        return _split(self.stored([number])[number])
+
+    def stored(self, numbers: Sequence[int]) -> dict[int, bytes]:
+        """The blocks as stored (at most MAX_BLOCKS_ASKED), the ones not kept asked for in
+        as few questions as the parent's answers allow."""
+        found = {}
+        for number in numbers:
+            kept = self._cache.get(_block_key(number))
+            if kept is not None:
+                found[number] = kept
+        missing = [number for number in numbers if number not in found]
+        while missing:
+            answer = self._channel.ask([BLOCKS, b"".join(map(NUMBER.pack, missing))])
+            at = 0
+            while at < len(answer):
+                (size,) = SIZE.unpack_from(answer, at)
+                at += SIZE.size
+                block, at = answer[at:at + size], at + size
+                number = missing.pop(0)
+                if block[:1] != FOUND:
+                    raise ChildFailure(f"block {number}, at or below the head, is missing")
+                found[number] = block[1:]
+                self._cache.put(_block_key(number), block[1:])
+        return found
 
     def made(self, kind: str, number: int, make: Callable[[], bytes]) -> bytes:
         """`make()`'s JSON of block `number`, kept (checked against the deadline first)."""
@@ -110,6 +127,18 @@ class ParentBlocks:
             value = make()
             self._cache.put(key, value)
         return value
+
+    def is_made(self, kind: str, number: int) -> bool:
+        return self._cache.get(kind.encode() + b"/" + number_key(number)) is not None
+
+
+def _block_key(number: int) -> bytes:
+    return b"block/" + number_key(number)
+
+
+def _chunks(numbers: Sequence[int]) -> Iterator[Sequence[int]]:
+    for start in range(0, len(numbers), MAX_BLOCKS_ASKED):
+        yield numbers[start:start + MAX_BLOCKS_ASKED]
 
 
 class Reader:
@@ -148,10 +177,10 @@ class Reader:
         return [OUTPUT, self._blocks.made(RECEIPTS, request.first, lambda: orjson.dumps(
             self._served(request.first).receipts))]
 
-    def _bundle_part(self, number: int) -> bytes:
+    def _bundle_part(self, number: int, stored: bytes | None) -> bytes:
         """The block's bundle without its certificate and checkpoints (the parent's: the
         engine's), behind its answer bytes as bundles.RawBlock counts them."""
-        block = raw_block(*self._blocks.block(number))
+        block = raw_block(*(self._blocks.block(number) if stored is None else _split(stored)))
         json = orjson.dumps({"number": hex(number), "block": block.block,
                              "receipts": block.receipts, "senders": block.senders})
         return SIZE.pack(block.answer_bytes()) + json[1:-1]  # the object's members
@@ -162,29 +191,34 @@ class Reader:
         sizes: list[bytes] = []
         fragments: list[bytes] = []
         total = 0
-        for number in range(request.first, min(request.last, request.head) + 1):
-            made = self._blocks.made(BUNDLES, number, functools.partial(self._bundle_part, number))
-            (answer_bytes,) = SIZE.unpack_from(made)
-            total += answer_bytes
-            if fragments and total > request.max_bytes:
-                break
-            fragments.append(made[SIZE.size:])
-            sizes.append(SIZE.pack(len(made) - SIZE.size))
+        numbers = range(request.first, min(request.last, request.head) + 1)
+        for chunk in _chunks(numbers):
+            stored = self._blocks.stored([n for n in chunk if not self._blocks.is_made(BUNDLES, n)])
+            for number in chunk:
+                made = self._blocks.made(BUNDLES, number, functools.partial(
+                    self._bundle_part, number, stored.get(number)))
+                (answer_bytes,) = SIZE.unpack_from(made)
+                total += answer_bytes
+                if fragments and total > request.max_bytes:
+                    return [PARTS, b"".join(sizes), b"".join(fragments)]
+                fragments.append(made[SIZE.size:])
+                sizes.append(SIZE.pack(len(made) - SIZE.size))
         return [PARTS, b"".join(sizes), b"".join(fragments)]
 
     def _logs(self, request: ReadRequest) -> list[bytes]:
         assert request.criteria is not None
         logs: list[bytes] = []
-        for number in request.numbers:
-            if number > request.head:
-                break
+        numbers = [n for n in request.numbers if n <= request.head]
+        for chunk in _chunks(numbers):
             if time.monotonic() > self._blocks.deadline:
                 raise _Late
-            for log in matching_logs(request.criteria, *self._blocks.block(number)):
-                if len(logs) == request.max_results:
-                    raise RpcError(LIMIT_EXCEEDED,
-                                   f"query returned more than {request.max_results} results")
-                logs.append(orjson.dumps(log))
+            stored = self._blocks.stored(chunk)
+            for number in chunk:
+                for log in matching_logs(request.criteria, *_split(stored[number])):
+                    if len(logs) == request.max_results:
+                        raise RpcError(LIMIT_EXCEEDED,
+                                       f"query returned more than {request.max_results} results")
+                    logs.append(orjson.dumps(log))
         return [OUTPUT, b"[" + b",".join(logs) + b"]"]
 
 
@@ -193,7 +227,7 @@ def start(cache_bytes: bytes, channel: Channel) -> Callable[[ReadRequest], list[
 
 
 def main() -> None:
-    child_main(start, MAX_FRAME_BYTES)
+    child_main(start, MAX_FRAME_BYTES, raw_tail=True)
 
 
 if __name__ == "__main__":
