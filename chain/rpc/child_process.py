@@ -42,6 +42,10 @@ KILL_GRACE_SECONDS = 2.0
 START_SECONDS = 60.0  # to import py-evm and build the chain, at nice 19 on a busy machine
 STOP_SECONDS = 2.0  # for an idle child to exit when its stdin closes; then it is killed
 LOWEST_PRIORITY = 19
+# `python -m module` at the lowest priority from its first import on (py-evm's take ~0.6 s of
+# CPU: at nice 0, a node's children starting at their first requests slowed its consensus).
+LAUNCH = ("import os, runpy; os.setpriority(os.PRIO_PROCESS, 0, {priority}); "
+          "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
 PIPE_BYTES = 1024 * 1024  # the child's stdout (Linux's default limit for a pipe's size)
 ENTRY_BYTES = 150  # what a cached entry costs beyond its key and value (objects, links)
 
@@ -67,8 +71,8 @@ class _Child:
 
     def __init__(self, module: str, what: str, max_frame: int) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", module], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, bufsize=0)
+            [sys.executable, "-c", LAUNCH.format(priority=LOWEST_PRIORITY, module=module)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         assert self._process.stdin is not None and self._process.stdout is not None
         self._what = what
         self._max_frame = max_frame
@@ -422,8 +426,8 @@ def _answered(answer: Answer, request: Any) -> list[bytes]:
 
 def child_main(start: Callable[[bytes, Channel], Answer], max_frame: int, *,
                raw_tail: bool = False) -> None:
-    """A child's main: lowest priority, ^C ignored, frames on the original stdout."""
-    os.setpriority(os.PRIO_PROCESS, 0, LOWEST_PRIORITY)
+    """A child's main (at the lowest priority since `LAUNCH`): ^C ignored, frames on the
+    original stdout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the parent stops it
     # The frames go out on the original stdout; anything printed goes to stderr (the node's).
     outgoing = os.fdopen(os.dup(sys.stdout.fileno()), "wb")

@@ -16,16 +16,21 @@ import orjson
 import pytest
 
 from chain.blockchain import Blockchain
+from chain.rpc import eth
+from chain.rpc.backend import RpcSettings
 from chain.rpc.bundles import METHOD, BlockBundles
 from chain.rpc.child_process import KILL_GRACE_SECONDS
 from chain.rpc.errors import LIMIT_EXCEEDED, SERVER_ERROR, RpcError
+from chain.rpc.eth import EthApi
 from chain.rpc.filters import LogCriteria
+from chain.rpc.limits import RpcLimits
 from chain.rpc.read_process import (
     BLOCK_HASHES,
     FULL_BLOCK,
     LOGS,
     RECEIPTS,
     ReadProcess,
+    ReadProcesses,
     ReadRequest,
     ReadWorkers,
 )
@@ -191,3 +196,47 @@ def test_the_child_never_reads_above_the_requests_head(
     process = reads.children._processes[0]
     assert process._block(head, head)[:1] == b"\x01"
     assert process._block(head, head - 1) == b"\x00"
+
+
+class _Node:
+    """What EthApi uses of a node, over the read store's tests' chain."""
+
+    chain_id = 1
+
+    def __init__(self, blockchain: Blockchain) -> None:
+        self.blockchain = blockchain
+
+    def rpc_settings(self) -> RpcSettings:
+        return RpcSettings("127.0.0.1", 0, (), (), RpcLimits(), 50_000_000)
+
+    def add_head_listener(self, listener: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("in_process", [0, 1_000])
+def test_a_small_block_is_read_whole_in_process_a_large_one_in_the_child(
+    read_store_chain: Blockchain, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    in_process: int
+) -> None:
+    """Formatting a few transactions here costs less than the child's round trip, and a
+    client polling the head is not answered after a nice-19 process's turn."""
+    monkeypatch.setattr(eth, "IN_PROCESS_TRANSACTIONS", in_process)
+    asked: list[ReadRequest] = []
+    monkeypatch.setattr(ReadWorkers, "in_child", lambda self, request: (
+        asked.append(request) or ReadProcesses.read(self.children, request)))
+    api = EthApi(_Node(read_store_chain))  # type: ignore[arg-type]
+    served = ServedBlocks(read_store_chain)
+    head = read_store_chain.head().block_number
+    try:
+        for number in range(head + 1):
+            block = served.block(read_store_chain.header_by_number(number))
+            full = asyncio.run(api.eth_getBlockByNumber(hex(number), True))
+            receipts = asyncio.run(api.eth_getBlockReceipts(hex(number)))
+            assert orjson.loads(orjson.dumps(full)) == block.json(True)
+            assert orjson.loads(orjson.dumps(receipts)) == block.receipts
+    finally:
+        api.close()
+    larger = [n for n in range(head + 1)
+              if served.transaction_count(read_store_chain.header_by_number(n)) > in_process]
+    assert bool(larger) == (in_process == 0)
+    assert [r.first for r in asked] == sorted(2 * larger)
