@@ -45,6 +45,13 @@ BUSY_RESPONSE = (
 )
 BUSY_LINGER_SECONDS = 1.0
 CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
+# What a piece the loop handles costs the budget beyond its bytes: a chunk of a chunked body
+# (aiohttp parses each in Python, ~1 us with reading it here, as long as ~1 KiB of a large
+# chunk at the budget's ~2% of the loop) or a read of the socket (a WebSocket's, or a plain
+# body's). A body of 1-byte chunks was paid a sixth of its wire bytes and kept the loop 97%
+# busy at a tenth of the rate (the attack review s11-rpc, finding 3).
+PIECE_COST = 1024
+PAYMENT = 64 * 1024  # a reader pays at least this often, so a read of tiny chunks is paced
 
 
 class _HttpErrorLog(logging.LoggerAdapter):
@@ -86,13 +93,13 @@ def _closing(status: int, text: str) -> web.Response:
 
 
 class BodyBudget:
-    """Request-body bytes a second, shared by every connection: each chunk read is paid for
-    before the next is read. From a full bucket `burst` bytes are read at once; in debt, the
-    rate is shared as a processor is: a chunk of s bytes waits s x k / rate, k the readers
-    waiting with it, so each of k readers gets rate / k and a small body waits for its own
-    bytes only, not for every flooding connection's chunk before it (a queue by debt made
-    a 52-byte request wait 4.4 s behind 100 flooding connections: the attack review s11-rpc,
-    finding 2)."""
+    """Request bytes a second, shared by every connection (HTTP bodies and WebSocket reads:
+    a client cannot escape it by switching protocol): what is read is paid for before more is
+    read. From a full bucket `burst` bytes are read at once; in debt, the rate is shared as a
+    processor is: a payment of s bytes waits s x k / rate, k the payers waiting with it, so
+    each of k readers gets rate / k and a small body waits for its own bytes only, not for
+    every flooding connection's chunk before it (a queue by debt made a 52-byte request wait
+    4.4 s behind 100 flooding connections: the attack review s11-rpc, finding 2)."""
 
     def __init__(self, rate: int, burst: int) -> None:
         self.rate, self.burst = rate, burst
@@ -100,19 +107,39 @@ class BodyBudget:
         self._since: float | None = None
         self._waiting = 0
 
-    async def spend(self, size: int) -> None:
+    def charge(self, size: int) -> float:
+        """Takes `size` bytes; the seconds the payer waits (0: none). A payer told to wait
+        counts as waiting until it calls `waited`."""
         now = asyncio.get_running_loop().time()
         if self._since is not None:
             self._tokens = min(self.burst, self._tokens + (now - self._since) * self.rate)
         self._since = now
         self._tokens -= size
         if self._tokens >= 0:
-            return
+            return 0.0
         self._waiting += 1
+        return size * self._waiting / self.rate
+
+    def waited(self) -> None:
+        self._waiting -= 1
+
+    async def spend(self, size: int, transport: asyncio.Transport | None = None) -> None:
+        """Pays `size` bytes, waiting out a debt; meanwhile `transport` (the payer's
+        connection) is not read, so the kernel's buffer, not the loop, holds what the client
+        sends. Only a transport that was reading is paused and resumed: aiohttp's own pauses
+        (its buffers full) are its to lift."""
+        delay = self.charge(size)
+        if not delay:
+            return
+        paused = transport is not None and transport.is_reading()
+        if paused:
+            transport.pause_reading()
         try:
-            await asyncio.sleep(size * self._waiting / self.rate)
+            await asyncio.sleep(delay)
         finally:
-            self._waiting -= 1
+            self.waited()
+            if paused:
+                transport.resume_reading()
 
 
 class RpcServer:
@@ -191,19 +218,29 @@ class RpcServer:
             return _closing(400, "malformed or incomplete request body\n")
 
     async def _read_within_budget(self, request: web.Request) -> bytes:
-        """The body, chunk by chunk as the transport delivers it, each paid for from the
-        node's budget for request bodies before the next is read: while a client waits for
-        it, aiohttp stops reading its socket, and the kernel makes the client wait."""
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := await request.content.readany():
-            size += len(chunk)
+        """The body, piece by piece as aiohttp parsed it (a chunk of a chunked body, else
+        what one read of the socket brought), each costing its bytes and PIECE_COST: the
+        loop's work is in the pieces too. What was parsed is paid for from the node's budget
+        before more is parsed (at least every PAYMENT bytes owed, as one read may bring
+        thousands of chunks); in debt the connection is not read, and the kernel makes the
+        client wait."""
+        content = request.content
+        pieces: list[bytes] = []
+        size = owed = 0
+        while True:
+            piece, end_of_chunk = await content.readchunk()
+            if not piece and not end_of_chunk:
+                break  # the end of the body
+            size += len(piece)
             if size > self.limits.max_body_bytes:
                 raise web.HTTPRequestEntityTooLarge(max_size=self.limits.max_body_bytes,
                                                     actual_size=size)
-            chunks.append(chunk)
-            await self._body_budget.spend(len(chunk))
-        return b"".join(chunks)
+            pieces.append(piece)
+            owed += len(piece) + PIECE_COST
+            if owed >= PAYMENT or content.total_bytes == size:  # or all parsed is read
+                await self._body_budget.spend(owed, request.transport)
+                owed = 0
+        return b"".join(pieces)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket":
