@@ -142,52 +142,94 @@ class BodyBudget:
                 transport.resume_reading()
 
 
+def _frame_size(head: bytes) -> int | None:
+    """The length of a WebSocket frame (head and payload) whose head `head` starts (RFC 6455
+    5.2: 2 bytes, an extended length of 2 or 8, a mask of 4); None if `head` is cut short."""
+    if len(head) < 2:
+        return None
+    size, extended = head[1] & 0x7F, {126: 2, 127: 8}.get(head[1] & 0x7F, 0)
+    if len(head) < 2 + extended:
+        return None
+    if extended:
+        size = int.from_bytes(head[2:2 + extended], "big")
+    return 2 + extended + 4 * (head[1] >> 7) + size
+
+
+class _Frames:
+    """Where a client's frames start in a WebSocket connection's bytes, found from their
+    heads alone (their payloads are skipped)."""
+
+    def __init__(self) -> None:
+        self._left = 0  # bytes of the current frame still to come
+        self._head = b""  # the start of a head the data ended in
+
+    def part(self, data: bytes, start: int) -> tuple[int, int]:
+        """The end of the part of `data` from `start` that costs about PAYMENT (its bytes,
+        and PIECE_COST for each frame starting in it), and that cost."""
+        position, cost = start, 0
+        while position < len(data) and cost < PAYMENT:
+            if not self._left:  # a frame starts, or its head goes on
+                if not self._head:
+                    cost += PIECE_COST
+                head = self._head + data[position:position + 14]
+                if (size := _frame_size(head)) is None:
+                    self._head = head
+                    cost += len(data) - position
+                    return len(data), cost
+                self._left, self._head = size - len(self._head), b""
+            step = min(self._left, len(data) - position, max(PAYMENT - cost, 0))
+            position, cost, self._left = position + step, cost + step, self._left - step
+        return position, cost
+
+
 class _PaidReads(asyncio.Protocol):
-    """A WebSocket connection's protocol, in front of aiohttp's: each read is paid for from
-    the node's budget (its bytes, the frames' headers and masks among them, and PIECE_COST)
-    before the next is read; in debt the transport does not read until the debt is served,
-    so the kernel's buffer, not the loop, holds what the client sends. Paid by the read, not
-    by the message: a message of many frames is paid as it arrives, and so are frames that
-    make no message (pings, a message never finished)."""
+    """A WebSocket connection's protocol, in front of aiohttp's: what the client sends is
+    passed on in parts, each paid for from the node's budget (its bytes and PIECE_COST for
+    each frame: a 1-byte frame costs the loop ~30 times a byte of a large one) before the
+    next; in debt the rest of the read waits here and the transport does not read, so the
+    kernel's buffer, not the loop, holds what the client sends. Paid by the frame, not by
+    the message: frames that make no message (pings, a message never finished) pay too."""
 
     def __init__(self, handler: asyncio.Protocol, transport: asyncio.Transport,
                  budget: BodyBudget) -> None:
         self._handler, self._transport, self._budget = handler, transport, budget
-        self._owed = 0
+        self._frames = _Frames()
+        # the read being passed on: one, or two if aiohttp resumed reading in debt (256 KiB each)
+        self._held, self._at = b"", 0
         self._debt: asyncio.TimerHandle | None = None
         self._paused = False
 
     def data_received(self, data: bytes) -> None:
-        self._handler.data_received(data)
-        self._owed += len(data) + PIECE_COST
-        if self._debt is None:
-            self._pay()
-        else:  # aiohttp resumed reading while in debt: this read is paid after it
-            self._pause()
+        if self._at < len(self._held):  # aiohttp resumed reading while in debt
+            self._held, self._at = self._held[self._at:] + data, 0
+        else:
+            self._held, self._at = data, 0
+        self._pass_on()
 
-    def _pay(self) -> None:
-        owed, self._owed = self._owed, 0
-        if delay := self._budget.charge(owed):
-            self._debt = asyncio.get_running_loop().call_later(delay, self._paid)
-            self._pause()
-
-    def _pause(self) -> None:
-        """Only a transport that is reading: aiohttp's own pauses (its queue of messages
-        full) are its to lift."""
-        if self._transport.is_reading():
+    def _pass_on(self) -> None:
+        while self._debt is None and self._at < len(self._held):
+            end, cost = self._frames.part(self._held, self._at)
+            self._handler.data_received(self._held[self._at:end])
+            self._at = end
+            if delay := self._budget.charge(cost):
+                self._debt = asyncio.get_running_loop().call_later(delay, self._paid)
+        if self._debt is not None and self._transport.is_reading():
+            # (only a transport that is reading: aiohttp's own pauses are its to lift)
             self._transport.pause_reading()
             self._paused = True
 
     def _paid(self) -> None:
         self._debt = None
         self._budget.waited()
-        if self._paused:
+        self._pass_on()
+        if self._debt is None and self._paused:
             self._paused = False
             self._transport.resume_reading()
-        if self._owed:
-            self._pay()
 
     def eof_received(self) -> bool | None:
+        if self._at < len(self._held):  # what the client sent before it ended goes first
+            self._handler.data_received(self._held[self._at:])
+            self._held = b""
         return self._handler.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -318,8 +360,7 @@ class RpcServer:
         return web.Response(text=result, content_type="application/json")
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
-        socket = web.WebSocketResponse(max_msg_size=self.limits.max_body_bytes, heartbeat=30,
-                                       autoping=False)  # pings are paid for in _ws_read
+        socket = web.WebSocketResponse(max_msg_size=self.limits.max_body_bytes, heartbeat=30)
         await socket.prepare(request)
         self._pay_for_reads(request)
         self._websockets.add(socket)
@@ -328,7 +369,7 @@ class RpcServer:
         writer = asyncio.create_task(self._ws_writer(socket, session.outbox, deadline))
         writer.add_done_callback(functools.partial(self._ws_cut, request, session))
         try:
-            await self._ws_read(socket, session, request.transport)
+            await self._ws_read(socket, session)
         finally:
             self._websockets.discard(socket)
             session.close()
@@ -348,23 +389,10 @@ class RpcServer:
         sockets = list(self._websockets)
         await asyncio.gather(*(s.close(code=WSCloseCode.GOING_AWAY) for s in sockets))
 
-    async def _ws_read(self, socket: web.WebSocketResponse, session: Session,
-                       transport: asyncio.Transport | None) -> None:
-        """Requests, one at a time, each read only while the outbox is under its budget. A
-        ping or pong costs PIECE_COST too (its bytes are paid as they are read), paid every
-        PAYMENT: answered in aiohttp, 6-byte pings at 1.8 MB/s from two clients held the
-        loop up to 1.4 s; a wait for each would cost the loop more than the pong."""
-        owed = 0
+    async def _ws_read(self, socket: web.WebSocketResponse, session: Session) -> None:
+        """Requests, one at a time, each read only while the outbox is under its budget."""
         while await session.outbox.room():
             message = await socket.receive()
-            if message.type in (WSMsgType.PING, WSMsgType.PONG):
-                if message.type is WSMsgType.PING:
-                    await socket.pong(message.data)
-                owed += PIECE_COST
-                if owed >= PAYMENT:
-                    await self._body_budget.spend(owed, transport)
-                    owed = 0
-                continue
             if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 return  # CLOSE or ERROR (a message over the limit: closed with 1009)
             result = await self.dispatcher.handle_payload(message.data, session)
