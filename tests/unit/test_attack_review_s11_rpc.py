@@ -9,8 +9,9 @@ loop parsed) in session 12."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +23,7 @@ from chain.rpc.errors import SERVER_ERROR, RpcError
 from chain.rpc.evm_process import EvmProcesses
 from chain.rpc.limits import RpcLimits
 from chain.rpc.served import WorkerPool
-from chain.rpc.server import BodyBudget, RpcServer
+from chain.rpc.server import PAYMENT, PIECE_COST, BodyBudget, RpcServer
 from chain.rpc.subscriptions import Subscriptions
 from tests.unit.test_evm_process import (  # noqa: F401 (fixtures)
     ADD_AND_RETURN,
@@ -108,6 +109,43 @@ def test_a_body_in_tiny_chunks_pays_the_budget_for_what_the_loop_parsed() -> Non
     assert paid >= wire  # was 20,002 of 120,017 bytes: a sixth
 
 
+def test_a_body_in_debt_is_not_read_the_kernel_holds_the_rest() -> None:
+    """A budget of a byte a second after its first 64 KiB: the node reads what the bucket
+    pays for and what aiohttp parsed with it, then waits with the connection's transport
+    paused; the rest of 1.8 MB of 1-byte chunks stays with the kernel and the client."""
+    budget = PaidBudget(rate=1, burst=64 * 1024)
+    server = object.__new__(RpcServer)
+    server.limits = RpcLimits()
+    server._body_budget = budget
+    connections: list[asyncio.Transport | None] = []
+
+    async def read(request: web.Request) -> web.Response:
+        connections.append(request.transport)
+        await server._read_body(request)
+        return web.Response()
+
+    async def flood() -> tuple[int, bool]:
+        app = web.Application()
+        app.router.add_post("/", read)
+        async with TestServer(app) as listening:
+            _, writer = await asyncio.open_connection(listening.host, listening.port)
+            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n" + b"1\r\n \r\n" * 300_000)
+            deadline = asyncio.get_running_loop().time() + 10
+            while not budget._waiting:  # in debt
+                assert asyncio.get_running_loop().time() < deadline, "never in debt"
+                await asyncio.sleep(0)
+            (connection,) = connections
+            assert connection is not None
+            reading = connection.is_reading()
+            writer.transport.abort()
+            connection.abort()
+        return budget.paid, reading
+
+    paid, reading = asyncio.run(flood())
+    assert 64 * 1024 < paid <= 64 * 1024 + PAYMENT + PIECE_COST and not reading
+
+
 class LengthOfEachMessage:
     """The dispatcher of a node that answers each message with its length."""
 
@@ -120,31 +158,54 @@ def masked_frame(opcode: int, fin: bool, payload: bytes) -> bytes:
     return bytes([fin << 7 | opcode, 0x80 | len(payload)]) + bytes(4) + payload
 
 
-async def send_in_one_byte_frames(payload: bytes) -> tuple[int, int]:
-    """The budget's takings and the bytes on the wire for `payload` sent to the node's
-    WebSocket handler as a text message of 1-byte frames (a text frame, then continuation
-    frames)."""
+def one_byte_frames(payload: bytes) -> bytes:
+    """`payload` as a text message of 1-byte frames (a text frame, then continuations)."""
+    return b"".join(masked_frame(0 if i else 1, i == len(payload) - 1, payload[i:i + 1])
+                    for i in range(len(payload)))
+
+
+@contextlib.asynccontextmanager
+async def websocket_to(budget: BodyBudget) -> AsyncIterator[
+        tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A client's connection to the node's WebSocket handler, the handshake done."""
     server = object.__new__(RpcServer)  # only its WebSocket handler: no node behind it
     server.limits = RpcLimits()
-    server._body_budget = budget = PaidBudget(server.limits.max_body_rate,
-                                              server.limits.max_body_bytes)
+    server._body_budget = budget
     server._websockets = set()
     server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))
     server.dispatcher = LengthOfEachMessage()  # type: ignore[assignment]
+    connections: list[asyncio.Transport | None] = []
+
+    async def websocket(request: web.Request) -> web.StreamResponse:
+        connections.append(request.transport)
+        return await server._websocket(request)
+
     app = web.Application()
-    app.router.add_get("/", server._websocket)
-    frames = b"".join(masked_frame(0 if i else 1, i == len(payload) - 1, payload[i:i + 1])
-                      for i in range(len(payload)))
+    app.router.add_get("/", websocket)
     async with TestServer(app) as listening:
         reader, writer = await asyncio.open_connection(listening.host, listening.port)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
                      b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+        try:
+            yield reader, writer
+        finally:
+            writer.transport.abort()
+            for connection in connections:  # the node's end: one in debt reads nothing
+                if connection is not None:
+                    connection.abort()
+
+
+async def send_in_one_byte_frames(payload: bytes) -> tuple[int, int]:
+    """The budget's takings and the bytes on the wire for `payload` sent to the node's
+    WebSocket handler as a text message of 1-byte frames."""
+    budget = PaidBudget(RpcLimits().max_body_rate, RpcLimits().max_body_bytes)
+    frames = one_byte_frames(payload)
+    async with websocket_to(budget) as (reader, writer):
         writer.write(frames)
         header = await reader.readexactly(2)
         answer = await reader.readexactly(header[1] & 0x7F)
-        writer.close()
     assert answer == b"%d" % len(payload)
     return budget.paid, len(frames)
 
@@ -154,10 +215,29 @@ def test_a_websocket_message_in_tiny_frames_pays_the_budget_for_what_the_loop_pa
     """WebSocket reads were not paced at all (session 11): two clients sending 5 MiB
     messages got 57-64 MiB/s accepted (honest HTTP p99 2.6 -> 24.7 ms), and one sending
     1-byte continuation frames kept the loop in data_received 712 of 800 samples
-    (eth_blockNumber 0.9 -> 15 ms). Each read is now paid from the budget HTTP bodies pay
-    from: its bytes (each frame's 6-byte header and mask with them) and PIECE_COST."""
+    (eth_blockNumber 0.9 -> 15 ms). What a WebSocket client sends is now paid from the
+    budget HTTP bodies pay from: its bytes and PIECE_COST for each frame."""
     paid, wire = asyncio.run(send_in_one_byte_frames(b"[" + b" " * 20_000 + b"]"))
-    assert paid >= wire  # was 0 of 140,014 bytes
+    assert paid >= wire + 20_002 * PIECE_COST  # was 0 of 140,014 bytes on the wire
+
+
+def test_a_websocket_client_in_debt_is_not_read_the_kernel_holds_the_rest() -> None:
+    """A budget of a byte a second after its first 64 KiB: the node passes on what the
+    bucket pays for and a part more, then waits, its transport paused; the rest of 2 MB of
+    1-byte frames (or pings: a frame is a frame) stays with the kernel and the client."""
+    budget = PaidBudget(rate=1, burst=64 * 1024)
+
+    async def flood() -> int:
+        async with websocket_to(budget) as (_, writer):
+            writer.write(one_byte_frames(b" " * 300_000))
+            deadline = asyncio.get_running_loop().time() + 10
+            while not budget._waiting:  # in debt
+                assert asyncio.get_running_loop().time() < deadline, "never in debt"
+                await asyncio.sleep(0)
+            return budget.paid
+
+    paid = asyncio.run(flood())
+    assert 64 * 1024 < paid <= 64 * 1024 + PAYMENT + PIECE_COST + 14
 
 
 def test_a_call_cancelled_while_it_waits_for_the_thread_gives_its_slot_back() -> None:
