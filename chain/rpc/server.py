@@ -226,6 +226,10 @@ class _PaidReads(asyncio.Protocol):
             self._paused = False
             self._transport.resume_reading()
 
+    def abort_in_debt(self) -> None:
+        if self._debt is not None:
+            self._transport.abort()
+
     def eof_received(self) -> bool | None:
         if self._at < len(self._held):  # what the client sent before it ended goes first
             self._handler.data_received(self._held[self._at:])
@@ -268,7 +272,8 @@ class RpcServer:
         node.metrics.websocket_outbox_bytes.set_function(self.subscriptions.outbox_bytes)
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
-        self._websockets: set[web.WebSocketResponse] = set()
+        # each open WebSocket, and what its client's bytes pass through (None: it left)
+        self._websockets: dict[web.WebSocketResponse, _PaidReads | None] = {}
         self.port: int | None = None
 
     def _app(self) -> web.Application:
@@ -362,8 +367,7 @@ class RpcServer:
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse(max_msg_size=self.limits.max_body_bytes, heartbeat=30)
         await socket.prepare(request)
-        self._pay_for_reads(request)
-        self._websockets.add(socket)
+        self._websockets[socket] = self._pay_for_reads(request)
         session = self.subscriptions.session(request.remote or "")
         deadline = self.subscriptions.limits.write_deadline
         writer = asyncio.create_task(self._ws_writer(socket, session.outbox, deadline))
@@ -371,21 +375,28 @@ class RpcServer:
         try:
             await self._ws_read(socket, session)
         finally:
-            self._websockets.discard(socket)
+            del self._websockets[socket]
             session.close()
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
             await socket.close()
         return socket
 
-    def _pay_for_reads(self, request: web.Request) -> None:
-        """From now on each read of this connection (a WebSocket's) is paid from the node's
-        budget, the one HTTP bodies pay from."""
-        if (transport := request.transport) is not None:  # (None: the client left)
-            transport.set_protocol(_PaidReads(request.protocol, transport, self._body_budget))
+    def _pay_for_reads(self, request: web.Request) -> _PaidReads | None:
+        """From now on what this connection's client sends (a WebSocket's) is paid from the
+        node's budget, the one HTTP bodies pay from."""
+        if (transport := request.transport) is None:  # the client left
+            return None
+        paid_reads = _PaidReads(request.protocol, transport, self._body_budget)
+        transport.set_protocol(paid_reads)
+        return paid_reads
 
     async def _close_websockets(self, _app: web.Application) -> None:
-        """On stop: without this, each open WebSocket would hold the shutdown for a minute."""
+        """On stop: without this, each open WebSocket would hold the shutdown for a minute. A
+        client in debt is cut: its close frame would wait behind what it owes."""
+        for paid_reads in self._websockets.values():
+            if paid_reads is not None:
+                paid_reads.abort_in_debt()
         sockets = list(self._websockets)
         await asyncio.gather(*(s.close(code=WSCloseCode.GOING_AWAY) for s in sockets))
 

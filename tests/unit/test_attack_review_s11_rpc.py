@@ -171,7 +171,7 @@ async def websocket_to(budget: BodyBudget) -> AsyncIterator[
     server = object.__new__(RpcServer)  # only its WebSocket handler: no node behind it
     server.limits = RpcLimits()
     server._body_budget = budget
-    server._websockets = set()
+    server._websockets = {}
     server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))
     server.dispatcher = LengthOfEachMessage()  # type: ignore[assignment]
     connections: list[asyncio.Transport | None] = []
