@@ -29,9 +29,10 @@ class RpcLimits:
     headers: 400 beyond)."""
 
     max_body_bytes: int = 5 * 1024 * 1024  # geth's 5 MiB: 413 beyond
-    # Bytes a second of HTTP request bodies the node reads, all clients together (a
-    # `BodyBudget`): two clients posting 5 MiB bodies pushed 590 MB/s and took 60% of the
-    # event loop that votes; at this rate reading costs it ~2%. One whole body at once.
+    # Bytes a second of HTTP request bodies and WebSocket input the node reads, all clients
+    # together (a `BodyBudget`; each chunk or frame costs PIECE_COST more): two clients
+    # posting 5 MiB bodies pushed 590 MB/s and took 60% of the event loop that votes; at
+    # this rate reading costs it ~2%. One whole body at once.
     max_body_rate: int = 16 * 1024 * 1024
     batch: BatchLimits = field(default_factory=BatchLimits)
     read_timeout: float = 30.0  # the whole body, as geth's ReadTimeout: 408 beyond
