@@ -47,11 +47,12 @@ BUSY_LINGER_SECONDS = 1.0
 CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 # What a piece the loop handles costs the budget beyond its bytes: a chunk of a chunked body
 # (aiohttp parses each in Python, ~1 us with reading it here, as long as ~1 KiB of a large
-# chunk at the budget's ~2% of the loop) or a read of the socket (a WebSocket's, or a plain
-# body's). A body of 1-byte chunks was paid a sixth of its wire bytes and kept the loop 97%
-# busy at a tenth of the rate (the attack review s11-rpc, finding 3).
+# chunk at the budget's ~2% of the loop), a read of a plain body's socket, a WebSocket frame.
+# A body of 1-byte chunks was paid a sixth of its wire bytes and kept the loop 97% busy at a
+# tenth of the rate (the attack review s11-rpc, finding 3).
 PIECE_COST = 1024
-PAYMENT = 64 * 1024  # a reader pays at least this often, so a read of tiny chunks is paced
+# A reader pays at least this often: one read of the socket may bring thousands of pieces.
+PAYMENT = 64 * 1024
 
 
 class _HttpErrorLog(logging.LoggerAdapter):
@@ -185,10 +186,10 @@ class _Frames:
 class _PaidReads(asyncio.Protocol):
     """A WebSocket connection's protocol, in front of aiohttp's: what the client sends is
     passed on in parts, each paid for from the node's budget (its bytes and PIECE_COST for
-    each frame: a 1-byte frame costs the loop ~30 times a byte of a large one) before the
-    next; in debt the rest of the read waits here and the transport does not read, so the
-    kernel's buffer, not the loop, holds what the client sends. Paid by the frame, not by
-    the message: frames that make no message (pings, a message never finished) pay too."""
+    each frame: the loop's work is in the frames too) before the next; in debt the rest of
+    the read waits here and the transport does not read, so the kernel's buffer, not the
+    loop, holds what the client sends. Paid by the frame, not by the message: frames that
+    make no message (pings, a message never finished) pay too."""
 
     def __init__(self, handler: asyncio.Protocol, transport: asyncio.Transport,
                  budget: BodyBudget) -> None:
