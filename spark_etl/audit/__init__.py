@@ -5,8 +5,9 @@ and the report's counts and figures as one query, collected in one Spark job, an
 `AuditResult`. Signatures are recovered once each and shared by the consensus rules. The
 rules read every table in one partition (`context.ONE_PARTITION`); the passes over every row
 (signature recovery, the per-block column checks, the rows' digests) run inside that job for
-a small export (`context.ONE_PARTITION_BYTES`), and for a large one first, each a parallel
-job of its own (`context.PARALLEL`)."""
+a small export (`context.ONE_PARTITION_BYTES`), their Python on the driver for a tiny one
+(`context.DRIVER_BYTES`), and for a large one first, each a parallel job of its own
+(`context.PARALLEL`)."""
 
 from __future__ import annotations
 
@@ -115,10 +116,11 @@ def _results(audit: Audit, rules: tuple[Rule, ...]) -> DataFrame:
 
 
 def run_audit(data: Dataset, validators: ValidatorSet, rules: tuple[Rule, ...] = RULES,
-              one_partition: bool | None = None) -> AuditResult:
-    """Every rule over `data`; `one_partition` as `Audit` takes it (None: by the size)."""
+              one_partition: bool | None = None, on_driver: bool | None = None) -> AuditResult:
+    """Every rule over `data`; `one_partition` and `on_driver` as `Audit` takes them (None:
+    by the size)."""
     started = time.monotonic()
-    audit = Audit(data, validators, one_partition)
+    audit = Audit(data, validators, one_partition, on_driver)
     try:
         if not audit.one_partition:
             signatures(audit)  # recovered first, in parallel: the step's wall time is its own
@@ -126,7 +128,7 @@ def run_audit(data: Dataset, validators: ValidatorSet, rules: tuple[Rule, ...] =
         rows = audit.collect(_results(audit, rules))
     finally:
         audit.release()
-    if audit.one_partition:  # recovered in the one task that needed them: its CPU time
+    if audit.one_partition:  # recovered in the one task (or on the driver): its CPU time
         recovery_seconds = audit.recovery_cpu_seconds.value
     kinds: dict[str, list[Row]] = {}
     for row in rows:

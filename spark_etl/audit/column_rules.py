@@ -38,7 +38,7 @@ from encoding import EncodingError
 from encoding.rlp import check_rlp_depth
 from spark_etl import schemas
 from spark_etl.audit import row_rules
-from spark_etl.audit.context import Audit, flat_map_rows
+from spark_etl.audit.context import Audit
 from spark_etl.hexcodec import (
     MalformedValue,
     column_bytes,
@@ -840,7 +840,7 @@ def column_checks(audit: Audit) -> DataFrame:
     """The violations of every rule of this module, computed once per audit."""
     return audit.cached(
         "column-checks",
-        lambda tables: flat_map_rows(_nested_blocks(tables.data), check_block,
+        lambda tables: tables.flat_map_rows(_nested_blocks(tables.data), check_block,
                                      schemas.VIOLATIONS),
     )
 

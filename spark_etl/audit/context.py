@@ -149,6 +149,12 @@ class ValidatorSet:
 # transactions (a hex hash does not compress: about 1 KB each with its receipt and
 # certificate share).
 ONE_PARTITION_BYTES = 16 * 1024 * 1024
+# Up to this many bytes (some hundreds of transactions) the passes' Python runs on the
+# driver, over their inputs' rows collected as Arrow: the same functions, and no Python
+# worker. On a 5-block chain the passes take milliseconds, but the rules' job waited
+# seconds on them: for a worker forked and fed, and each stage that reads a pass for the
+# one task that caches it.
+DRIVER_BYTES = 1024 * 1024
 # How Spark plans and runs the rules' query, which reads every table in one partition (the
 # passes' results and the consensus tables are a few rows a block): no shuffle, and nothing
 # that only pays off on many rows. So it is one Spark job of a few dozen one-task stages
@@ -189,13 +195,42 @@ PARALLEL = {
 PARALLEL_SHUFFLES = 2
 
 
+ArrowFunction = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+RowFunction = Callable[[dict[str, Any]], Iterable[tuple[Any, ...]]]
+
+
 @dataclass(frozen=True)
 class Tables:
     """The tables as a cached pass reads them: in one partition (a small export's), or in
-    the partitions they were read in (a large one's, the work spread over the cores)."""
+    the partitions they were read in (a large one's, the work spread over the cores).
+    `on_driver`: the passes' Python runs on the driver (a tiny export's, in one partition)."""
 
     data: Dataset
     one_partition: bool
+    on_driver: bool = False
+
+    def map_in_arrow(self, frame: DataFrame, function: ArrowFunction,
+                     schema: StructType) -> DataFrame:
+        """`frame.mapInArrow(function, schema)`: in Python workers, or on the driver over
+        `frame` collected (one job), the result a frame of its rows in one partition."""
+        if not self.on_driver:
+            return frame.mapInArrow(function, schema)
+        batches = list(function(iter(frame.toArrow().to_batches())))
+        table = pa.Table.from_batches(batches, schema=to_arrow_schema(schema))
+        return frame.sparkSession.createDataFrame(table, schema).coalesce(1)
+
+    def flat_map_rows(self, frame: DataFrame, function: RowFunction,
+                      schema: StructType) -> DataFrame:
+        """Python `function(row dict) -> output rows` over every row of `frame`, through
+        Arrow batches (bounded by spark.sql.execution.arrow.maxRecordsPerBatch)."""
+        arrow_schema = to_arrow_schema(schema)
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                rows = [out for row in batch.to_pylist() for out in function(row)]
+                yield to_record_batch(rows, arrow_schema)
+
+        return self.map_in_arrow(frame, run, schema)
 
     def union(self, first: DataFrame, *others: DataFrame) -> DataFrame:
         """`union_all`, kept in one partition when the tables are in one (a union has a
@@ -209,11 +244,13 @@ class Audit:
     """One audit run: rules read `data` (every table in one partition) and share what
     `cached` keeps (the recovered `signatures`, the column checks, the row digests).
     `one_partition` (None: decided from the data's size) runs the cached passes in one
-    partition as well; else each is a parallel job of its own before the rules'."""
+    partition as well; else each is a parallel job of its own before the rules'.
+    `on_driver` (None: by the size; only in one partition) runs their Python on the driver."""
 
     data: Dataset
     validators: ValidatorSet
     one_partition: bool | None = None
+    on_driver: bool | None = None
     _cache: dict[str, DataFrame] = field(default_factory=dict)
     # CPU time the Python workers spent recovering signatures (the per-core rate's divisor)
     recovery_cpu_seconds: Accumulator[float] = field(init=False)
@@ -222,11 +259,18 @@ class Audit:
     def __post_init__(self) -> None:
         spark = self.data.blocks.sparkSession
         self.recovery_cpu_seconds = spark.sparkContext.accumulator(0.0)
-        if self.one_partition is None:
-            self.one_partition = self.data.estimated_bytes() <= ONE_PARTITION_BYTES
+        if self.one_partition is None or self.on_driver is None:
+            size = self.data.estimated_bytes()
+            if self.one_partition is None:
+                self.one_partition = size <= ONE_PARTITION_BYTES
+            if self.on_driver is None:
+                self.on_driver = self.one_partition and size <= DRIVER_BYTES
+        if self.on_driver and not self.one_partition:
+            raise ValueError("the passes run on the driver only in one partition")
         parallel = self.data
         self.data = self.data.in_one_partition()
-        self.tables = Tables(self.data if self.one_partition else parallel, self.one_partition)
+        self.tables = Tables(self.data if self.one_partition else parallel, self.one_partition,
+                             self.on_driver)
 
     def cached(self, name: str, build: Callable[[Tables], DataFrame]) -> DataFrame:
         """`build(self.tables)` computed once per audit and kept for every rule: in one
@@ -329,19 +373,3 @@ def _paired_union(frames: list[DataFrame], *, allow_missing: bool) -> DataFrame:
     )
     return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession,
                                                                      union), spark)
-
-
-RowFunction = Callable[[dict[str, Any]], Iterable[tuple[Any, ...]]]
-
-
-def flat_map_rows(frame: DataFrame, function: RowFunction, schema: StructType) -> DataFrame:
-    """Python `function(row dict) -> output rows` over every row, in parallel partitions,
-    through Arrow batches (bounded by spark.sql.execution.arrow.maxRecordsPerBatch)."""
-    arrow_schema = to_arrow_schema(schema)
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            rows = [out for row in batch.to_pylist() for out in function(row)]
-            yield to_record_batch(rows, arrow_schema)
-
-    return frame.mapInArrow(run, schema)

@@ -35,7 +35,6 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
-    ArrayType,
     BooleanType,
     LongType,
     StringType,
@@ -162,6 +161,7 @@ def recover(encoded: bytes, chain_id: int, verifier: Verifier) -> tuple[Any, ...
 MAX_LONG = 2**63 - 1  # Spark's LongType
 VERIFIER = CoincurveVerifier()
 RECOVERED_ARROW = to_arrow_schema(RECOVERED)
+MESSAGES = StructType([StructField("message", StringType())])  # encoded, 0x hex
 
 
 def _recover_batches(batches: Iterator[pa.RecordBatch], chain_id: int,
@@ -200,6 +200,10 @@ def nested_messages(message: str | None) -> list[str]:
     return found
 
 
+def _nested_rows(row: dict[str, Any]) -> list[tuple[str]]:
+    return [(message,) for message in nested_messages(row["message"])]
+
+
 def signed_messages(tables: Tables) -> DataFrame:
     """Every distinct signed message in the data set, as bytes (one column, `encoded`)."""
     data = tables.data
@@ -213,8 +217,7 @@ def signed_messages(tables: Tables) -> DataFrame:
         data.evidence.select(F.col("first").alias("message")),
         data.evidence.select(F.col("second").alias("message")),
     ).distinct()
-    unnest = F.udf(nested_messages, ArrayType(StringType()), useArrow=True)
-    nested = containers.select(F.explode(unnest("message")).alias("message"))
+    nested = tables.flat_map_rows(containers, _nested_rows, MESSAGES)
     union = tables.union(*flat, nested).where(F.col("message").isNotNull())
     # a message that is not hex has no bytes to recover (malformed-value reports it)
     encoded = union.select(F.expr("unhex(substr(message, 3))").alias("encoded"))
@@ -228,7 +231,8 @@ def signatures(audit: Audit) -> DataFrame:
         # a large export's messages are in the partitions of their `distinct`, a few a core
         # (`context.PARALLEL`)
         messages = signed_messages(tables)
-        recovered = messages.mapInArrow(
+        recovered = tables.map_in_arrow(
+            messages,
             partial(_recover_batches, chain_id=audit.validators.chain_id,
                     cpu_seconds=audit.recovery_cpu_seconds),
             RECOVERED,
