@@ -85,6 +85,7 @@ class AuditResult:
     signatures: int  # distinct signed messages recovered
     recovery_seconds: float  # wall time of the recovery step (a Spark job)
     recovery_cpu_seconds: float  # CPU time of the recovery itself, summed over the workers
+    # (or the driver's, where a tiny export's passes run: `context.DRIVER_BYTES`)
     seconds: float
     violations: list[Violation]
     figures: ConsensusFigures | None = None  # the consensus records, by recovered signer

@@ -167,9 +167,9 @@ MESSAGES = StructType([StructField("message", StringType())])  # encoded, 0x hex
 def _recover_batches(batches: Iterator[pa.RecordBatch], chain_id: int,
                      cpu_seconds: Accumulator[float]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
-        started = time.process_time()
+        started = time.thread_time()  # this thread's: on the driver, others run beside it
         rows = [recover(m, chain_id, VERIFIER) for m in batch.column(0).to_pylist()]
-        cpu_seconds.add(time.process_time() - started)
+        cpu_seconds.add(time.thread_time() - started)
         yield to_record_batch(rows, RECOVERED_ARROW)
 
 
