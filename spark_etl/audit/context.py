@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from threading import RLock
 from typing import Any
 
 import pyarrow as pa
@@ -252,6 +253,7 @@ class Audit:
     one_partition: bool | None = None
     on_driver: bool | None = None
     _cache: dict[str, DataFrame] = field(default_factory=dict)
+    _building: RLock = field(default_factory=RLock)  # rules are built on several threads
     # CPU time the Python workers spent recovering signatures (the per-core rate's divisor)
     recovery_cpu_seconds: Accumulator[float] = field(init=False)
     tables: Tables = field(init=False)  # what the cached passes read
@@ -277,15 +279,18 @@ class Audit:
         partition, cached by the first task that reads it (no job of its own); else a local
         checkpoint of the parallel pass (one job: `PARALLEL`), read by the rules as one
         partition."""
-        if name not in self._cache:
-            if self.one_partition:
-                with self.planning():  # cache() plans its query now
-                    self._cache[name] = build(self.tables).cache()
-            else:
-                with self._configured(self._parallel()):
-                    frame = build(self.tables).localCheckpoint(eager=True)
-                self._cache[name] = frame.coalesce(1)
-        return self._cache[name]
+        with self._building:
+            if name not in self._cache:
+                self._cache[name] = self._build(build)
+            return self._cache[name]
+
+    def _build(self, build: Callable[[Tables], DataFrame]) -> DataFrame:
+        if self.one_partition:
+            with self.planning():  # cache() plans its query now
+                return build(self.tables).cache()
+        with self._configured(self._parallel()):
+            frame = build(self.tables).localCheckpoint(eager=True)
+        return frame.coalesce(1)
 
     def planning(self) -> AbstractContextManager[None]:
         """Spark plans and runs queries in here as the rules want (`ONE_PARTITION`)."""
