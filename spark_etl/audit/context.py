@@ -154,7 +154,8 @@ ONE_PARTITION_BYTES = 16 * 1024 * 1024
 # driver, over their inputs' rows collected as Arrow: the same functions, and no Python
 # worker. On a 5-block chain the passes take milliseconds, but the rules' job waited
 # seconds on them: for a worker forked and fed, and each stage that reads a pass for the
-# one task that caches it.
+# one task that caches it. What the driver collects is bounded by this (times the tables'
+# compression).
 DRIVER_BYTES = 1024 * 1024
 # How Spark plans and runs the rules' query, which reads every table in one partition (the
 # passes' results and the consensus tables are a few rows a block): no shuffle, and nothing
@@ -254,7 +255,8 @@ class Audit:
     on_driver: bool | None = None
     _cache: dict[str, DataFrame] = field(default_factory=dict)
     _building: RLock = field(default_factory=RLock)  # rules are built on several threads
-    # CPU time the Python workers spent recovering signatures (the per-core rate's divisor)
+    # CPU time the Python workers (or the driver) spent recovering signatures (the per-core
+    # rate's divisor)
     recovery_cpu_seconds: Accumulator[float] = field(init=False)
     tables: Tables = field(init=False)  # what the cached passes read
 
@@ -276,9 +278,9 @@ class Audit:
 
     def cached(self, name: str, build: Callable[[Tables], DataFrame]) -> DataFrame:
         """`build(self.tables)` computed once per audit and kept for every rule: in one
-        partition, cached by the first task that reads it (no job of its own); else a local
-        checkpoint of the parallel pass (one job: `PARALLEL`), read by the rules as one
-        partition."""
+        partition, cached by the first task that reads it (no job of its own, but on the
+        driver one to collect the pass's input); else a local checkpoint of the parallel
+        pass (one job: `PARALLEL`), read by the rules as one partition."""
         with self._building:
             if name not in self._cache:
                 self._cache[name] = self._build(build)
