@@ -1,0 +1,136 @@
+"""Attack review (session 12) of the heavy reads in child processes and of the request budget
+paid per chunk and frame (issue 29): what an unauthenticated JSON-RPC client can still do.
+Each strict xfail names the gap; it passes once the gap is closed (then remove its mark)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import zlib
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from chain.rpc.limits import RpcLimits
+from chain.rpc.server import PIECE_COST, RpcServer
+from chain.rpc.subscriptions import Subscriptions
+from tests.unit.test_attack_review_s11_rpc import LengthOfEachMessage, PaidBudget, one_byte_frames
+
+ETH_BLOCK_NUMBER = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}'
+HANDSHAKE = (b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n")
+DEFLATE = b"Sec-WebSocket-Extensions: permessage-deflate\r\n"
+TEXT, BINARY, RSV1 = 0x1, 0x2, 0x40
+
+
+def frame_head(first: int, size: int) -> bytes:
+    """A client's frame head (masked, a zero mask: the payload reads as sent)."""
+    if size < 126:
+        return bytes([first, 0x80 | size]) + bytes(4)
+    if size < 1 << 16:
+        return bytes([first, 0x80 | 126]) + size.to_bytes(2, "big") + bytes(4)
+    return bytes([first, 0x80 | 127]) + size.to_bytes(8, "big") + bytes(4)
+
+
+@contextlib.asynccontextmanager
+async def websocket(budget: PaidBudget, headers: bytes = b"", early: bytes = b"") -> (
+        AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]]):
+    """A raw client of the node's WebSocket handler (each message answered with its length),
+    `early` sent with the upgrade request, before the 101; also the 101's head."""
+    server = object.__new__(RpcServer)  # only its WebSocket handler: no node behind it
+    server.limits = RpcLimits()
+    server._body_budget = budget
+    server._websockets = {}
+    server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))
+    server.dispatcher = LengthOfEachMessage()  # type: ignore[assignment]
+    connections: list[asyncio.Transport | None] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        connections.append(request.transport)
+        return await server._websocket(request)
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    async with TestServer(app) as listening:
+        reader, writer = await asyncio.open_connection(listening.host, listening.port)
+        writer.write(HANDSHAKE + headers + b"\r\n" + early)
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101")
+        try:
+            yield reader, writer, head
+        finally:
+            writer.transport.abort()
+            for connection in connections:
+                if connection is not None:
+                    connection.abort()
+
+
+async def answer(reader: asyncio.StreamReader) -> bytes:
+    """The payload of the server's next (unmasked, short) text frame, inflated if it was
+    compressed (the server's first such message: no context to take over)."""
+    head = await asyncio.wait_for(reader.readexactly(2), 10)
+    size = head[1] & 0x7F
+    if size == 126:
+        size = int.from_bytes(await reader.readexactly(2), "big")
+    payload = await reader.readexactly(size)
+    if head[0] & RSV1:
+        return zlib.decompressobj(wbits=-15).decompress(payload + b"\x00\x00\xff\xff")
+    return payload
+
+
+@pytest.mark.xfail(strict=True, reason="finding 1: bytes sent with the upgrade request are not "
+                   "paid, and a frame head cut there puts _Frames out of step for good")
+def test_a_frame_head_sent_before_the_101_does_not_let_later_frames_go_unpaid() -> None:
+    """Frames sent in the same packet as the upgrade request reach aiohttp's WebSocket reader
+    as the request's tail, before `_PaidReads` is installed: unpaid, and `_Frames` then
+    starts counting mid-frame. Here the head of a 10-byte binary frame comes before the 101
+    and its payload after it, spelling a frame head of length 2**62 for `_Frames`: every
+    later frame is a part of that one's payload, each paying its bytes only (a 6-byte ping
+    pays 6, not PIECE_COST + 6), at 16 MiB/s: ~2.8 M frames a second parsed in Python on the
+    loop, where the budget meant ~16,000."""
+    frames = 5_000
+    budget = PaidBudget(RpcLimits().max_body_rate, RpcLimits().max_body_bytes)
+
+    async def desynchronised() -> None:
+        async with websocket(budget, early=frame_head(0x80 | BINARY, 10)) as (reader, writer, _):
+            paid = budget.paid
+            writer.write(bytes([0x82, 0xFF]) + (1 << 62).to_bytes(8, "big"))  # the payload
+            assert await answer(reader) == b"10"
+            wire = one_byte_frames(b" " * frames)
+            writer.write(wire)
+            assert await answer(reader) == b"%d" % frames
+            assert budget.paid - paid >= len(wire) + frames * PIECE_COST  # paid: ~len(wire)
+
+    asyncio.run(desynchronised())
+
+
+def deflated(message: bytes) -> bytes:
+    """`message` as permessage-deflate sends it (RFC 7692 7.2.1: the sync flush's tail cut)."""
+    compressor = zlib.compressobj(wbits=-15)
+    data = compressor.compress(message) + compressor.flush(zlib.Z_SYNC_FLUSH)
+    assert data.endswith(b"\x00\x00\xff\xff")
+    return data[:-4]
+
+
+@pytest.mark.xfail(strict=True, reason="finding 2: permessage-deflate is on; the budget pays a "
+                   "compressed frame's wire bytes, the loop inflates up to 5 MiB from it")
+def test_a_compressed_message_pays_the_budget_for_what_the_loop_inflated() -> None:
+    """aiohttp's WebSocketResponse offers permessage-deflate unless told `compress=False`,
+    and inflates a message on the event loop (`decompress_sync`) up to max_msg_size (5 MiB).
+    A 4 MiB request of padding is a ~4 KiB frame: the budget (16 MiB/s of wire bytes) lets a
+    client have ~16 GB/s inflated and handed to the JSON decoder."""
+    budget = PaidBudget(RpcLimits().max_body_rate, RpcLimits().max_body_bytes)
+    message = ETH_BLOCK_NUMBER + b" " * (4 * 1024 * 1024)
+
+    async def compressed() -> None:
+        async with websocket(budget, DEFLATE) as (reader, writer, head):
+            assert b"permessage-deflate" in head.lower()  # on, by aiohttp's default
+            paid, payload = budget.paid, deflated(message)
+            writer.write(frame_head(0x80 | RSV1 | TEXT, len(payload)) + payload)
+            assert await answer(reader) == b"%d" % len(message)
+            assert budget.paid - paid >= len(message)  # paid: ~4 KiB
+
+    asyncio.run(compressed())
