@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import zlib
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
+from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from chain.rpc.dispatcher import Dispatcher
+from chain.rpc.errors import ServerError
 from chain.rpc.limits import RpcLimits
-from chain.rpc.server import PIECE_COST, RpcServer
+from chain.rpc.server import PIECE_COST, RpcServer, _Frames
 from chain.rpc.subscriptions import Subscriptions
 from tests.unit.test_attack_review_s11_rpc import LengthOfEachMessage, PaidBudget, one_byte_frames
 
@@ -166,3 +171,44 @@ def test_pipelined_requests_without_a_body_pay_the_budget_for_what_the_loop_pars
         assert budget.paid >= len(wire) + requests * PIECE_COST  # paid: 0
 
     asyncio.run(pipelined())
+
+
+def test_frame_heads_cut_anywhere_across_reads_cost_each_frame_once() -> None:
+    """`_Frames` fed a byte at a time (every head cut at every place: 7-bit, 16-bit and 64-bit
+    lengths, masked or not) charges each frame's bytes and PIECE_COST, no more, no less."""
+    frames = [frame_head(0x81, 5) + b"hello", frame_head(0x81, 300) + bytes(300),
+              frame_head(0x82, 70_000) + bytes(70_000), bytes([0x89, 0]),  # a ping, unmasked
+              bytes([0x82, 127]) + (3).to_bytes(8, "big") + b"abc"]
+    wire = b"".join(frames)
+    counter, cost = _Frames(), 0
+    for at in range(len(wire)):
+        end, paid = counter.part(wire[at:at + 1], 0)
+        assert end == 1
+        cost += paid
+    assert cost == len(wire) + len(frames) * PIECE_COST
+
+
+def test_spliced_answers_in_a_batch_are_json_whatever_the_ids_and_errors_around_them() -> None:
+    """A read process's JSON (an orjson.Fragment) in a batch beside errors, with ids of every
+    kind orjson cannot write itself (beyond 64 bits, a lone surrogate): the batch parses and
+    each answer carries its own id and the fragment as a result."""
+    block = {"number": "0x1", "transactions": ["\u2603", None]}
+
+    async def heavy() -> orjson.Fragment:
+        return orjson.Fragment(orjson.dumps(block))
+
+    async def failing() -> None:
+        raise ServerError("header not found")
+
+    ids: list[Any] = [2**64, -(2**70), 1.5, "\ud800", "\u2603", None, 0]
+    batch = [{"jsonrpc": "2.0", "id": i, "method": m} for i in ids for m in ("heavy", "failing")]
+    dispatcher = Dispatcher({"heavy": heavy, "failing": failing})
+    try:
+        answer = asyncio.run(dispatcher.handle_payload(json.dumps(batch)))
+    finally:
+        dispatcher.close()
+    assert answer is not None
+    answers = json.loads(answer)
+    assert [a["id"] for a in answers] == [i for i in ids for _ in range(2)]
+    assert [a.get("result") for a in answers[::2]] == [block] * len(ids)
+    assert {a["error"]["message"] for a in answers[1::2]} == {"header not found"}
