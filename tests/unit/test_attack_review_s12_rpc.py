@@ -254,3 +254,33 @@ def test_a_light_read_does_not_wait_for_heavy_reads_in_starved_children(
         asyncio.run(light_read_behind_heavy_ones())
     finally:
         reads.close()
+
+
+def test_a_compressed_body_pays_the_budget_for_what_the_loop_inflated() -> None:
+    """Over HTTP the rule holds: aiohttp inflates a gzip body as it parses it, and the body
+    reader pays the inflated pieces (a 4 MiB body of padding is a ~4 KiB request)."""
+    budget = PaidBudget(RpcLimits().max_body_rate, RpcLimits().max_body_bytes)
+    server = object.__new__(RpcServer)  # only its body reader: no node behind it
+    server.limits = RpcLimits()
+    server._body_budget = budget
+    message = ETH_BLOCK_NUMBER + b" " * (4 * 1024 * 1024)
+
+    async def read(request: web.Request) -> web.Response:
+        body = await server._read_body(request)
+        return body if isinstance(body, web.Response) else web.Response(text=str(len(body)))
+
+    async def post_gzipped() -> bytes:
+        app = web.Application()
+        app.router.add_post("/", read)
+        body = zlib.compress(message, wbits=31)  # gzip
+        async with TestServer(app) as listening:
+            reader, writer = await asyncio.open_connection(listening.host, listening.port)
+            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Encoding: gzip\r\nConnection: close\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            answer = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+        return answer
+
+    assert (asyncio.run(post_gzipped())).endswith(b"\r\n\r\n%d" % len(message))
+    assert budget.paid >= len(message)
