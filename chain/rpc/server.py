@@ -143,6 +143,19 @@ class BodyBudget:
                 transport.resume_reading()
 
 
+def _head_bytes(request: web.Request) -> int:
+    """The size of a request's line and headers as the client sent them."""
+    line = len(request.method) + len(request.raw_path) + len(" HTTP/1.1\r\n") + 1
+    return line + sum(len(name) + len(value) + 4 for name, value in request.raw_headers) + 2
+
+
+def _sent_before_the_101(request: web.Request) -> bool:
+    """Whether the client sent bytes of its WebSocket with (or after) the upgrade request
+    before its answer: aiohttp keeps them as the message's tail (`_message_tail`, private:
+    aiohttp 3.x's RequestHandler) for the WebSocket reader."""
+    return bool(getattr(request.protocol, "_message_tail", b""))
+
+
 def _frame_size(head: bytes) -> int | None:
     """The length of a WebSocket frame (head and payload) whose head `head` starts (RFC 6455
     5.2: 2 bytes, an extended length of 2 or 8, a mask of 4); None if `head` is cut short."""
@@ -285,7 +298,10 @@ class RpcServer:
 
     async def _guarded(self, request: web.Request) -> web.StreamResponse:
         """The Host allowlist and CORS around every request (a plain call: as an aiohttp
-        middleware it cost a tenth of a short call's time)."""
+        middleware it cost a tenth of a short call's time). Every request pays for its head
+        first: without a body (GET, OPTIONS, pipelined by the thousand) it was free (the
+        attack review s12-rpc, finding 3)."""
+        await self._body_budget.spend(_head_bytes(request) + PIECE_COST, request.transport)
         host = (request.host or "").rsplit(":", 1)[0].strip("[]").lower()
         if "*" not in self.host_allowlist and host not in self.host_allowlist:
             return web.Response(status=403, text="invalid host specified\n")
@@ -366,9 +382,19 @@ class RpcServer:
         return web.Response(text=result, content_type="application/json")
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
-        socket = web.WebSocketResponse(max_msg_size=self.limits.max_body_bytes, heartbeat=30)
-        await socket.prepare(request)
+        # No permessage-deflate: the loop would inflate up to max_msg_size from a frame that
+        # paid its compressed bytes (the attack review s12-rpc, finding 2).
+        socket = web.WebSocketResponse(max_msg_size=self.limits.max_body_bytes, heartbeat=30,
+                                       compress=False)
+        if _sent_before_the_101(request):
+            # RFC 6455 4.1: a client sends no frame before the 101. Such bytes would reach
+            # aiohttp unpaid, and `_Frames` count from inside a frame (finding 1).
+            if request.transport is not None:
+                request.transport.abort()
+            return _closing(400, "WebSocket frames sent before the handshake's answer\n")
+        # Paid from the first byte after the request: installed before the 101 is sent.
         self._websockets[socket] = self._pay_for_reads(request)
+        await socket.prepare(request)
         session = self.subscriptions.session(request.remote or "")
         deadline = self.subscriptions.limits.write_deadline
         writer = asyncio.create_task(self._ws_writer(socket, session.outbox, deadline))

@@ -29,7 +29,7 @@ from chain.rpc.read_process import FULL_BLOCK, ReadRequest, ReadWorkers
 from chain.rpc.served import READ_WORKERS, ServedBlocks
 from chain.rpc.server import PIECE_COST, RpcServer, _Frames
 from chain.rpc.subscriptions import Subscriptions
-from tests.unit.test_attack_review_s11_rpc import LengthOfEachMessage, PaidBudget, one_byte_frames
+from tests.unit.test_attack_review_s11_rpc import LengthOfEachMessage, PaidBudget
 from tests.unit.test_read_store import chain as read_store_chain  # noqa: F401 (a fixture)
 
 ETH_BLOCK_NUMBER = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}'
@@ -70,8 +70,9 @@ async def websocket(budget: PaidBudget, headers: bytes = b"", early: bytes = b""
     async with TestServer(app) as listening:
         reader, writer = await asyncio.open_connection(listening.host, listening.port)
         writer.write(HANDSHAKE + headers + b"\r\n" + early)
-        head = await reader.readuntil(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 101")
+        head = (await asyncio.wait_for(reader.read(), 10) if early else
+                await reader.readuntil(b"\r\n\r\n"))  # (early: refused, all it answers)
+        assert early or head.startswith(b"HTTP/1.1 101")
         try:
             yield reader, writer, head
         finally:
@@ -94,30 +95,22 @@ async def answer(reader: asyncio.StreamReader) -> bytes:
     return payload
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: bytes sent with the upgrade request are not "
-                   "paid, and a frame head cut there puts _Frames out of step for good")
-def test_a_frame_head_sent_before_the_101_does_not_let_later_frames_go_unpaid() -> None:
-    """Frames sent in the same packet as the upgrade request reach aiohttp's WebSocket reader
-    as the request's tail, before `_PaidReads` is installed: unpaid, and `_Frames` then
-    starts counting mid-frame. Here the head of a 10-byte binary frame comes before the 101
-    and its payload after it, spelling a frame head of length 2**62 for `_Frames`: every
-    later frame is a part of that one's payload, each paying its bytes only (a 6-byte ping
-    pays 6, not PIECE_COST + 6), at 16 MiB/s: ~2.8 M frames a second parsed in Python on the
-    loop, where the budget meant ~16,000."""
-    frames = 5_000
+def test_frames_sent_before_the_101_are_refused() -> None:
+    """Finding 1, fixed (was a strict xfail): frames sent in the same packet as the upgrade
+    request reached aiohttp's WebSocket reader as the request's tail, before `_PaidReads`
+    was installed: unpaid, and `_Frames` then counted from inside a frame (the head of a
+    10-byte frame there and its payload after the 101 spelled a frame of 2**62 bytes, every
+    later frame a part of it: a 6-byte ping paid 6, not PIECE_COST + 6). RFC 6455 4.1: a
+    client sends nothing before the 101, so such an upgrade is refused and the connection
+    closed, nothing of it parsed as frames; `_PaidReads` is installed before the 101."""
     budget = PaidBudget(RpcLimits().max_body_rate, RpcLimits().max_body_bytes)
 
-    async def desynchronised() -> None:
-        async with websocket(budget, early=frame_head(0x80 | BINARY, 10)) as (reader, writer, _):
-            paid = budget.paid
-            writer.write(bytes([0x82, 0xFF]) + (1 << 62).to_bytes(8, "big"))  # the payload
-            assert await answer(reader) == b"10"
-            wire = one_byte_frames(b" " * frames)
-            writer.write(wire)
-            assert await answer(reader) == b"%d" % frames
-            assert budget.paid - paid >= len(wire) + frames * PIECE_COST  # paid: ~len(wire)
+    async def early_frame() -> None:
+        early = frame_head(0x80 | BINARY, 10) + b" " * 10
+        async with websocket(budget, early=early) as (_, _, answer_head):
+            assert not answer_head.startswith(b"HTTP/1.1 101"), answer_head
 
-    asyncio.run(desynchronised())
+    asyncio.run(early_frame())
 
 
 def deflated(message: bytes) -> bytes:
@@ -128,33 +121,34 @@ def deflated(message: bytes) -> bytes:
     return data[:-4]
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: permessage-deflate is on; the budget pays a "
-                   "compressed frame's wire bytes, the loop inflates up to 5 MiB from it")
-def test_a_compressed_message_pays_the_budget_for_what_the_loop_inflated() -> None:
-    """aiohttp's WebSocketResponse offers permessage-deflate unless told `compress=False`,
-    and inflates a message on the event loop (`decompress_sync`) up to max_msg_size (5 MiB).
-    A 4 MiB request of padding is a ~4 KiB frame: the budget (16 MiB/s of wire bytes) lets a
-    client have ~16 GB/s inflated and handed to the JSON decoder."""
+def test_a_compressed_message_is_refused_not_inflated() -> None:
+    """Finding 2, fixed (was a strict xfail): aiohttp's WebSocketResponse offers
+    permessage-deflate unless told `compress=False`, and inflated a message on the event
+    loop up to max_msg_size (5 MiB) from a frame that paid its compressed bytes (a 4 MiB
+    request of padding is a ~4 KiB frame: ~16 GB/s inflated at the budget's 16 MiB/s). The
+    node now accepts no compression, and a frame that claims it (RSV1) closes the
+    connection (1002) unanswered."""
     budget = PaidBudget(RpcLimits().max_body_rate, RpcLimits().max_body_bytes)
     message = ETH_BLOCK_NUMBER + b" " * (4 * 1024 * 1024)
 
     async def compressed() -> None:
         async with websocket(budget, DEFLATE) as (reader, writer, head):
-            assert b"permessage-deflate" in head.lower()  # on, by aiohttp's default
-            paid, payload = budget.paid, deflated(message)
+            assert b"permessage-deflate" not in head.lower()
+            payload = deflated(message)
             writer.write(frame_head(0x80 | RSV1 | TEXT, len(payload)) + payload)
-            assert await answer(reader) == b"%d" % len(message)
-            assert budget.paid - paid >= len(message)  # paid: ~4 KiB
+            first = await asyncio.wait_for(reader.readexactly(2), 10)
+            assert first[0] & 0x0F == 0x8  # a close frame, not an answer
+            close = await reader.readexactly(first[1] & 0x7F)
+            assert int.from_bytes(close[:2], "big") == 1002
 
     asyncio.run(compressed())
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: requests without a body (GET, OPTIONS, "
-                   "Content-Length: 0) pay the budget nothing, however many are pipelined")
 def test_pipelined_requests_without_a_body_pay_the_budget_for_what_the_loop_parsed() -> None:
-    """The budget is paid from a request's body only: its request line and headers, and a
-    request with no body at all, cost nothing. One connection pipelining 27-byte GETs has the
-    loop parse each, run the handler (a 405) and write an answer: ~1,000 requests in one
+    """Finding 3, fixed (was a strict xfail; each request now pays its head and PIECE_COST
+    before it is handled): the budget was paid from a request's body only: its request line
+    and headers, and a request with no body at all, cost nothing. One connection pipelining
+    27-byte GETs has the loop parse each, run the handler (a 405) and write an answer: ~1,000 requests in one
     read of the socket, none of it paced."""
     requests = 1_000
     budget = PaidBudget(RpcLimits().max_body_rate, RpcLimits().max_body_bytes)
