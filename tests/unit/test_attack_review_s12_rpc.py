@@ -148,8 +148,8 @@ def test_pipelined_requests_without_a_body_pay_the_budget_for_what_the_loop_pars
     """Finding 3, fixed (was a strict xfail; each request now pays its head and PIECE_COST
     before it is handled): the budget was paid from a request's body only: its request line
     and headers, and a request with no body at all, cost nothing. One connection pipelining
-    27-byte GETs has the loop parse each, run the handler (a 405) and write an answer: ~1,000 requests in one
-    read of the socket, none of it paced."""
+    27-byte GETs has the loop parse each, run the handler (a 405) and write an answer:
+    ~1,000 requests in one read of the socket, none of it paced."""
     requests = 1_000
     budget = PaidBudget(RpcLimits().max_body_rate, RpcLimits().max_body_bytes)
     server = object.__new__(RpcServer)  # only its HTTP handling: no node behind it
