@@ -1,0 +1,75 @@
+"""Attack review s12 (attacksync): block sync judging the answers it does not import (the
+certified horizon block's body, a dropped prefetch) and the catch-up's forgetting of a
+claimed head only once it excused a request timeout. Each finding is a strict xfail that
+passes once its gap is closed; the rules that held are plain tests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from pbft_engine import sync as sync_module
+from pbft_engine.core import Mode, PeerCommitted, ReplicaStatus
+from pbft_engine.sync import BlockSync
+from pbft_engine.sync_messages import Blocks, GetBlocks, Status, encode_sync
+from tests.unit.pbft.helpers import fixed_feed
+from tests.unit.pbft.test_pbft_catch_up import VALIDATORS, SyncPeers, _block_with_roots
+
+BEHIND = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_watermark=40,
+                       primary=0, stable_checkpoint=0, last_executed=2, fetching=None,
+                       mode=Mode.NORMAL)
+
+
+@pytest.mark.xfail(strict=True, reason="attack review s12, finding 1: the horizon proof's "
+                   "body check runs after `_proving` is cleared, so proofs (each with up to "
+                   "8 MiB held for its check) overlap without bound")
+def test_a_head_proved_at_the_horizon_is_proved_one_at_a_time_body_check_included(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A liar claims a head above the horizon; block sync asks it for the horizon block and
+    checks that block's body off the loop. `_horizon_from` clears `_proving` when the answer
+    arrives, before the body check: the liar's next claim (its next STATUS: every poll for a
+    validator, any time to an observer) starts another proof while the first check still
+    runs, and so on, each answer (up to MAX_RESPONSE_BYTES, its body as costly to check as
+    the liar likes) queued in the loop's default executor, the one validations use. One
+    proof at a time must cover its check."""
+    release = threading.Event()
+    checking = threading.Event()
+
+    def slow_check(block: bytes) -> None:  # a body that takes the liar's time to check
+        checking.set()
+        release.wait(5)
+
+    monkeypatch.setattr(sync_module, "check_body_matches_header", slow_check)
+    liar = b"a" * 20
+    peers = SyncPeers()
+    requests: list[GetBlocks] = []
+
+    async def claim_and_answer(sync: BlockSync) -> None:
+        peers.tick()  # no progress since the last tick: ask every peer where it is
+        sync.on_message(liar, encode_sync(Status(10_000, b"\x0f" * 32, b"", b"")))
+        await asyncio.sleep(0)  # the proof's task sends its request at its first step
+        asked = [m for p, m in peers.sent if isinstance(m, GetBlocks) and m not in requests]
+        requests.extend(asked)
+        for request in asked:
+            answer = _block_with_roots(request.first, false_body=False)
+            sync.on_message(liar, encode_sync(Blocks(request.request_id, (answer,))))
+
+    async def attack() -> None:
+        sync = BlockSync(peers, None, fixed_feed(VALIDATORS),  # type: ignore[arg-type]
+                         deliver=lambda event: None, replica_status=lambda: BEHIND,
+                         held_block=lambda n, d: None,  # type: ignore[arg-type,return-value]
+                         chain_lock=asyncio.Lock(), poll_interval=1.0)
+        sync.start()
+        peers.tick()  # progress seen
+        try:
+            await claim_and_answer(sync)
+            assert await asyncio.to_thread(checking.wait, 5), "the first body check started"
+            await claim_and_answer(sync)  # the first proof's body is still being checked
+            assert len(requests) == 1, "a second proof started during the first one's check"
+        finally:
+            release.set()
+            await sync.stop()
+
+    asyncio.run(attack())
