@@ -9,13 +9,19 @@ import asyncio
 import threading
 
 import pytest
+import rlp
 
 from pbft_engine import sync as sync_module
 from pbft_engine.core import Mode, PeerCommitted, ReplicaStatus
-from pbft_engine.sync import BlockSync
+from pbft_engine.sync import BlockSync, PeerLied, certified_block_hash
 from pbft_engine.sync_messages import Blocks, GetBlocks, Status, encode_sync
 from tests.unit.pbft.helpers import fixed_feed
-from tests.unit.pbft.test_pbft_catch_up import VALIDATORS, SyncPeers, _block_with_roots
+from tests.unit.pbft.test_pbft_catch_up import (
+    CHAIN_ID,
+    VALIDATORS,
+    SyncPeers,
+    _block_with_roots,
+)
 
 BEHIND = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_watermark=40,
                        primary=0, stable_checkpoint=0, last_executed=2, fetching=None,
@@ -73,3 +79,36 @@ def test_a_head_proved_at_the_horizon_is_proved_one_at_a_time_body_check_include
             await sync.stop()
 
     asyncio.run(attack())
+
+
+class Decoded(Exception):
+    """pyrlp was handed the liar's block whole."""
+
+
+@pytest.mark.xfail(strict=True, reason="attack review s12, finding 2: `certified_block_hash` "
+                   "hands a peer's block to pyrlp unbounded, on the loop (2,000,000 one-byte "
+                   "items in one list: 177 s); `_drop` judges one more answer so")
+def test_a_liar_s_block_is_bounded_before_pyrlp_decodes_it_on_the_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BLOCKS answer is bounded by `decode_sync` (items, depth), but each block in it is an
+    opaque string up to MAX_RESPONSE_BYTES, and `certified_block_hash` decodes the whole of
+    it with pyrlp on the event loop before it reads the header: a list's cost grows with the
+    square of its length (encoding/rlp.py), measured here 0.05 s at 40,000 one-byte items,
+    177 s at 2,000,000 (a 2 MB block). A liar serves such a block in answer to a dropped
+    prefetch (`_drop`, this session), to a horizon proof (`_horizon_from`), to a range
+    (`_import_segment`) or pushes it to an observer (`certify`): the node stops for minutes,
+    before any certificate is checked (the body check off the loop decodes it again, in a
+    thread that holds the GIL). It must be refused ("undecodable") by a bounded walk
+    (`check_rlp_bounds`) before pyrlp sees it. The spy stands for pyrlp's minutes."""
+    liar_block = rlp.encode([[b"\x01"] * 17, [b"\x01"] * 2_000_000, [], []])
+    decode = rlp.decode
+
+    def spy(data: bytes, *args: object, **kwargs: object) -> object:
+        if data == liar_block:
+            raise Decoded
+        return decode(data, *args, **kwargs)
+
+    monkeypatch.setattr(sync_module.rlp, "decode", spy)
+    with pytest.raises(PeerLied):
+        certified_block_hash(liar_block, b"", number=1, epoch=fixed_feed(VALIDATORS).epoch_at(1),
+                             chain_id=CHAIN_ID)
