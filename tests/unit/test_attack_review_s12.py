@@ -12,16 +12,34 @@ import pytest
 import rlp
 
 from pbft_engine import sync as sync_module
-from pbft_engine.core import Mode, PeerCommitted, ReplicaStatus
+from pbft_engine.core import (
+    FetchCompleted,
+    FetchFailed,
+    Mode,
+    PeerCommitted,
+    ReplicaStatus,
+    TimerFired,
+    TimerKind,
+)
+from pbft_engine.messages import ViewChange
 from pbft_engine.sync import BlockSync, PeerLied, certified_block_hash
-from pbft_engine.sync_messages import Blocks, GetBlocks, Status, encode_sync
+from pbft_engine.sync_messages import (
+    MAX_BLOCKS_PER_REQUEST,
+    Blocks,
+    GetBlocks,
+    Status,
+    encode_sync,
+)
 from tests.unit.pbft.helpers import fixed_feed
+from tests.unit.pbft.test_pbft_adapter_boundaries import CommittingMeanwhile, catch_up
 from tests.unit.pbft.test_pbft_catch_up import (
     CHAIN_ID,
     VALIDATORS,
     SyncPeers,
     _block_with_roots,
 )
+from tests.unit.test_attack_review_core7 import LIE, backup_with_a_waiting_request
+from tests.unit.test_replica_handover import PASSED_AT
 
 BEHIND = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_watermark=40,
                        primary=0, stable_checkpoint=0, last_executed=2, fetching=None,
@@ -112,3 +130,50 @@ def test_a_liar_s_block_is_bounded_before_pyrlp_decodes_it_on_the_loop(
     with pytest.raises(PeerLied):
         certified_block_hash(liar_block, b"", number=1, epoch=fixed_feed(VALIDATORS).epoch_at(1),
                              chain_id=CHAIN_ID)
+
+
+def test_a_liar_whose_fetches_fail_fast_shields_the_primary_two_timeouts_at_most() -> None:
+    """Held (change 2, c0ea254): a liar tells its head many times before the first request
+    timeout, each fetch failing at once (no head is forgotten before a timeout excused it),
+    then keeps a fetch under way across the second timeout and tells its head again after
+    each failure. The primary is excused for two timeouts in a row, as docs/engine.md
+    bounds it, and suspected at the third."""
+    driven = backup_with_a_waiting_request()
+    for _ in range(5):
+        driven.step(PeerCommitted(*LIE, b""))
+        driven.step(FetchFailed(LIE[0]))
+    timeouts = 0
+    while not driven.sent(ViewChange) and timeouts < 6:
+        driven.step(PeerCommitted(*LIE, b""))  # a fetch under way when the timer runs out
+        driven.step(TimerFired(TimerKind.REQUEST, b""))
+        timeouts += 1
+        driven.step(FetchFailed(LIE[0]))
+    assert driven.replica.last_exec == PASSED_AT
+    assert timeouts == 3
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_an_honest_prefetch_the_fetch_drops_is_not_charged(
+        short: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held (change 1, `_drop`): the honest answer to a prefetched range is judged and
+    dropped, and nobody is charged, whether the replica committed that range through
+    consensus meanwhile or the range before it came short (its peer serves up to block 30
+    only: the fetch goes on from 31, the answer from 33 judged against the sets head 30
+    fixes, up to its horizon 40; a range above the horizon is dropped unjudged)."""
+    first_range = MAX_BLOCKS_PER_REQUEST
+    target = first_range + 8
+    judged: list[int] = []
+    check_body = BlockSync._check_body
+
+    async def counted(number: int, block: bytes) -> None:
+        judged.append(number)
+        await check_body(number, block)
+
+    monkeypatch.setattr(BlockSync, "_check_body", staticmethod(counted))
+    peers = CommittingMeanwhile({b"a" * 20: 30 if short else target, b"b" * 20: target,
+                                 b"c" * 20: target}, meanwhile=0 if short else target)
+    outcome, faults = catch_up(peers, target)
+    assert isinstance(outcome, FetchCompleted) and outcome.seq_no == target
+    assert faults == [] and judged == list(range(first_range + 1, target + 1))
+    if short:
+        assert peers.committed == list(range(1, target + 1))
