@@ -56,7 +56,7 @@ from chain import ordered_trie, system_contracts
 from chain.errors import BlockValidationError, ChainError, FalseBodyError, StaleParentError
 from chain.genesis import Genesis
 from chain.read_store import ReadStore, TxRecord, block_records
-from encoding.rlp import check_rlp_depth
+from encoding.rlp import check_rlp_bounds
 from storage import Database, Keyspace, KeyspaceDB, OverlayDB, StorageError, WriteBatch
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,10 @@ CHAIN_PREFIX = b"chain/"  # py-evm's chain database: headers, bodies, receipts, 
 META_PREFIX = b"meta/"  # node metadata: the genesis file the data directory was made from
 GENESIS_KEY = b"genesis"
 MAX_BLOCK_DEPTH = 8  # block > uncles > header (RlpTooDeep is a ValueError)
+# Items in one list of a block: pyrlp's decoding of a list grows with the square of its
+# length (2,000,000 one-byte items: 177 s), and no block that gas allows comes near this
+# (30M gas: ~1,430 transfers, ~16,000 access-list storage keys at 1,900 gas each).
+MAX_BLOCK_LIST_ITEMS = 1 << 17
 BUILD_CHUNK = 16  # transactions applied between looks at a block's time budget (~25 ms)
 # Of a build's time budget, the share for applying transactions: sealing (the transaction
 # and receipt tries, the state root, writing the block) took 1.3 x the applying here
@@ -97,6 +101,13 @@ UNCLES_HASH_FIELD, TRANSACTIONS_ROOT_FIELD, WITHDRAWALS_ROOT_FIELD = 1, 4, 16
 LIST_PREFIX = b"\xc0"  # an RLP list's encoding starts at or above it; a typed one below 0x80
 
 
+def check_block_bounds(data: bytes) -> None:
+    """RlpTooDeep or RlpTooManyItems (ValueErrors) unless an encoded block's lists are within
+    what pyrlp decodes in bounded time (one walk, before the decoder)."""
+    check_rlp_bounds(data, max_depth=MAX_BLOCK_DEPTH, max_items=len(data),
+                     max_list_items=MAX_BLOCK_LIST_ITEMS)
+
+
 def check_body_matches_header(data: bytes) -> None:
     """FalseBodyError unless the body of the encoded block is the one its header commits to
     (transaction and withdrawal roots, uncles hash). Checked on the raw RLP before py-evm
@@ -104,7 +115,7 @@ def check_body_matches_header(data: bytes) -> None:
     every byte of the block, and a copy with a false body is told apart from a bad block.
     A header too short to hold the roots is its signer's fault (BlockValidationError)."""
     try:
-        check_rlp_depth(data, MAX_BLOCK_DEPTH)
+        check_block_bounds(data)
         header, transactions, uncles, withdrawals = rlp.decode(data)
         if not all(isinstance(x, list) for x in (header, transactions, uncles, withdrawals)):
             raise ValueError("a block is four lists")
@@ -677,7 +688,7 @@ class Blockchain:
     def decode_block(self, data: bytes) -> BlockAPI:
         block_class = self.view().get_vm().get_block_class()
         try:
-            check_rlp_depth(data, MAX_BLOCK_DEPTH)
+            check_block_bounds(data)
             return rlp.decode(data, sedes=block_class)
         except (rlp.DecodingError, rlp.DeserializationError, ValueError, TypeError) as exc:
             raise BlockValidationError(f"undecodable block: {exc}") from None

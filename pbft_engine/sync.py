@@ -38,10 +38,12 @@ from functools import partial
 
 import rlp
 from eth_utils import keccak
+from rlp.codec import consume_length_prefix
 
 from chain.blockchain import ExecutedBlock, block_hash_of, check_body_matches_header
 from chain.engine import EngineContext, TimerHandle
 from chain.errors import BlockValidationError, FalseBodyError, StaleParentError
+from encoding.rlp import check_rlp_bounds
 from pbft_engine.core import (
     BlockReceived,
     Event,
@@ -87,6 +89,7 @@ MAX_WANTED_BLOCKS = 256  # bodies asked for at once (a window holds fewer)
 # A block larger than this is announced (STATUS), not pushed: a push goes to every observer.
 MAX_PUSHED_BYTES = MAX_RESPONSE_BYTES
 HEADER_NUMBER_INDEX = 8  # an Ethereum header's fields: ..., difficulty, number, ...
+HEADER_ITEMS = 32  # the header list and its fields (21 since Prague), with room
 
 
 class SyncError(PbftError):
@@ -103,13 +106,26 @@ class PeerLied(SyncError):
         self.kind = kind
 
 
+def encoded_header(block: bytes) -> bytes:
+    """The header's bytes in an encoded block, its length prefixes read and the rest not
+    decoded (on the loop: the body can be megabytes of items, checked off the loop by
+    `check_body_matches_header`). ValueError if it holds no header list."""
+    _, kind, _, start = consume_length_prefix(block, 0)
+    _, header_kind, length, header_start = consume_length_prefix(block, start)
+    if kind is not list or header_kind is not list or header_start + length > len(block):
+        raise ValueError("not a block")
+    header = block[start:header_start + length]
+    check_rlp_bounds(header, max_depth=1, max_items=HEADER_ITEMS, max_list_items=HEADER_ITEMS)
+    return header
+
+
 def certified_block_hash(
     block: bytes, certificate: bytes, *, number: int, epoch: Epoch, chain_id: int,
 ) -> bytes:
     """The hash of `block` if it is block `number` and `certificate` certifies it (Q of
     `epoch`'s set, the epoch deciding `number`)."""
     try:
-        header = rlp.decode(block, strict=True)[0]
+        header = rlp.decode(encoded_header(block), strict=True)
         claimed = int.from_bytes(header[HEADER_NUMBER_INDEX], "big")
         block_hash = keccak(rlp.encode(header))
     except (rlp.exceptions.RLPException, IndexError, TypeError, ValueError, RecursionError):
@@ -349,6 +365,15 @@ class BlockSync:
         self._tasks.spawn(self._horizon_from(peer, self.feed.horizon), "proving a head")
 
     async def _horizon_from(self, peer: bytes, horizon: int) -> None:
+        """The proof, its body check included: the next starts when it ends (a liar's claims
+        otherwise piled up body checks of up to 8 MiB each, the attack review s12,
+        finding 1)."""
+        try:
+            await self._prove_from(peer, horizon)
+        finally:
+            self._proving = False
+
+    async def _prove_from(self, peer: bytes, horizon: int) -> None:
         try:
             block, certificate = (await self._request(peer, horizon, 1)).blocks[0]
             block_hash = certified_block_hash(
@@ -359,8 +384,6 @@ class BlockSync:
             return
         except SyncError:
             return
-        finally:
-            self._proving = False
         try:
             await self._check_body(horizon, block)
         except PeerLied as exc:  # a lie, though the certified header proves the head

@@ -1,7 +1,9 @@
 """Attack review s12 (attacksync): block sync judging the answers it does not import (the
 certified horizon block's body, a dropped prefetch) and the catch-up's forgetting of a
-claimed head only once it excused a request timeout. Each finding is a strict xfail that
-passes once its gap is closed; the rules that held are plain tests."""
+claimed head only once it excused a request timeout. Each finding was a strict xfail; both
+are fixed (the proof holds `_proving` until its body check ends; `certified_block_hash`
+decodes only the header's bytes, and the body's lists are bounded before pyrlp,
+`check_block_bounds`). The rules that held are plain tests."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import threading
 import pytest
 import rlp
 
+from chain.blockchain import MAX_BLOCK_LIST_ITEMS, check_body_matches_header
+from chain.errors import FalseBodyError
 from pbft_engine import sync as sync_module
 from pbft_engine.core import (
     FetchCompleted,
@@ -46,12 +50,10 @@ BEHIND = ReplicaStatus(view=0, active=True, seq_no=2, low_watermark=0, high_wate
                        mode=Mode.NORMAL)
 
 
-@pytest.mark.xfail(strict=True, reason="attack review s12, finding 1: the horizon proof's "
-                   "body check runs after `_proving` is cleared, so proofs (each with up to "
-                   "8 MiB held for its check) overlap without bound")
 def test_a_head_proved_at_the_horizon_is_proved_one_at_a_time_body_check_included(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A liar claims a head above the horizon; block sync asks it for the horizon block and
+    """Finding 1, fixed. A liar claims a head above the horizon; block sync asks it for the
+    horizon block and
     checks that block's body off the loop. `_horizon_from` clears `_proving` when the answer
     arrives, before the body check: the liar's next claim (its next STATUS: every poll for a
     validator, any time to an observer) starts another proof while the first check still
@@ -103,12 +105,10 @@ class Decoded(Exception):
     """pyrlp was handed the liar's block whole."""
 
 
-@pytest.mark.xfail(strict=True, reason="attack review s12, finding 2: `certified_block_hash` "
-                   "hands a peer's block to pyrlp unbounded, on the loop (2,000,000 one-byte "
-                   "items in one list: 177 s); `_drop` judges one more answer so")
 def test_a_liar_s_block_is_bounded_before_pyrlp_decodes_it_on_the_loop(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A BLOCKS answer is bounded by `decode_sync` (items, depth), but each block in it is an
+    """Finding 2, fixed. A BLOCKS answer is bounded by `decode_sync` (items, depth), but each
+    block in it is an
     opaque string up to MAX_RESPONSE_BYTES, and `certified_block_hash` decodes the whole of
     it with pyrlp on the event loop before it reads the header: a list's cost grows with the
     square of its length (encoding/rlp.py), measured here 0.05 s at 40,000 one-byte items,
@@ -177,3 +177,12 @@ def test_an_honest_prefetch_the_fetch_drops_is_not_charged(
     assert faults == [] and judged == list(range(first_range + 1, target + 1))
     if short:
         assert peers.committed == list(range(1, target + 1))
+
+
+def test_a_body_of_too_many_items_is_refused_before_pyrlp_decodes_it() -> None:
+    """Finding 2's other half: the body check off the loop (`check_body_matches_header`, in a
+    thread that still takes the interpreter lock) walks the block's lists before pyrlp and
+    refuses one list of more items than gas allows any block (`MAX_BLOCK_LIST_ITEMS`)."""
+    block = rlp.encode([[b"\x01"] * 17, [b"\x01"] * (MAX_BLOCK_LIST_ITEMS + 1), [], []])
+    with pytest.raises(FalseBodyError, match="more than"):
+        check_body_matches_header(block)
