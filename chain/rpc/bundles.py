@@ -142,17 +142,28 @@ class BlockBundles:
     async def get_block_bundles(self, first: Any, last: Any) -> Any:
         start, stop = parse_range(first, last)
         if isinstance(self.reads, ReadWorkers):
-            return await self.reads.run(self._bundles_in_child, self.reads, start, stop)
+            return await self._bundles_in_child(self.reads, start, stop)
         return await self.reads.run(self._bundles, start, stop)
 
-    def _bundles_in_child(self, reads: ReadWorkers, first: int, last: int) -> orjson.Fragment:
-        """On a read worker: the blocks' bytes from a read process (chain/rpc/read_process.py)
-        as JSON members, each closed here with its certificate and checkpoints."""
-        head = self.blockchain.head().block_number
-        blocks = list(parts(reads.in_child(ReadRequest(
-            BUNDLES, head=head, first=first, last=last, max_bytes=self.max_answer_bytes))))
+    async def _bundles_in_child(self, reads: ReadWorkers, first: int,
+                                last: int) -> orjson.Fragment:
+        """The blocks' bytes from a read process (chain/rpc/read_process.py; waited for apart
+        from the read workers) as JSON members, each closed on a read worker with its
+        certificate and checkpoints."""
+        request = await reads.run(self._request, first, last)
+        blocks = list(parts(await reads.answer(request)))
         if not blocks:
             return orjson.Fragment(b"[]")
+        return await reads.run(self._closing, first, blocks)
+
+    def _request(self, first: int, last: int) -> ReadRequest:
+        """On a read worker: the read process's request, up to the head."""
+        return ReadRequest(BUNDLES, head=self.blockchain.head().block_number, first=first,
+                           last=last, max_bytes=self.max_answer_bytes)
+
+    def _closing(self, first: int, blocks: list[bytes]) -> orjson.Fragment:
+        """On a read worker: the engine's methods on the worker's own event loop (as
+        `_bundles`)."""
         return asyncio.run(self._closed(first, blocks))
 
     async def _closed(self, first: int, blocks: list[bytes]) -> orjson.Fragment:

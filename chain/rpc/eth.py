@@ -31,6 +31,7 @@ from chain.rpc.read_process import (
     RECEIPTS,
     ReadRequest,
     ReadWorkers,
+    too_many_logs,
 )
 from chain.rpc.served import ServedBlocks, WorkerPool
 
@@ -39,6 +40,9 @@ HASH_PARAM_LENGTH = 2 + 64  # "0x" and 32 bytes of hex
 # A block of at most this many transactions is formatted in this process when read whole
 # (~12 us a transaction, once: it is kept), a larger one in a read process.
 IN_PROCESS_TRANSACTIONS = 16
+# eth_getLogs over at most this many candidate blocks, each of at most IN_PROCESS_TRANSACTIONS,
+# is matched in this process (the newest block or few, as dapps poll them).
+IN_PROCESS_LOG_BLOCKS = 4
 MAX_LOG_BLOCK_RANGE = 10_000
 MAX_LOG_RESULTS = 10_000
 MAX_FEE_HISTORY_BLOCKS = 1_024  # geth's: more are answered with the newest 1,024
@@ -313,22 +317,22 @@ class EthApi:
         return None if located is None else self.served.receipt(located)
 
     def _whole_block(self, kind: str, header: BlockHeaderAPI | None) -> Any:
-        """On a read worker: a whole block's JSON, made in a read process unless the block
-        is small (its JSON is made here and kept, chain/rpc/served.py: a client polling the
-        head's receipts is answered at once, not after a nice-19 process's turn)."""
+        """On a read worker: a small block's JSON, made here and kept (chain/rpc/served.py: a
+        client polling the head's receipts is answered at once, not after a nice-19
+        process's turn), else the ReadRequest for a read process."""
         if header is None:
             return None
         if self.served.transaction_count(header) <= IN_PROCESS_TRANSACTIONS:
             served = self.served.block(header)
             return served.receipts if kind == RECEIPTS else served.json(kind == FULL_BLOCK)
         number = header.block_number  # committed: the head is at least this
-        return self.reads.json(ReadRequest(kind, head=number, first=number))
+        return ReadRequest(kind, head=number, first=number)
 
     async def eth_getBlockReceipts(self, block: Any) -> Any:  # noqa: N802
         def receipts() -> Any:
             return self._whole_block(RECEIPTS, self._header_for(block, allow_missing=True))
 
-        return await self.reads.run(receipts)
+        return await self.reads.read(receipts)
 
     # Blocks.
 
@@ -342,7 +346,7 @@ class EthApi:
         def block() -> Any:
             return self._whole_block(FULL_BLOCK if full else BLOCK_HASHES, find_header())
 
-        return await self.reads.run(block)
+        return await self.reads.read(block)
 
     async def eth_getBlockByNumber(self, block: Any, full: Any = False) -> Any:  # noqa: N802
         return await self._block(lambda: self._header_for(block, allow_missing=True), full)
@@ -382,8 +386,9 @@ class EthApi:
         return start, end
 
     def _logs(self, query: Any) -> Any:
-        """On a read worker: the blocks the bloom-bits index names are read in a read
-        process (the index changes with each block: read here)."""
+        """On a read worker: the logs of the blocks the bloom-bits index names (the index
+        changes with each block: read here), matched here when they are a few small blocks
+        (a dapp polling the newest block's logs), else the ReadRequest for a read process."""
         if not isinstance(query, dict):
             raise InvalidParams("invalid argument 0: filter object expected")
         criteria = LogCriteria.parse(query)
@@ -392,12 +397,31 @@ class EthApi:
             first, last, criteria.bloom_groups()))
         if not candidates:
             return []
-        return self.reads.json(ReadRequest(  # last: at most the head, all committed
+        if self._small_blocks(candidates):
+            return self._logs_in_process(criteria, candidates)
+        return ReadRequest(  # last: at most the head, all committed
             LOGS, head=last, first=first, numbers=candidates, criteria=criteria,
-            max_results=MAX_LOG_RESULTS))
+            max_results=MAX_LOG_RESULTS)
+
+    def _small_blocks(self, numbers: tuple[int, ...]) -> bool:
+        """At most IN_PROCESS_LOG_BLOCKS blocks of at most IN_PROCESS_TRANSACTIONS each:
+        matching them costs less than a read process's round trip."""
+        if len(numbers) > IN_PROCESS_LOG_BLOCKS:
+            return False
+        headers = [self.blockchain.header_by_number(n) for n in numbers]
+        return all(h is None or self.served.transaction_count(h) <= IN_PROCESS_TRANSACTIONS
+                   for h in headers)
+
+    def _logs_in_process(self, criteria: LogCriteria, numbers: tuple[int, ...]) -> list[Any]:
+        logs: list[Any] = []
+        for log in self.served.logs_of(criteria, numbers):
+            if len(logs) == MAX_LOG_RESULTS:
+                raise too_many_logs(MAX_LOG_RESULTS)
+            logs.append(log)
+        return logs
 
     async def eth_getLogs(self, query: Any) -> Any:  # noqa: N802
-        return await self.reads.run(self._logs, query)
+        return await self.reads.read(self._logs, query)
 
     async def eth_newFilter(self, query: Any) -> str:  # noqa: N802
         if not isinstance(query, dict):
@@ -415,7 +439,7 @@ class EthApi:
         installed = self.filters.get(filter_id)
         if installed.kind != "logs":
             raise ServerError("filter not found")
-        return await self.reads.run(self._logs, installed.query)
+        return await self.reads.read(self._logs, installed.query)
 
     async def eth_uninstallFilter(self, filter_id: Any) -> bool:  # noqa: N802
         return self.filters.uninstall(filter_id)

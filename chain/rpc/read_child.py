@@ -32,7 +32,7 @@ from chain.rpc.child_process import (
     child_main,
     error_message,
 )
-from chain.rpc.errors import LIMIT_EXCEEDED, RpcError, ServerError
+from chain.rpc.errors import RpcError, ServerError
 from chain.rpc.filters import matching_logs
 from chain.rpc.read_process import (
     BLOCK_HASHES,
@@ -50,6 +50,7 @@ from chain.rpc.read_process import (
     ReadRequest,
     number_key,
     timeout_error,
+    too_many_logs,
 )
 from chain.rpc.served import ServedBlock
 
@@ -216,8 +217,7 @@ class Reader:
             for number in chunk:
                 for log in matching_logs(request.criteria, *_split(stored[number])):
                     if len(logs) == request.max_results:
-                        raise RpcError(LIMIT_EXCEEDED,
-                                       f"query returned more than {request.max_results} results")
+                        raise too_many_logs(request.max_results)
                     logs.append(orjson.dumps(log))
         return [OUTPUT, b"[" + b",".join(logs) + b"]"]
 

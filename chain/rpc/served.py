@@ -199,23 +199,6 @@ class Governor:
             self._holder = threading.get_ident()
             self._since, self._cpu_since = time.monotonic(), time.thread_time()
 
-    @contextlib.contextmanager
-    def outside(self) -> Iterator[None]:
-        """The holder waits on another process (a read child, chain/rpc/read_process.py):
-        the turn goes to the next unit meanwhile, and is taken again after."""
-        if self._holder != threading.get_ident():
-            yield
-            return
-        self._holder = None
-        self._handed_on = self._turns.others_waiting()
-        self._turns.give()
-        try:
-            yield
-        finally:
-            self._turns.take()
-            self._holder = threading.get_ident()
-            self._since, self._cpu_since = time.monotonic(), time.thread_time()
-
 
 GOVERNOR = Governor()
 
@@ -445,9 +428,11 @@ class ServedBlocks:
         return 0 if info is None else info.transaction_count
 
     def raw_block(self, header: BlockHeaderAPI) -> bytes:
+        return encode_block(header, self._records(header))
+
+    def _records(self, header: BlockHeaderAPI) -> tuple[TxRecord, ...]:
         served = self._cached(header)
-        records = served.records if served else self.store.records(header.block_number)
-        return encode_block(header, records)
+        return served.records if served else self.store.records(header.block_number)
 
     # Transactions.
 
@@ -498,9 +483,14 @@ class ServedBlocks:
     ) -> Iterator[dict[str, Any]]:
         """The matching logs of blocks first..last: only the blocks the bloom-bits index
         names are read."""
-        candidates = self.store.bloom_index.candidates(first, last, criteria.bloom_groups())
-        for number in paced(candidates):
+        yield from self.logs_of(
+            criteria, self.store.bloom_index.candidates(first, last, criteria.bloom_groups()))
+
+    def logs_of(self, criteria: LogCriteria, numbers: Iterable[int]) -> Iterator[dict[str, Any]]:
+        """The matching logs of the blocks `numbers` (the bloom-bits index's candidates), up
+        to the first the node does not have."""
+        for number in paced(numbers):
             header = self.blockchain.header_by_number(number)
             if header is None:
                 return
-            yield from matching_logs(criteria, header, self.store.records(number))
+            yield from matching_logs(criteria, header, self._records(header))

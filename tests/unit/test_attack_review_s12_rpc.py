@@ -29,6 +29,7 @@ from chain.rpc.read_process import FULL_BLOCK, ReadRequest, ReadWorkers
 from chain.rpc.served import READ_WORKERS, ServedBlocks
 from chain.rpc.server import PIECE_COST, RpcServer, _Frames
 from chain.rpc.subscriptions import Subscriptions
+from testkit.nodes import wait_for
 from tests.unit.test_attack_review_s11_rpc import LengthOfEachMessage, PaidBudget
 from tests.unit.test_read_store import chain as read_store_chain  # noqa: F401 (a fixture)
 
@@ -216,19 +217,18 @@ def test_spliced_answers_in_a_batch_are_json_whatever_the_ids_and_errors_around_
     assert {a["error"]["message"] for a in answers[1::2]} == {"header not found"}
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: light reads share the read workers, which "
-                   "wait out the nice-19 children's heavy reads: READ_WORKERS heavy reads stall "
-                   "every read")
 def test_a_light_read_does_not_wait_for_heavy_reads_in_starved_children(
     read_store_chain: Blockchain,  # noqa: F811
 ) -> None:
-    """Each read worker waits for its child while it reads (GOVERNOR.outside: the governor is
-    free, the thread is not). The children run at nice 19, so on a busy node a heavy read
-    takes as long as the machine makes it, up to its 30 s deadline (a child starting: 60 s);
-    READ_WORKERS (2) of them, from two connections, hold every worker, and the reads made in
-    process so as not to wait for a nice-19 process (a small block, the head polled:
-    586621e) wait for them all the same. The children are stopped here (SIGSTOP: starved)
-    as they start, and killed once the light read has had its chance."""
+    """Fixed (was a strict xfail): each read worker waited for its child while it read
+    (GOVERNOR.outside: the governor was free, the thread was not). The children run at nice
+    19, so on a busy node a heavy read takes as long as the machine makes it, up to its 30 s
+    deadline (a child starting: 60 s); READ_WORKERS (2) of them, from two connections, held
+    every worker, and the reads made in process so as not to wait for a nice-19 process (a
+    small block, the head polled: 586621e) waited for them all the same. Now a read's cheap
+    part runs on a read worker and the wait for its child on a thread of the children's own
+    (`ReadWorkers.read`). The children are stopped here (SIGSTOP: starved) as they start,
+    and killed once the light read has had its chance."""
     reads = ReadWorkers(read_store_chain, threads=READ_WORKERS, max_pending=8)
     head = read_store_chain.head().block_number
     heavy = ReadRequest(FULL_BLOCK, head=head, first=head)
@@ -238,9 +238,12 @@ def test_a_light_read_does_not_wait_for_heavy_reads_in_starved_children(
         os.kill(pid, signal.SIGSTOP)
 
     async def light_read_behind_heavy_ones() -> None:
-        stalled = [asyncio.create_task(reads.run(reads.json, heavy)) for _ in range(READ_WORKERS)]
+        stalled = [asyncio.create_task(reads.read(lambda: heavy)) for _ in range(READ_WORKERS)]
         try:
-            assert await asyncio.wait_for(reads.run(lambda: "light"), 2) == "light"
+            await asyncio.to_thread(wait_for, reads.children._idle.empty, 10,
+                                    "both heavy reads in their children")
+            assert await asyncio.wait_for(reads.read(lambda: "light"), 2) == "light"
+            assert not any(read.done() for read in stalled)  # still in the starved children
         finally:
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
@@ -282,17 +285,16 @@ def test_a_compressed_body_pays_the_budget_for_what_the_loop_inflated() -> None:
     assert budget.paid >= len(message)
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: eth_getLogs of one small block (a dapp "
-                   "polling the head's events) waits for a nice-19 read process")
 def test_the_logs_of_a_small_block_are_read_in_process(
     read_store_chain: Blockchain,  # noqa: F811
 ) -> None:
-    """586621e keeps a small block's reads in the node: the child's round trip cost more,
-    and a client polling the head waited for a nice-19 process. eth_getLogs has no such
-    path: ethers.js and web3.py poll `eth_getLogs` (or eth_getFilterChanges' sibling
-    eth_getFilterLogs) over the newest block or few, and every poll whose bloom matches is
-    a child's round trip at nice 19 (on a node busy at nice 0, the child gets ~1.5% of a
-    core: CFS weight 15 against 1024)."""
+    """Fixed (was a strict xfail): 586621e keeps a small block's reads in the node: the
+    child's round trip cost more, and a client polling the head waited for a nice-19
+    process. eth_getLogs had no such path: ethers.js and web3.py poll `eth_getLogs` (or
+    eth_getFilterChanges' sibling eth_getFilterLogs) over the newest block or few, and every
+    poll whose bloom matched was a child's round trip at nice 19 (on a node busy at nice 0,
+    the child gets ~1.5% of a core: CFS weight 15 against 1024). Now up to
+    IN_PROCESS_LOG_BLOCKS candidates of small blocks are matched in process."""
     api = object.__new__(EthApi)  # only its reads: no node behind it
     api.blockchain = read_store_chain
     api.served = ServedBlocks(read_store_chain)
@@ -304,8 +306,9 @@ def test_the_logs_of_a_small_block_are_read_in_process(
         header = read_store_chain.header_by_number(newest)
         assert header is not None
         assert api.served.transaction_count(header) <= IN_PROCESS_TRANSACTIONS  # small
-        logs = api._logs({"fromBlock": hex(newest), "toBlock": hex(newest)})
-        assert orjson.loads(orjson.dumps(logs))  # its logs
+        logs = asyncio.run(api.reads.read(api._logs, {"fromBlock": hex(newest),
+                                                      "toBlock": hex(newest)}))
+        assert orjson.loads(orjson.dumps(logs)) == list(api.served.logs(everything, newest, newest))
         assert api.reads.children.pids == [None]  # no read process started for them
     finally:
         api.reads.close()
