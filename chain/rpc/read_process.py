@@ -9,14 +9,18 @@ the governor (chain/rpc/served.py) paced it. In a child at nice 19 (`python -m
 chain.rpc.read_child`) it holds an interpreter of its own, as eth_call's does
 (chain/rpc/evm_process.py; the frames and lifecycle are chain/rpc/child_process.py's).
 
-Each read worker has a child (`ReadProcesses`); the worker resolves the request's blocks (a
-tag, a hash) and reads the head, sends a `ReadRequest`, and answers the child's questions,
-off the governor's turn (it only waits and reads LevelDB): `[blocks, numbers]` is answered
-with each block's stored header and its read-store records, as stored, in one frame (per
-block two gets and one range read, ~13 us; a question per block cost the worker ~10 times
-that in frames). The child never asks above the request's head, so everything it reads is
-final (BFT), and it keeps it (chain/rpc/read_child.py). Its answer is JSON, built in the
-child and spliced into the response unparsed (`orjson.Fragment`).
+Each read worker has a child (`ReadProcesses`). A read comes in two parts: on a read worker
+its cheap part resolves the request's blocks (a tag, a hash, the bloom index's candidates)
+and reads the head, and answers at once (a small block: chain/rpc/eth.py) or makes a
+`ReadRequest`; a thread of the children's own (`ReadWorkers.waits`, one per child, not
+governed: it only waits and reads LevelDB) sends it and answers the child's questions, so a
+starved nice-19 child never holds a read worker (the attack review s12-rpc, finding 4):
+`[blocks, numbers]` is answered with each block's stored header and its read-store
+records, as stored, in one frame (per block two gets and one range read, ~13 us; a question
+per block cost the worker ~10 times that in frames). The child never asks above the
+request's head, so everything it reads is final (BFT), and it keeps it
+(chain/rpc/read_child.py). Its answer is JSON, built in the child and spliced into the
+response unparsed (`orjson.Fragment`).
 
 The conversation, after the settings (the cache's bytes) and [ready]:
   parent: a ReadRequest (pickled)
@@ -26,7 +30,8 @@ The conversation, after the settings (the cache's bytes) and [ready]:
           (the JSON in a frame of its own: `raw_tail`)
 A child that dies or overruns the deadline is killed; the read in flight gets a one-line
 error and the next read starts a new child. The bounds are the in-process reads': pending
-reads (the workers' pool), the answers' bytes and results (in the request), and a deadline.
+reads (the workers' pool, and as many waiting for a child), the answers' bytes and results
+(in the request), and a deadline.
 """
 
 from __future__ import annotations
