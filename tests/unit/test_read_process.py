@@ -240,3 +240,31 @@ def test_a_small_block_is_read_whole_in_process_a_large_one_in_the_child(
               if served.transaction_count(read_store_chain.header_by_number(n)) > in_process]
     assert bool(larger) == (in_process == 0)
     assert [r.first for r in asked] == sorted(2 * larger)
+
+
+@pytest.mark.parametrize("in_process", [0, 1_000])
+def test_the_logs_of_a_few_small_blocks_are_matched_in_process_and_bounded_alike(
+    read_store_chain: Blockchain, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    in_process: int
+) -> None:
+    """A dapp polling the newest block's logs is not answered after a nice-19 process's
+    turn; the logs and the MAX_LOG_RESULTS rule are the child's."""
+    monkeypatch.setattr(eth, "IN_PROCESS_LOG_BLOCKS", in_process)
+    monkeypatch.setattr(eth, "IN_PROCESS_TRANSACTIONS", in_process)
+    asked: list[ReadRequest] = []
+    monkeypatch.setattr(ReadWorkers, "in_child", lambda self, request: (
+        asked.append(request) or ReadProcesses.read(self.children, request)))
+    api = EthApi(_Node(read_store_chain))  # type: ignore[arg-type]
+    head = read_store_chain.head().block_number
+    expected = list(ServedBlocks(read_store_chain).logs(LogCriteria.parse({}), 0, head))
+    every_block = {"fromBlock": "0x0", "toBlock": hex(head)}
+    try:
+        assert orjson.loads(orjson.dumps(asyncio.run(api.eth_getLogs(every_block)))) == expected
+        monkeypatch.setattr(eth, "MAX_LOG_RESULTS", len(expected) - 1)
+        with pytest.raises(RpcError) as caught:
+            asyncio.run(api.eth_getLogs(every_block))
+    finally:
+        api.close()
+    assert (caught.value.code, caught.value.message) == (
+        LIMIT_EXCEEDED, f"query returned more than {len(expected) - 1} results")
+    assert len(asked) == (0 if in_process else 2)
