@@ -165,9 +165,10 @@ def one_byte_frames(payload: bytes) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def websocket_to(budget: BodyBudget) -> AsyncIterator[
-        tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    """A client's connection to the node's WebSocket handler, the handshake done."""
+async def websocket_server(budget: BodyBudget) -> AsyncIterator[TestServer]:
+    """The node's WebSocket handler alone (each message answered with its length), paying
+    `budget`; the node's ends of its connections aborted at the end (one in debt reads
+    nothing)."""
     server = object.__new__(RpcServer)  # only its WebSocket handler: no node behind it
     server.limits = RpcLimits()
     server._body_budget = budget
@@ -183,6 +184,19 @@ async def websocket_to(budget: BodyBudget) -> AsyncIterator[
     app = web.Application()
     app.router.add_get("/", websocket)
     async with TestServer(app) as listening:
+        try:
+            yield listening
+        finally:
+            for connection in connections:
+                if connection is not None:
+                    connection.abort()
+
+
+@contextlib.asynccontextmanager
+async def websocket_to(budget: BodyBudget) -> AsyncIterator[
+        tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A client's connection to the node's WebSocket handler, the handshake done."""
+    async with websocket_server(budget) as listening:
         reader, writer = await asyncio.open_connection(listening.host, listening.port)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
                      b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
@@ -192,9 +206,6 @@ async def websocket_to(budget: BodyBudget) -> AsyncIterator[
             yield reader, writer
         finally:
             writer.transport.abort()
-            for connection in connections:  # the node's end: one in debt reads nothing
-                if connection is not None:
-                    connection.abort()
 
 
 async def send_in_one_byte_frames(payload: bytes) -> tuple[int, int]:

@@ -12,7 +12,6 @@ import os
 import signal
 import zlib
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -28,9 +27,8 @@ from chain.rpc.limits import RpcLimits
 from chain.rpc.read_process import FULL_BLOCK, ReadRequest, ReadWorkers
 from chain.rpc.served import READ_WORKERS, ServedBlocks
 from chain.rpc.server import PIECE_COST, RpcServer, _Frames
-from chain.rpc.subscriptions import Subscriptions
 from testkit.nodes import wait_for
-from tests.unit.test_attack_review_s11_rpc import LengthOfEachMessage, PaidBudget
+from tests.unit.test_attack_review_s11_rpc import PaidBudget, websocket_server
 from tests.unit.test_read_store import chain as read_store_chain  # noqa: F401 (a fixture)
 
 ETH_BLOCK_NUMBER = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}'
@@ -54,21 +52,7 @@ async def websocket(budget: PaidBudget, headers: bytes = b"", early: bytes = b""
         AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]]):
     """A raw client of the node's WebSocket handler (each message answered with its length),
     `early` sent with the upgrade request, before the 101; also the 101's head."""
-    server = object.__new__(RpcServer)  # only its WebSocket handler: no node behind it
-    server.limits = RpcLimits()
-    server._body_budget = budget
-    server._websockets = {}
-    server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))
-    server.dispatcher = LengthOfEachMessage()  # type: ignore[assignment]
-    connections: list[asyncio.Transport | None] = []
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        connections.append(request.transport)
-        return await server._websocket(request)
-
-    app = web.Application()
-    app.router.add_get("/", handler)
-    async with TestServer(app) as listening:
+    async with websocket_server(budget) as listening:
         reader, writer = await asyncio.open_connection(listening.host, listening.port)
         writer.write(HANDSHAKE + headers + b"\r\n" + early)
         head = (await asyncio.wait_for(reader.read(), 10) if early else
@@ -78,9 +62,6 @@ async def websocket(budget: PaidBudget, headers: bytes = b"", early: bytes = b""
             yield reader, writer, head
         finally:
             writer.transport.abort()
-            for connection in connections:
-                if connection is not None:
-                    connection.abort()
 
 
 async def answer(reader: asyncio.StreamReader) -> bytes:
