@@ -7,15 +7,26 @@ message queue over its limit: the client's requests are not taken, e.g. `_ws_rea
 room in an outbox the client does not drain, or for a slow call). The transport reads again
 with aiohttp's flow control lifted; aiohttp 3.14's WebSocketReader stashes each read in its
 unparsed tail (`self._tail + data`), so the tail grows at the budget's rate for as long as the
-reader is stalled, each read copying all of it on the loop."""
+reader is stalled, each read copying all of it on the loop. The fix is `_paid`'s alone: resume
+only if aiohttp's protocol is not paused itself (`_reading_paused`, private: its
+BaseProtocol)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
-from chain.rpc.server import PAYMENT, BodyBudget, _PaidReads
+from chain.rpc.limits import RpcLimits
+from chain.rpc.server import PAYMENT, BodyBudget, RpcServer, _PaidReads
+from chain.rpc.subscriptions import Subscriptions
+from tests.unit.test_attack_review_s11_rpc import PaidBudget
+from tests.unit.test_attack_review_s12_rpc import HANDSHAKE, frame_head
 
 
 class Transport:
@@ -51,6 +62,10 @@ class StalledReader:
             self.transport.pause_reading()
 
 
+def owed(paid_reads: _PaidReads) -> asyncio.TimerHandle | None:
+    return paid_reads._debt
+
+
 @pytest.mark.xfail(strict=True, reason="finding 1: _PaidReads resumes a transport aiohttp paused")
 def test_a_paid_debt_does_not_lift_aiohttps_pause() -> None:
     async def scenario() -> None:
@@ -62,13 +77,72 @@ def test_a_paid_debt_does_not_lift_aiohttps_pause() -> None:
         frame = b"\x82\x7f" + size.to_bytes(8, "big") + b"\x00" * size
         paid_reads.data_received(frame)  # one read: its first part passed on, the rest held
         assert paid_reads._debt is not None and not transport.is_reading()
-        paid_reads._debt.cancel()
-        paid_reads._paid()  # the debt is paid: the rest is passed on, and aiohttp pauses
-        while paid_reads._debt is not None:
-            paid_reads._debt.cancel()
+        while (debt := owed(paid_reads)) is not None:  # each debt paid: the next part on
+            debt.cancel()
             paid_reads._paid()
         assert handler.reading_paused
         # aiohttp still wants its transport paused (its queue is full): it is not read.
         assert not transport.is_reading()
 
     asyncio.run(scenario())
+
+
+class Stalled:
+    """The dispatcher of a node whose first call does not end (a slow call: `_ws_read`
+    takes no message meanwhile, as when the client leaves its outbox full)."""
+
+    async def handle_payload(self, body: str | bytes, session: object) -> str:
+        await asyncio.Event().wait()
+        return ""
+
+
+@contextlib.asynccontextmanager
+async def stalled_websocket(budget: BodyBudget) -> AsyncIterator[asyncio.StreamWriter]:
+    """A raw client of the node's WebSocket handler, with a stalled dispatcher."""
+    server = object.__new__(RpcServer)  # only its WebSocket handler: no node behind it
+    server.limits = RpcLimits()
+    server._body_budget = budget
+    server._websockets = {}
+    server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))
+    server.dispatcher = Stalled()  # type: ignore[assignment]
+    connections: list[asyncio.Transport | None] = []
+
+    async def websocket(request: web.Request) -> web.StreamResponse:
+        connections.append(request.transport)
+        return await server._websocket(request)
+
+    app = web.Application()
+    app.router.add_get("/", websocket)
+    async with TestServer(app) as listening:
+        reader, writer = await asyncio.open_connection(listening.host, listening.port)
+        writer.write(HANDSHAKE + b"\r\n")
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
+        try:
+            yield writer
+        finally:
+            writer.transport.abort()
+            for connection in connections:
+                if connection is not None:
+                    connection.abort()
+
+
+@pytest.mark.xfail(strict=True, reason="finding 1: a stalled reader is read unbounded")
+def test_a_stalled_websocket_reader_bounds_what_the_node_reads() -> None:
+    """Finding 1 end to end: a client whose first call is slow sends 1 KiB messages. aiohttp
+    alone stops reading its socket about a queue (128 KiB) and one read (256 KiB) in; here the
+    node keeps reading them into aiohttp's unparsed tail, each read copying the whole tail
+    (measured, 64 MiB sent, budget 16 MiB/s, over 6 s: 35.8 MB paid and 5.3 s of CPU, against
+    1.1 MB and 1.5 s with `_paid` leaving aiohttp's pause alone)."""
+    async def scenario() -> int:
+        budget = PaidBudget(16 * 1024 * 1024, 0)
+        async with stalled_websocket(budget) as writer:
+            message = frame_head(0x81, 1024) + b"x" * 1024
+            sending = asyncio.create_task(writer.drain())
+            writer.write(message * (16 * 1024))  # 16 MiB of messages
+            end = asyncio.get_running_loop().time() + 3
+            while budget.paid < 4 * 1024 * 1024 and asyncio.get_running_loop().time() < end:
+                await asyncio.sleep(0.05)  # (a condition polled, with a deadline)
+            sending.cancel()
+            return budget.paid
+
+    assert asyncio.run(scenario()) < 4 * 1024 * 1024
