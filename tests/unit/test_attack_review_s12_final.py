@@ -103,7 +103,7 @@ async def stalled_websocket(budget: BodyBudget) -> AsyncIterator[asyncio.StreamW
     server.limits = RpcLimits()
     server._body_budget = budget
     server._websockets = {}
-    server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))
+    server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))  # type: ignore[arg-type]
     server.dispatcher = Stalled()  # type: ignore[assignment]
     connections: list[asyncio.Transport | None] = []
 
