@@ -1,5 +1,6 @@
 """Final attack review (session 12) of the session's change: an unauthenticated WebSocket
-client against `_PaidReads` (chain/rpc/server.py).
+client against `_PaidReads` (chain/rpc/server.py), and a byzantine primary against
+`check_block_bounds` (chain/blockchain.py).
 
 Finding 1 (strict xfail): when a debt is paid, `_PaidReads._paid` passes the held bytes on to
 aiohttp and then resumes the transport it paused, though aiohttp paused reading meanwhile (its
@@ -9,22 +10,40 @@ with aiohttp's flow control lifted; aiohttp 3.14's WebSocketReader stashes each 
 unparsed tail (`self._tail + data`), so the tail grows at the budget's rate for as long as the
 reader is stalled, each read copying all of it on the loop. The fix is `_paid`'s alone: resume
 only if aiohttp's protocol is not paused itself (`_reading_paused`, private: its
-BaseProtocol)."""
+BaseProtocol).
+
+Finding 2 (strict xfail): `check_block_bounds` walks the block's own lists only; a typed
+transaction is a string there, and py-evm decodes its payload with pyrlp in `decode_block`,
+whose list decoding grows with the square of the list's length (the reason for the bound).
+A byzantine primary proposes a block whose one typed transaction's payload is a list of
+one-byte items, with the true transaction root: `check_body_matches_header` passes it, and
+every correct replica's validation spends quadratic CPU before refusing it (measured here:
+400,000 items (400 KB) 2.0 s; 2,000,000 (2 MB) ~50 s; a 16 MiB proposal holds 8 of those).
+The txpool bounds a transaction from a client (`check_rlp_bounds` on its payload); a
+block's transactions never pass there."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import rlp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from chain import ordered_trie
+from chain.blockchain import Blockchain
+from chain.errors import BlockValidationError
+from chain.genesis import Genesis
 from chain.rpc.limits import RpcLimits
 from chain.rpc.server import PAYMENT, BodyBudget, RpcServer, _PaidReads
 from chain.rpc.subscriptions import Subscriptions
+from storage import Database
 from tests.unit.test_attack_review_s11_rpc import PaidBudget
 from tests.unit.test_attack_review_s12_rpc import HANDSHAKE, frame_head
 
@@ -146,3 +165,28 @@ def test_a_stalled_websocket_reader_bounds_what_the_node_reads() -> None:
             return budget.paid
 
     assert asyncio.run(scenario()) < 4 * 1024 * 1024
+
+
+TYPED_ITEMS = 600_000  # ~4.5 s of pyrlp's decoding here; a bounded walk: ~0.1 s
+DYNAMIC_FEE = b"\x02"
+TRANSACTIONS_ROOT_FIELD = 4
+
+
+@pytest.mark.xfail(strict=True, reason="finding 2: a typed transaction's payload is unbounded")
+def test_a_typed_transaction_in_a_proposal_is_bounded_before_it_is_decoded(
+        tmp_path: Path) -> None:
+    """Finding 2: a proposal whose typed transaction is a list of TYPED_ITEMS one-byte
+    items (its root true) is refused within a bounded walk, not after pyrlp's quadratic
+    decoding of it (CPU time: the gap is ~40 x)."""
+    with Database(tmp_path / "chaindata") as db:
+        blockchain = Blockchain(db, Genesis(chain_id=1337, engine="dev", engine_params={},
+                                            alloc={}, timestamp=1_700_000_000))
+        executed, _ = blockchain.build_block([], timestamp=1_700_000_001, coinbase=bytes(20))
+        typed = DYNAMIC_FEE + rlp.encode([b"\x01"] * TYPED_ITEMS)
+        header = rlp.decode(rlp.encode(executed.block.header))
+        header[TRANSACTIONS_ROOT_FIELD] = ordered_trie.ordered_trie_root_and_nodes([typed])[0]
+        proposal = rlp.encode([header, [typed], [], []])
+        started = time.process_time()
+        with pytest.raises(BlockValidationError):
+            blockchain.validate_encoded(proposal)
+        assert time.process_time() - started < 1.0
