@@ -108,6 +108,18 @@ def check_block_bounds(data: bytes) -> None:
                      max_list_items=MAX_BLOCK_LIST_ITEMS)
 
 
+def check_typed_transaction_bounds(block: object) -> None:
+    """A typed transaction is one string in its block (its type, then its RLP), so the
+    block's walk never reached its lists, and py-evm's pyrlp decodes them (a proposal's
+    600,000-item access list: 4.7 s of the executor; the attack review s12 final, finding 2):
+    each is walked alike first. `block`: the block as pyrlp decodes it untyped (bounded)."""
+    transactions = block[1] if isinstance(block, list) and len(block) > 1 else ()
+    for transaction in transactions if isinstance(transactions, list) else ():
+        if isinstance(transaction, bytes) and transaction[:1] < b"\x80":
+            check_rlp_bounds(transaction[1:], max_depth=MAX_BLOCK_DEPTH,
+                             max_items=len(transaction), max_list_items=MAX_BLOCK_LIST_ITEMS)
+
+
 def check_body_matches_header(data: bytes) -> None:
     """FalseBodyError unless the body of the encoded block is the one its header commits to
     (transaction and withdrawal roots, uncles hash). Checked on the raw RLP before py-evm
@@ -689,6 +701,7 @@ class Blockchain:
         block_class = self.view().get_vm().get_block_class()
         try:
             check_block_bounds(data)
+            check_typed_transaction_bounds(rlp.decode(data))
             return rlp.decode(data, sedes=block_class)
         except (rlp.DecodingError, rlp.DeserializationError, ValueError, TypeError) as exc:
             raise BlockValidationError(f"undecodable block: {exc}") from None

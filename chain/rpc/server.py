@@ -238,7 +238,11 @@ class _PaidReads(asyncio.Protocol):
         self._pass_on()
         if self._debt is None and self._paused:
             self._paused = False
-            self._transport.resume_reading()
+            # aiohttp may have paused reading itself meanwhile (its queue of messages full:
+            # the handler is not taking them); that pause is its to lift (the attack review
+            # s12 final, finding 1: lifting it let a stalled client's bytes pile up unparsed).
+            if not getattr(self._handler, "_reading_paused", False):
+                self._transport.resume_reading()
 
     def abort_in_debt(self) -> None:
         if self._debt is not None:

@@ -2,26 +2,27 @@
 client against `_PaidReads` (chain/rpc/server.py), and a byzantine primary against
 `check_block_bounds` (chain/blockchain.py).
 
-Finding 1 (strict xfail): when a debt is paid, `_PaidReads._paid` passes the held bytes on to
-aiohttp and then resumes the transport it paused, though aiohttp paused reading meanwhile (its
-message queue over its limit: the client's requests are not taken, e.g. `_ws_read` waits for
-room in an outbox the client does not drain, or for a slow call). The transport reads again
-with aiohttp's flow control lifted; aiohttp 3.14's WebSocketReader stashes each read in its
-unparsed tail (`self._tail + data`), so the tail grows at the budget's rate for as long as the
-reader is stalled, each read copying all of it on the loop. The fix is `_paid`'s alone: resume
-only if aiohttp's protocol is not paused itself (`_reading_paused`, private: its
-BaseProtocol).
+Finding 1 (fixed, was a strict xfail; `_paid` leaves aiohttp's own pause alone): when a debt
+is paid, `_PaidReads._paid` passes the held bytes on to aiohttp and then resumes the
+transport it paused, though aiohttp paused reading meanwhile (its message queue over its
+limit: the client's requests are not taken, e.g. `_ws_read` waits for room in an outbox the
+client does not drain, or for a slow call). The transport reads again with aiohttp's flow
+control lifted; aiohttp 3.14's WebSocketReader stashes each read in its unparsed tail
+(`self._tail + data`), so the tail grows at the budget's rate for as long as the reader is
+stalled, each read copying all of it on the loop. The fix is `_paid`'s alone: resume only if
+aiohttp's protocol is not paused itself (`_reading_paused`, private: its BaseProtocol).
 
-Finding 2 (strict xfail): `check_block_bounds` walks the block's own lists only; a typed
-transaction is a string there, and py-evm decodes its payload with pyrlp in `decode_block`,
-whose list decoding grows with the square of the list's length (the reason for the bound).
-A byzantine primary proposes a block whose one typed transaction's payload is a list of
-one-byte items, with the true transaction root: `check_body_matches_header` passes it, and
-every correct replica's validation spends quadratic CPU before refusing it, on the node's one
-executor thread (chain/node.py `run_in_executor`: no build, validation or commit meanwhile).
-Measured here, `decode_block`'s CPU: 400,000 items (400 KB) 2.0 s, 1,200,000 (1.2 MB) 22.5 s.
-The txpool bounds a transaction from a client (`check_rlp_bounds` on its payload); a
-block's transactions never pass there."""
+Finding 2 (fixed, was a strict xfail; `check_typed_transaction_bounds`):
+`check_block_bounds` walks the block's own lists only; a typed transaction is a string
+there, and py-evm decodes its payload with pyrlp in `decode_block`, whose list decoding
+grows with the square of the list's length (the reason for the bound). A byzantine primary
+proposes a block whose one typed transaction's payload is a list of one-byte items, with the
+true transaction root: `check_body_matches_header` passes it, and every correct replica's
+validation spends quadratic CPU before refusing it, on the node's one executor thread
+(chain/node.py `run_in_executor`: no build, validation or commit meanwhile). Measured here,
+`decode_block`'s CPU: 400,000 items (400 KB) 2.0 s, 1,200,000 (1.2 MB) 22.5 s. The txpool
+bounds a transaction from a client (`check_rlp_bounds` on its payload); a block's
+transactions never pass there."""
 
 from __future__ import annotations
 
@@ -73,12 +74,12 @@ class StalledReader:
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
         self.received = 0
-        self.reading_paused = False
+        self._reading_paused = False
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
-        if self.received > PAYMENT and not self.reading_paused:
-            self.reading_paused = True
+        if self.received > PAYMENT and not self._reading_paused:
+            self._reading_paused = True
             self.transport.pause_reading()
 
 
@@ -86,7 +87,6 @@ def owed(paid_reads: _PaidReads) -> asyncio.TimerHandle | None:
     return paid_reads._debt
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: _PaidReads resumes a transport aiohttp paused")
 def test_a_paid_debt_does_not_lift_aiohttps_pause() -> None:
     async def scenario() -> None:
         transport = Transport()
@@ -100,7 +100,7 @@ def test_a_paid_debt_does_not_lift_aiohttps_pause() -> None:
         while (debt := owed(paid_reads)) is not None:  # each debt paid: the next part on
             debt.cancel()
             paid_reads._paid()
-        assert handler.reading_paused
+        assert handler._reading_paused
         # aiohttp still wants its transport paused (its queue is full): it is not read.
         assert not transport.is_reading()
 
@@ -146,7 +146,6 @@ async def stalled_websocket(budget: BodyBudget) -> AsyncIterator[asyncio.StreamW
                     connection.abort()
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a stalled reader is read unbounded")
 def test_a_stalled_websocket_reader_bounds_what_the_node_reads() -> None:
     """Finding 1 end to end: a client whose first call is slow sends 1 KiB messages. aiohttp
     alone stops reading its socket about a queue (128 KiB) and one read (256 KiB) in; here the
@@ -173,7 +172,6 @@ DYNAMIC_FEE = b"\x02"
 TRANSACTIONS_ROOT_FIELD = 4
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: a typed transaction's payload is unbounded")
 def test_a_typed_transaction_in_a_proposal_is_bounded_before_it_is_decoded(
         tmp_path: Path) -> None:
     """Finding 2: a proposal whose typed transaction is a list of TYPED_ITEMS one-byte
