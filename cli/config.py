@@ -16,6 +16,7 @@ corsdomain = []                      # browser origins allowed (none by default)
 max_connections = 256                # HTTP and WebSocket together; 503 beyond
 max_request_bytes = 5242880          # a request body; 413 beyond
 max_request_rate = 16777216          # bytes a second of request bodies, all clients together
+max_response_rate = 16777216         # bytes a second of answers written, all clients together
 read_timeout = 30                    # seconds to send a request body; 408 beyond
 idle_timeout = 120                   # seconds a connection may wait between requests
 [rpc]
@@ -74,6 +75,7 @@ FLAG_KEYS = {
     "http_max_connections": ("http", "max_connections"),
     "http_max_request_bytes": ("http", "max_request_bytes"),
     "http_max_request_rate": ("http", "max_request_rate"),
+    "http_max_response_rate": ("http", "max_response_rate"),
     "http_read_timeout": ("http", "read_timeout"),
     "http_idle_timeout": ("http", "idle_timeout"),
     "rpc_batch_request_limit": ("rpc", "batch_request_limit"),
@@ -93,6 +95,7 @@ RPC_LIMIT_SETTINGS: tuple[tuple[str, str, type[int] | type[float]], ...] = (
     ("http_max_connections", "max_connections", int),
     ("http_max_request_bytes", "max_body_bytes", int),
     ("http_max_request_rate", "max_body_rate", int),
+    ("http_max_response_rate", "max_answer_rate", int),
     ("http_read_timeout", "read_timeout", float),
     ("http_idle_timeout", "idle_timeout", float),
     ("rpc_batch_request_limit", "batch.max_items", int),

@@ -34,6 +34,13 @@ class RpcLimits:
     # posting 5 MiB bodies pushed 590 MB/s and took 60% of the event loop that votes; at
     # this rate reading costs it ~2%. One whole body at once.
     max_body_rate: int = 16 * 1024 * 1024
+    # Bytes a second of answers the node writes, all clients together (a `BodyBudget` too,
+    # its burst the largest answer): a client's answer is paid before it is written, and
+    # its connection is not read meanwhile. The work behind an answer (reading, closing and
+    # copying it) is on the node's interpreter, which the loop that votes shares: 8 clients
+    # reading batches of block bundles took ~80 MB/s and tripled the honest transfers'
+    # latency (issue 29's hostile row). The audit ETL's export reads ~4 MB/s.
+    max_answer_rate: int = 16 * 1024 * 1024
     batch: BatchLimits = field(default_factory=BatchLimits)
     read_timeout: float = 30.0  # the whole body, as geth's ReadTimeout: 408 beyond
     idle_timeout: float = 120.0  # a connection without a request (headers too), geth's IdleTimeout

@@ -273,6 +273,8 @@ class RpcServer:
         self.settings = settings = node.rpc_settings()
         self.limits = settings.limits
         self._body_budget = BodyBudget(self.limits.max_body_rate, self.limits.max_body_bytes)
+        self._answer_budget = BodyBudget(self.limits.max_answer_rate,
+                                         self.limits.batch.max_response_bytes)
         self.host_allowlist = {h.lower() for h in settings.host_allowlist}
         self.cors_origins = set(settings.cors_origins)
         self.eth = EthApi(node)
@@ -383,7 +385,8 @@ class RpcServer:
         result = await self.dispatcher.handle_payload(body)
         if result is None:
             return web.Response(status=200)
-        return web.Response(text=result, content_type="application/json")
+        await self._answer_budget.spend(len(result), request.transport)
+        return web.Response(body=result, content_type="application/json", charset="utf-8")
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
         # No permessage-deflate: the loop would inflate up to max_msg_size from a frame that
@@ -439,7 +442,8 @@ class RpcServer:
                 return  # CLOSE or ERROR (a message over the limit: closed with 1009)
             result = await self.dispatcher.handle_payload(message.data, session)
             if result is not None:
-                session.outbox.put_answer(result)
+                await self._answer_budget.spend(len(result))
+                session.outbox.put_answer(result.decode())
 
     @staticmethod
     async def _ws_writer(

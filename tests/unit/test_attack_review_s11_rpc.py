@@ -149,8 +149,8 @@ def test_a_body_in_debt_is_not_read_the_kernel_holds_the_rest() -> None:
 class LengthOfEachMessage:
     """The dispatcher of a node that answers each message with its length."""
 
-    async def handle_payload(self, body: str | bytes, session: object) -> str:
-        return str(len(body))
+    async def handle_payload(self, body: str | bytes, session: object) -> bytes:
+        return b"%d" % len(body)
 
 
 def masked_frame(opcode: int, fin: bool, payload: bytes) -> bytes:
@@ -172,6 +172,8 @@ async def websocket_server(budget: BodyBudget) -> AsyncIterator[TestServer]:
     server = object.__new__(RpcServer)  # only its WebSocket handler: no node behind it
     server.limits = RpcLimits()
     server._body_budget = budget
+    server._answer_budget = BodyBudget(server.limits.max_answer_rate,
+                                       server.limits.batch.max_response_bytes)
     server._websockets = {}
     server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))
     server.dispatcher = LengthOfEachMessage()  # type: ignore[assignment]

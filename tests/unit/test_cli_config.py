@@ -28,6 +28,7 @@ def test_rpc_limits_come_from_the_file_and_flags_win(tmp_path: Path) -> None:
 [http]
 max_connections = 16
 max_request_bytes = 1024
+max_response_rate = 4096
 read_timeout = 1.5
 idle_timeout = 3
 [rpc]
@@ -38,7 +39,7 @@ gascap = 100000
     config = node_config(settings)
     assert config.rpc_limits == RpcLimits(
         max_body_bytes=1024, batch=BatchLimits(max_items=20, max_response_bytes=2000),
-        read_timeout=1.5, idle_timeout=3.0, max_connections=16)
+        read_timeout=1.5, idle_timeout=3.0, max_connections=16, max_answer_rate=4096)
     assert config.rpc_gas_cap == 100_000
 
 
