@@ -264,6 +264,7 @@ class EthApi:
             gas_price=parse_quantity(call.get("gasPrice") or "0x0", "gasPrice"),
             value=parse_quantity(call.get("value") or "0x0", "value"),
             timeout=self.evm_limits.timeout,
+            cpu_share=self.evm_limits.cpu_share,
         )
 
     async def eth_call(self, call: Any, block: Any = "latest", overrides: Any = None) -> str:

@@ -147,7 +147,7 @@ class Executor:
 
     def answer(self, request: ExecutionRequest) -> list[bytes]:
         try:
-            with evm_deadline(request.timeout):
+            with evm_deadline(request.timeout, request.cpu_share):
                 output = self._execute(request)
         except ExecutionTimeout:
             return error_message(timeout_error(request.timeout))

@@ -65,6 +65,7 @@ class ExecutionRequest:
     gas_price: int
     value: int
     timeout: float
+    cpu_share: float  # of a core, at most (EvmLimits.cpu_share)
 
 
 def timeout_error(timeout: float) -> ServerError:

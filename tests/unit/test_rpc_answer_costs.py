@@ -15,6 +15,7 @@ import rlp
 from aiohttp.test_utils import TestServer
 
 from chain.blockchain import Blockchain
+from chain.rpc import served
 from chain.rpc.bundles import METHOD, BlockBundles
 from chain.rpc.limits import RpcLimits
 from chain.rpc.read_process import ReadWorkers
@@ -160,3 +161,48 @@ def test_answers_beyond_the_burst_wait_for_the_rate() -> None:
     """The second 200 kB answer, beyond a 250 kB burst, waits ~150 kB / 1 MB/s."""
     _, _, seconds = asyncio.run(_post_twice(200_000, rate=1_000_000, burst=250_000))
     assert seconds >= 0.14
+
+
+class _Clock:
+    """time for CpuShare: a process that computes every moment it is not asleep."""
+
+    def __init__(self) -> None:
+        self.now = self.cpu = self.slept = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def process_time(self) -> float:
+        return self.cpu
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += seconds
+
+    def compute(self, seconds: float) -> None:
+        self.now += seconds
+        self.cpu += seconds
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5])
+def test_a_cpu_share_rests_what_its_share_leaves(monkeypatch: pytest.MonkeyPatch,
+                                                 share: float) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(served, "time", clock)
+    pace = served.CpuShare(share)
+    while clock.now < 10:
+        clock.compute(0.001)
+        pace.check(clock.monotonic())
+    assert clock.cpu / clock.now == pytest.approx(share, rel=0.05)
+
+
+def test_a_cpu_share_rests_for_what_was_computed_not_for_waiting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slice spent mostly waiting for a core (a loaded machine) rests for its CPU only."""
+    clock = _Clock()
+    monkeypatch.setattr(served, "time", clock)
+    pace = served.CpuShare(0.25)
+    clock.compute(0.002)
+    clock.now += 0.1  # waited for a core
+    pace.check(clock.monotonic())
+    assert clock.slept == pytest.approx(0.006)
