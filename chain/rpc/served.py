@@ -273,12 +273,12 @@ class ExecutionTimeout(Exception):
 
 class CpuShare:
     """Work that takes at most `share` of a core: after each slice (CHILD_SLICE_SECONDS of
-    the clock) it rests (1/share - 1) times the CPU it computed in it. Why: on this 2-core machine a process computing at any priority (nice 19,
-    even SCHED_IDLE) slowed the validators' consensus 1.6-1.9 times (their threads share
-    the cores' caches and the hypervisor's time), so the children that work for clients
-    (eth_call's, the heavy reads') must bound their CPU, not only yield it. Checked at
-    points the work passes often (an EVM's jumps and calls, a read's blocks); the wall
-    clock first, so most checks cost no system call."""
+    the clock) it rests (1/share - 1) times the CPU it computed in it. Why: on this 2-core
+    machine a process computing at any priority (nice 19, even SCHED_IDLE) slowed the
+    validators' consensus 1.6-1.9 times (their threads share the cores' caches and the
+    hypervisor's time), so a child that works for clients (eth_call's) must bound its
+    CPU, not only yield it. Checked at points the work passes often (an EVM's jumps and
+    calls); the wall clock first, so most checks cost no system call."""
 
     def __init__(self, share: float) -> None:
         self._rest_per_second = 1 / share - 1

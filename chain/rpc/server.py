@@ -10,6 +10,7 @@ with backpressure and a write deadline (`WebSocketLimits`, chain/rpc/subscriptio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import sys
@@ -22,7 +23,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from chain.p2p.throttle import ThrottledLog
 from chain.rpc.backend import RpcBackend
 from chain.rpc.bundles import BlockBundles
-from chain.rpc.dispatcher import Dispatcher
+from chain.rpc.dispatcher import Dispatcher, Payment
 from chain.rpc.eth import EthApi
 from chain.rpc.subscriptions import (
     BEHIND,
@@ -53,6 +54,7 @@ CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 PIECE_COST = 1024
 # A reader pays at least this often: one read of the socket may bring thousands of pieces.
 PAYMENT = 64 * 1024
+WRITE_PART = 256 * 1024  # a long answer is written in parts of about this (`_HttpAnswer`)
 
 
 class _HttpErrorLog(logging.LoggerAdapter):
@@ -141,6 +143,60 @@ class BodyBudget:
             self.waited()
             if paused:
                 transport.resume_reading()
+
+
+class _ClientGone(Exception):
+    """The client took no part of its answer within the read timeout: cut."""
+
+
+class _HttpAnswer:
+    """An HTTP answer as the dispatcher makes it (an AnswerSink): each piece paid for, then
+    held; a short answer is written whole with its length, a long one streamed (chunked) a
+    part of about WRITE_PART at a time as the pieces come, so it is neither held whole nor
+    copied into the socket's buffer whole. A client that takes no part within the read
+    timeout is cut, and its batch stops."""
+
+    def __init__(self, request: web.Request, pay: Payment, timeout: float) -> None:
+        self._request, self._pay, self._timeout = request, pay, timeout
+        self._held: list[bytes] = []
+        self._size = 0
+        self._stream: web.StreamResponse | None = None
+
+    async def put(self, piece: bytes) -> None:
+        await self._pay(len(piece))
+        self._held.append(piece)
+        self._size += len(piece)
+        if self._size >= WRITE_PART:
+            await self._write()
+
+    async def _write(self) -> None:
+        if self._stream is None:
+            self._stream = web.StreamResponse(
+                headers={"Content-Type": "application/json; charset=utf-8"})
+            if origin := self._request.headers.get("Origin"):  # allowed: `_guarded` checked
+                self._stream.headers["Access-Control-Allow-Origin"] = origin
+            await self._stream.prepare(self._request)
+        part = b"".join(self._held)
+        self._held, self._size = [], 0
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._stream.write(part)
+        except TimeoutError:
+            if self._request.transport is not None:
+                self._request.transport.abort()
+            raise _ClientGone from None
+
+    async def finish(self) -> web.StreamResponse:
+        if self._stream is None:
+            if not self._held:
+                return web.Response(status=200)
+            return web.Response(body=b"".join(self._held), content_type="application/json",
+                                charset="utf-8")
+        with contextlib.suppress(_ClientGone):
+            if self._held:
+                await self._write()
+            await self._stream.write_eof()
+        return self._stream
 
 
 def _head_bytes(request: web.Request) -> int:
@@ -382,11 +438,20 @@ class RpcServer:
         body = await self._read_body(request)
         if isinstance(body, web.Response):
             return body
-        result = await self.dispatcher.handle_payload(body)
-        if result is None:
-            return web.Response(status=200)
-        await self._answer_budget.spend(len(result), request.transport)
-        return web.Response(body=result, content_type="application/json", charset="utf-8")
+        answer = _HttpAnswer(request, self._payment(request), self.limits.read_timeout)
+        with contextlib.suppress(_ClientGone):
+            await self.dispatcher.answer_into(body, answer)
+        return await answer.finish()
+
+    def _payment(self, request: web.Request | None) -> Payment:
+        """Paying for answer bytes from the node's answers' budget; meanwhile the request's
+        connection (if any) is not read."""
+        transport = request.transport if request is not None else None
+
+        async def pay(size: int) -> None:
+            await self._answer_budget.spend(size, transport)
+
+        return pay
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
         # No permessage-deflate: the loop would inflate up to max_msg_size from a frame that
@@ -440,9 +505,9 @@ class RpcServer:
             message = await socket.receive()
             if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 return  # CLOSE or ERROR (a message over the limit: closed with 1009)
-            result = await self.dispatcher.handle_payload(message.data, session)
+            result = await self.dispatcher.handle_payload(message.data, session,
+                                                          self._payment(None))
             if result is not None:
-                await self._answer_budget.spend(len(result))
                 session.outbox.put_answer(result.decode())
 
     @staticmethod

@@ -149,7 +149,8 @@ def test_a_body_in_debt_is_not_read_the_kernel_holds_the_rest() -> None:
 class LengthOfEachMessage:
     """The dispatcher of a node that answers each message with its length."""
 
-    async def handle_payload(self, body: str | bytes, session: object) -> bytes:
+    async def handle_payload(self, body: str | bytes, session: object,
+                             pay: object = None) -> bytes:
         return b"%d" % len(body)
 
 

@@ -111,7 +111,8 @@ class Stalled:
     """The dispatcher of a node whose first call does not end (a slow call: `_ws_read`
     takes no message meanwhile, as when the client leaves its outbox full)."""
 
-    async def handle_payload(self, body: str | bytes, session: object) -> bytes:
+    async def handle_payload(self, body: str | bytes, session: object,
+                             pay: object = None) -> bytes:
         await asyncio.Event().wait()
         return b""
 

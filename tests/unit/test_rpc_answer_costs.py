@@ -17,9 +17,10 @@ from aiohttp.test_utils import TestServer
 from chain.blockchain import Blockchain
 from chain.rpc import served
 from chain.rpc.bundles import METHOD, BlockBundles
+from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.limits import RpcLimits
 from chain.rpc.read_process import ReadWorkers
-from chain.rpc.server import BodyBudget, RpcServer
+from chain.rpc.server import WRITE_PART, BodyBudget, RpcServer
 from pbft_engine import rpc_records
 from pbft_engine.core.epochs import EpochSchedule
 from pbft_engine.core.records import Put, StoreName, u16, u64
@@ -110,56 +111,124 @@ def test_a_bundles_block_is_kept_closed_once_final_and_never_before(
     assert ask() == answer
 
 
-class _Answers:
-    """The dispatcher of a node that answers each request with `size` bytes of JSON."""
+def _dispatcher(size: int) -> Dispatcher:
+    """A node's dispatcher whose `big` answers `size` bytes of JSON and `one` answers 1."""
 
-    def __init__(self, size: int) -> None:
-        self.answer = b'"' + b"a" * (size - 2) + b'"'
+    async def big() -> str:
+        return "a" * (size - 2)
 
-    async def handle_payload(self, body: bytes, session: object = None) -> bytes:
-        return self.answer
+    async def one() -> int:
+        return 1
+
+    return Dispatcher({"big": big, "one": one})
+
+
+def _call(method: str, call_id: int = 1) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": call_id, "method": method, "params": []}
+
+
+def test_a_client_that_takes_none_of_its_answer_is_cut_and_its_batch_stops() -> None:
+    """A batch of 100 calls answering 1 MB each, its client reading nothing: within the
+    read timeout of a part it cannot write the node cuts the client, and the batch's later
+    calls are not run."""
+    calls = 0
+
+    async def big() -> str:
+        nonlocal calls
+        calls += 1
+        return "a" * 1_000_000
+
+    async def stalled() -> BaseException | None:
+        rpc = object.__new__(RpcServer)  # only its HTTP handler: no node behind it
+        rpc.limits = RpcLimits(read_timeout=0.5)
+        rpc.host_allowlist, rpc.cors_origins, rpc._websockets = {"*"}, set(), {}
+        rpc._body_budget = BodyBudget(10**9, 10**9)
+        rpc._answer_budget = BodyBudget(10**9, 10**9)
+        rpc.dispatcher = dispatcher = Dispatcher({"big": big})
+        answered = asyncio.get_running_loop().create_future()
+        answer_into = dispatcher.answer_into
+
+        async def watched(*args: Any) -> None:
+            try:
+                await answer_into(*args)
+            except BaseException as exc:
+                answered.set_result(exc)
+                raise
+            answered.set_result(None)
+
+        dispatcher.answer_into = watched  # type: ignore[method-assign]
+        async with TestServer(rpc._app()) as listening:
+            _, writer = await asyncio.open_connection(listening.host, listening.port)
+            body = orjson.dumps([_call("big", i) for i in range(100)])
+            writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+            try:
+                async with asyncio.timeout(30):
+                    return await answered
+            finally:
+                writer.transport.abort()
+
+    assert type(asyncio.run(stalled())).__name__ == "_ClientGone"
+    assert calls < 100
 
 
 class _Paid(BodyBudget):
     def __init__(self, rate: int, burst: int) -> None:
         super().__init__(rate, burst)
-        self.paid = 0
+        self.paid = self.payments = 0
 
     def charge(self, size: int) -> float:
         self.paid += size
+        self.payments += 1
         return super().charge(size)
 
 
-async def _post_twice(size: int, rate: int, burst: int) -> tuple[list[bytes], int, float]:
-    """Two requests to the node's HTTP handler alone, its answers `size` bytes and paid from
-    a budget of `rate` bytes a second: the answers, what was paid, the seconds taken."""
+async def _post_twice(request: Any, size: int, rate: int, burst: int,
+                      ) -> tuple[list[Any], _Paid, float]:
+    """`request` twice to the node's HTTP handler alone (its `big` answering `size` bytes),
+    paid from a budget of `rate` bytes a second: the answers, the budget, the seconds."""
     rpc = object.__new__(RpcServer)  # only its HTTP handler: no node behind it
     rpc.limits = RpcLimits()
     rpc.host_allowlist, rpc.cors_origins, rpc._websockets = {"*"}, set(), {}
     rpc._body_budget = BodyBudget(rpc.limits.max_body_rate, rpc.limits.max_body_bytes)
     rpc._answer_budget = budget = _Paid(rate, burst)
-    rpc.dispatcher = _Answers(size)  # type: ignore[assignment]
+    rpc.dispatcher = _dispatcher(size)
     async with TestServer(rpc._app()) as listening, aiohttp.ClientSession() as client:
         started = asyncio.get_running_loop().time()
         answers = []
         for _ in range(2):
-            async with client.post(listening.make_url("/"), data=b"{}",
+            async with client.post(listening.make_url("/"), data=orjson.dumps(request),
                                    headers={"Content-Type": "application/json"}) as reply:
                 assert reply.headers["Content-Type"] == "application/json; charset=utf-8"
-                answers.append(await reply.read())
-        return answers, budget.paid, asyncio.get_running_loop().time() - started
+                body = await reply.read()
+                streamed = reply.headers.get("Transfer-Encoding") == "chunked"
+                assert streamed == (len(body) >= WRITE_PART), reply.headers
+                answers.append(orjson.loads(body))
+        return answers, budget, asyncio.get_running_loop().time() - started
 
 
-def test_an_answer_is_the_dispatchers_bytes_paid_for_before_it_is_written() -> None:
+def test_an_answer_is_paid_for_from_the_answers_budget() -> None:
     size = 200_000
-    answers, paid, _ = asyncio.run(_post_twice(size, rate=10**9, burst=10**9))
-    assert answers == [_Answers(size).answer] * 2
-    assert paid == 2 * size
+    answers, budget, _ = asyncio.run(_post_twice(_call("big"), size, 10**9, 10**9))
+    assert [a["result"] for a in answers] == ["a" * (size - 2)] * 2
+    assert budget.payments == 2 and budget.paid > 2 * size
+
+
+def test_a_batch_is_paid_call_by_call_as_it_is_made_and_written_in_parts() -> None:
+    """Three 300 kB answers and 997 short ones: each call's answer paid before the next
+    call runs (the batch's work and its writing go at the budget's rate), the answer
+    streamed as it is made (chunked), never held whole."""
+    size = 300_000
+    batch = [_call("big", i) for i in range(3)] + [_call("one", i) for i in range(3, 1_000)]
+    answers, budget, _ = asyncio.run(_post_twice(batch, size, 10**9, 10**9))
+    assert [[a["result"] for a in answer] for answer in answers] == [
+        ["a" * (size - 2)] * 3 + [1] * 997] * 2
+    assert budget.payments == 2 * 1_001  # each call's answer, and the closing bracket
 
 
 def test_answers_beyond_the_burst_wait_for_the_rate() -> None:
     """The second 200 kB answer, beyond a 250 kB burst, waits ~150 kB / 1 MB/s."""
-    _, _, seconds = asyncio.run(_post_twice(200_000, rate=1_000_000, burst=250_000))
+    _, _, seconds = asyncio.run(_post_twice(_call("big"), 200_000, 1_000_000, 250_000))
     assert seconds >= 0.14
 
 
