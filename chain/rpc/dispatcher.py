@@ -88,6 +88,9 @@ async def _free(size: int) -> None:
     """No budget (tests, and what has none)."""
 
 
+TOO_LARGE = RpcError(RESPONSE_TOO_LARGE, "response too large")
+
+
 class _NotJson(ValueError):
     pass
 
@@ -320,17 +323,15 @@ class Dispatcher:
 
     async def _batch(self, payload: list[Any], session: Any, sink: AnswerSink) -> None:
         """Each response is encoded once and counted; once the results pass the size limit,
-        that call and every later one get "response too large" without being run (geth)."""
+        that call and every later one get "response too large" without being run (geth),
+        all of those put together (a piece each cost a payment and a turn of the loop)."""
         size = 0
         opening = b"["
-        too_large = RpcError(RESPONSE_TOO_LARGE, "response too large")
-        for item in payload:
+        for at, item in enumerate(payload):
             if size > self.limits.max_response_bytes:
-                if not _is_notification(item):
-                    await sink.put(opening + _encode(_response(_answer_id(item),
-                                                               error=too_large)))
-                    opening = b","
-                continue
+                if refused := _refused(payload[at:], opening):
+                    await sink.put(refused)
+                break
             response = await self.call(item, session)
             await asyncio.sleep(0)  # a long batch never holds the loop from consensus
             if response is None:
@@ -338,11 +339,22 @@ class Dispatcher:
             text = _encode(response)
             size += len(text)
             if size > self.limits.max_response_bytes:
-                text = _encode(_response(response["id"], error=too_large))
+                text = _encode(_response(response["id"], error=TOO_LARGE))
             await sink.put(opening + text)  # (a copy of one call's answer, never the whole)
             opening = b","
-        if opening == b",":
-            await sink.put(b"]")
+        else:
+            if opening == b",":
+                await sink.put(b"]")
+
+
+def _refused(items: list[Any], opening: bytes) -> bytes:
+    """The rest of a batch past its size limit, answered "response too large" (none to a
+    notification), and the batch's closing bracket if it was opened."""
+    answers = [_encode(_response(_answer_id(item), error=TOO_LARGE))
+               for item in items if not _is_notification(item)]
+    if not answers:
+        return b"]" if opening == b"," else b""
+    return opening + b",".join(answers) + b"]"
 
 
 class _Collected:

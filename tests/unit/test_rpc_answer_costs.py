@@ -275,3 +275,28 @@ def test_a_cpu_share_rests_for_what_was_computed_not_for_waiting(
     clock.now += 0.1  # waited for a core
     pace.check(clock.monotonic())
     assert clock.slept == pytest.approx(0.006)
+
+
+@pytest.mark.parametrize("tail", ["calls", "notifications"])
+def test_a_batch_past_its_size_limit_answers_the_rest_in_one_piece(tail: str) -> None:
+    """Past the 25 MB limit the rest of a batch is refused unrun, its answers put (and paid)
+    as one piece: each had cost a payment and a turn of the loop. Notifications get none."""
+    dispatcher = _dispatcher(10_000_000)
+    rest = ([_call("one", i) for i in range(3, 1_000)] if tail == "calls" else
+            [{"jsonrpc": "2.0", "method": "one", "params": []}] * 997)
+    puts: list[int] = []
+
+    async def pay(size: int) -> None:
+        puts.append(size)
+
+    batch = [_call("big", i) for i in range(3)] + rest
+    answer = orjson.loads(asyncio.run(dispatcher.handle_payload(orjson.dumps(batch),
+                                                                pay=pay)) or b"null")
+    errors = [a["error"]["message"] for a in answer if "error" in a]
+    assert [a.get("result", "") != "" for a in answer[:2]] == [True, True]
+    if tail == "calls":
+        assert len(answer) == 1_000 and errors == ["response too large"] * 998
+        assert len(puts) == 4  # three calls' answers, then the rest with the bracket
+    else:
+        assert len(answer) == 3 and errors == ["response too large"]
+        assert len(puts) == 4  # three calls' answers, then the closing bracket
