@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -10,7 +12,7 @@ from eth.abc import BlockHeaderAPI
 from eth_hash.auto import keccak
 
 from chain.errors import TxPoolError
-from chain.rpc.backend import RpcBackend
+from chain.rpc.backend import CommittedBlock, RpcBackend
 from chain.rpc.errors import InvalidParams, RpcError, ServerError
 from chain.rpc.evm_process import EvmProcesses, ExecutionRequest
 from chain.rpc.filters import FilterManager, LogCriteria
@@ -24,6 +26,7 @@ from chain.rpc.hexcodec import (
     parse_storage_slot,
     quantity,
 )
+from chain.rpc.limits import EvmLimits
 from chain.rpc.read_process import (
     BLOCK_HASHES,
     FULL_BLOCK,
@@ -36,6 +39,9 @@ from chain.rpc.read_process import (
 from chain.rpc.served import ServedBlocks, WorkerPool
 
 CLIENT_VERSION = "pbft-chain/v0.1.0/python3.11"
+# A chain that committed a block within this long is making blocks: an execution then
+# computes at most its share of a core (EvmLimits.cpu_share); on an idle chain, all of one.
+BUSY_SECONDS = 2.0
 HASH_PARAM_LENGTH = 2 + 64  # "0x" and 32 bytes of hex
 # A block of at most this many transactions is formatted in this process when read whole
 # (~12 us a transaction, once: it is kept), a larger one in a read process.
@@ -66,6 +72,14 @@ def _check_percentiles(percentiles: Any) -> None:
         raise InvalidParams("invalid reward percentiles: want increasing numbers in [0, 100]")
 
 
+def execution_share(limits: EvmLimits, since_last_block: float) -> float:
+    """What of a core an execution may compute: its share while the chain makes blocks
+    (their consensus must not wait behind it: chain/rpc/served.py's CpuShare), all of one
+    when the last block is BUSY_SECONDS old (nothing to slow, and a call keeps its whole
+    deadline). Judged when the call starts."""
+    return limits.cpu_share if since_last_block < BUSY_SECONDS else 1.0
+
+
 class EthApi:
     """Methods by name; each takes the JSON params positionally and returns a JSON value."""
 
@@ -85,7 +99,12 @@ class EthApi:
             governed=False)
         self.evm = EvmProcesses(self.evm_limits.workers, node.chain_id,
                                 self.blockchain.contracts, self.blockchain.chain_keyspace)
-        node.add_head_listener(lambda c: self.filters.on_block(c.header, c.records))
+        self._last_block = -math.inf  # when the last block committed here (monotonic)
+        node.add_head_listener(self._on_block)
+
+    def _on_block(self, committed: CommittedBlock) -> None:
+        self.filters.on_block(committed.header, committed.records)
+        self._last_block = time.monotonic()
 
     def close(self) -> None:
         """On stop: every thread of client work ends (an EVM call within its deadline),
@@ -264,7 +283,7 @@ class EthApi:
             gas_price=parse_quantity(call.get("gasPrice") or "0x0", "gasPrice"),
             value=parse_quantity(call.get("value") or "0x0", "value"),
             timeout=self.evm_limits.timeout,
-            cpu_share=self.evm_limits.cpu_share,
+            cpu_share=execution_share(self.evm_limits, time.monotonic() - self._last_block),
         )
 
     async def eth_call(self, call: Any, block: Any = "latest", overrides: Any = None) -> str:
