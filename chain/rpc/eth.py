@@ -26,11 +26,11 @@ from chain.rpc.hexcodec import (
     parse_storage_slot,
     quantity,
 )
-from chain.rpc.limits import EvmLimits
 from chain.rpc.read_process import (
     BLOCK_HASHES,
     FULL_BLOCK,
     LOGS,
+    READ_CPU_SHARE,
     RECEIPTS,
     ReadRequest,
     ReadWorkers,
@@ -39,8 +39,10 @@ from chain.rpc.read_process import (
 from chain.rpc.served import ServedBlocks, WorkerPool
 
 CLIENT_VERSION = "pbft-chain/v0.1.0/python3.11"
-# A chain that committed a block within this long is making blocks: an execution then
-# computes at most its share of a core (EvmLimits.cpu_share); on an idle chain, all of one.
+# A chain that committed a block within this long is making blocks: an execution (a heavy
+# read) then computes at most its share of a core (EvmLimits.cpu_share, READ_CPU_SHARE: its
+# consensus must not wait behind it: chain/rpc/served.py's CpuShare); on an idle chain it
+# has all of one, and an execution its whole deadline. Judged when it is sent.
 BUSY_SECONDS = 2.0
 HASH_PARAM_LENGTH = 2 + 64  # "0x" and 32 bytes of hex
 # A block of at most this many transactions is formatted in this process when read whole
@@ -72,12 +74,10 @@ def _check_percentiles(percentiles: Any) -> None:
         raise InvalidParams("invalid reward percentiles: want increasing numbers in [0, 100]")
 
 
-def execution_share(limits: EvmLimits, since_last_block: float) -> float:
-    """What of a core an execution may compute: its share while the chain makes blocks
-    (their consensus must not wait behind it: chain/rpc/served.py's CpuShare), all of one
-    when the last block is BUSY_SECONDS old (nothing to slow, and a call keeps its whole
-    deadline). Judged when the call starts."""
-    return limits.cpu_share if since_last_block < BUSY_SECONDS else 1.0
+def paced_share(share: float, since_last_block: float) -> float:
+    """What of a core a child's work may compute: `share` while the chain makes blocks (the
+    last BUSY_SECONDS old or newer), all of one when it does not."""
+    return share if since_last_block < BUSY_SECONDS else 1.0
 
 
 class EthApi:
@@ -89,7 +89,8 @@ class EthApi:
         self.filters = FilterManager()
         self.served = ServedBlocks(node.blockchain)
         # Heavy reads are answered by a process per worker (chain/rpc/read_process.py).
-        self.reads = ReadWorkers(node.blockchain)
+        self._last_block = -math.inf  # when the last block committed here (monotonic)
+        self.reads = ReadWorkers(node.blockchain, share=self._read_share)
         self.gas_cap = node.rpc_settings().gas_cap
         self.evm_limits = node.rpc_settings().limits.evm
         # A thread per EVM process, each only waiting on its process and answering its
@@ -99,8 +100,10 @@ class EthApi:
             governed=False)
         self.evm = EvmProcesses(self.evm_limits.workers, node.chain_id,
                                 self.blockchain.contracts, self.blockchain.chain_keyspace)
-        self._last_block = -math.inf  # when the last block committed here (monotonic)
         node.add_head_listener(self._on_block)
+
+    def _read_share(self) -> float:
+        return paced_share(READ_CPU_SHARE, time.monotonic() - self._last_block)
 
     def _on_block(self, committed: CommittedBlock) -> None:
         self.filters.on_block(committed.header, committed.records)
@@ -283,7 +286,8 @@ class EthApi:
             gas_price=parse_quantity(call.get("gasPrice") or "0x0", "gasPrice"),
             value=parse_quantity(call.get("value") or "0x0", "value"),
             timeout=self.evm_limits.timeout,
-            cpu_share=execution_share(self.evm_limits, time.monotonic() - self._last_block),
+            cpu_share=paced_share(self.evm_limits.cpu_share,
+                                  time.monotonic() - self._last_block),
         )
 
     async def eth_call(self, call: Any, block: Any = "latest", overrides: Any = None) -> str:

@@ -52,7 +52,7 @@ from chain.rpc.read_process import (
     timeout_error,
     too_many_logs,
 )
-from chain.rpc.served import ServedBlock
+from chain.rpc.served import CpuShare, ServedBlock
 
 # Room in a frame for the answer's RLP around its JSON.
 MAX_ANSWER_BYTES = MAX_FRAME_BYTES - 1024
@@ -91,6 +91,7 @@ class ParentBlocks:
         self._channel = channel
         self._cache = cache
         self.deadline = float("inf")
+        self.pace: CpuShare | None = None  # the request's share of a core, if under one
 
     def block(self, number: int) -> tuple[BlockHeaderAPI, tuple[TxRecord, ...]]:
         return _split(self.stored([number])[number])
@@ -120,14 +121,21 @@ class ParentBlocks:
 
     def made(self, kind: str, number: int, make: Callable[[], bytes]) -> bytes:
         """`make()`'s JSON of block `number`, kept (checked against the deadline first)."""
-        if time.monotonic() > self.deadline:
-            raise _Late
+        self.check()
         key = kind.encode() + b"/" + number_key(number)
         value = self._cache.get(key)
         if value is None:
             value = make()
             self._cache.put(key, value)
         return value
+
+    def check(self) -> None:
+        """Between blocks: the request's deadline, and its share of a core."""
+        now = time.monotonic()
+        if now > self.deadline:
+            raise _Late
+        if self.pace is not None:
+            self.pace.check(now)
 
     def is_made(self, kind: str, number: int) -> bool:
         return self._cache.get(kind.encode() + b"/" + number_key(number)) is not None
@@ -151,6 +159,7 @@ class Reader:
 
     def answer(self, request: ReadRequest) -> list[bytes]:
         self._blocks.deadline = time.monotonic() + request.timeout
+        self._blocks.pace = CpuShare(request.cpu_share) if request.cpu_share < 1 else None
         try:
             answer = self._kinds[request.kind](request)
         except _Late:
@@ -211,8 +220,7 @@ class Reader:
         logs: list[bytes] = []
         numbers = [n for n in request.numbers if n <= request.head]
         for chunk in _chunks(numbers):
-            if time.monotonic() > self._blocks.deadline:
-                raise _Late
+            self._blocks.check()
             stored = self._blocks.stored(chunk)
             for number in chunk:
                 for log in matching_logs(request.criteria, *_split(stored[number])):

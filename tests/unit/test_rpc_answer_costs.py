@@ -19,7 +19,7 @@ from chain.blockchain import Blockchain
 from chain.rpc import served
 from chain.rpc.bundles import METHOD, BlockBundles
 from chain.rpc.dispatcher import Dispatcher
-from chain.rpc.eth import BUSY_SECONDS, execution_share
+from chain.rpc.eth import BUSY_SECONDS, paced_share
 from chain.rpc.limits import EvmLimits, RpcLimits
 from chain.rpc.read_process import ReadWorkers
 from chain.rpc.server import WRITE_PART, BodyBudget, RpcServer
@@ -307,7 +307,7 @@ def test_a_batch_past_its_size_limit_answers_the_rest_in_one_piece(tail: str) ->
 def test_an_execution_is_paced_only_while_the_chain_makes_blocks() -> None:
     """A quarter of a core while blocks commit (their consensus first); on an idle chain a
     call computes with a whole core, its whole deadline (math.inf: no block yet)."""
-    limits = EvmLimits()
-    assert execution_share(limits, 0.5) == limits.cpu_share == 0.25
-    assert execution_share(limits, BUSY_SECONDS) == 1.0
-    assert execution_share(limits, math.inf) == 1.0
+    share = EvmLimits().cpu_share
+    assert paced_share(share, 0.5) == share == 0.25
+    assert paced_share(share, BUSY_SECONDS) == 1.0
+    assert paced_share(share, math.inf) == 1.0
