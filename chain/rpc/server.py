@@ -161,6 +161,7 @@ class _HttpAnswer:
         self._held: list[bytes] = []
         self._size = 0
         self._stream: web.StreamResponse | None = None
+        self._gone = False  # cut: nothing more is written
 
     async def put(self, piece: bytes) -> None:
         await self._pay(len(piece))
@@ -176,12 +177,14 @@ class _HttpAnswer:
             if origin := self._request.headers.get("Origin"):  # allowed: `_guarded` checked
                 self._stream.headers["Access-Control-Allow-Origin"] = origin
             await self._stream.prepare(self._request)
-        part = b"".join(self._held)
+        part = memoryview(b"".join(self._held))  # (one piece: itself, not a copy)
         self._held, self._size = [], 0
         try:
-            async with asyncio.timeout(self._timeout):
-                await self._stream.write(part)
+            for at in range(0, len(part), WRITE_PART):  # a 25 MB answer of one call too
+                async with asyncio.timeout(self._timeout):
+                    await self._stream.write(part[at:at + WRITE_PART])
         except TimeoutError:
+            self._gone = True
             if self._request.transport is not None:
                 self._request.transport.abort()
             raise _ClientGone from None
@@ -192,10 +195,11 @@ class _HttpAnswer:
                 return web.Response(status=200)
             return web.Response(body=b"".join(self._held), content_type="application/json",
                                 charset="utf-8")
-        with contextlib.suppress(_ClientGone):
-            if self._held:
-                await self._write()
-            await self._stream.write_eof()
+        if not self._gone:
+            with contextlib.suppress(_ClientGone):
+                if self._held:
+                    await self._write()
+                await self._stream.write_eof()
         return self._stream
 
 

@@ -209,8 +209,8 @@ async def _post_twice(request: Any, size: int, rate: int, burst: int,
         return answers, budget, asyncio.get_running_loop().time() - started
 
 
-def test_an_answer_is_paid_for_from_the_answers_budget() -> None:
-    size = 200_000
+@pytest.mark.parametrize("size", [200_000, 1_000_000])  # written whole / streamed in parts
+def test_an_answer_is_paid_for_from_the_answers_budget(size: int) -> None:
     answers, budget, _ = asyncio.run(_post_twice(_call("big"), size, 10**9, 10**9))
     assert [a["result"] for a in answers] == ["a" * (size - 2)] * 2
     assert budget.payments == 2 and budget.paid > 2 * size
