@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import math
+import mmap
 import os
 import pickle
 import queue
@@ -36,6 +37,9 @@ from chain.rpc.errors import RpcError, ServerError
 from encoding.rlp import check_rlp_bounds
 
 FRAME_LENGTH = struct.Struct(">I")
+BLOCK_CLOCK = struct.Struct("d")
+# A chain that committed a block within this long is making blocks (BlockClock.busy).
+BUSY_SECONDS = 2.0
 # The child stops itself at the deadline; this much later it is killed (it is starved at
 # nice 19 on a busy machine, or stuck).
 KILL_GRACE_SECONDS = 2.0
@@ -57,6 +61,49 @@ class ChildFailure(Exception):
     """The child failed other than by the request's fault (a bug): an internal error."""
 
 
+class BlockClock:
+    """When this node last committed a block, on CLOCK_MONOTONIC (one clock for every
+    process of a Linux machine), in 8 bytes of a memfd its children map too: a child's work
+    yields to consensus while the chain makes blocks (chain/rpc/served.py's CpuShare),
+    judged as it works, not once when it starts (a call started on an idle chain kept a
+    whole core when the blocks came)."""
+
+    ENV = "PBFT_BLOCK_CLOCK_FD"  # the memfd's number in a child
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._map = mmap.mmap(fd, BLOCK_CLOCK.size)
+
+    @classmethod
+    def create(cls) -> BlockClock:
+        fd = os.memfd_create("pbft-block-clock")
+        os.ftruncate(fd, BLOCK_CLOCK.size)
+        clock = cls(fd)
+        BLOCK_CLOCK.pack_into(clock._map, 0, -math.inf)
+        return clock
+
+    def mark(self) -> None:
+        """A block committed now (the node's)."""
+        BLOCK_CLOCK.pack_into(self._map, 0, time.monotonic())
+
+    def busy(self) -> bool:
+        """Whether the chain makes blocks: one committed within BUSY_SECONDS."""
+        (last,) = BLOCK_CLOCK.unpack_from(self._map, 0)
+        return bool(time.monotonic() - last < BUSY_SECONDS)
+
+
+_block_clock: BlockClock | None = None
+
+
+def block_clock() -> BlockClock:
+    """This process's block clock: a child's is its parent's (its memfd inherited)."""
+    global _block_clock
+    if _block_clock is None:
+        inherited = os.environ.get(BlockClock.ENV)
+        _block_clock = BlockClock(int(inherited)) if inherited else BlockClock.create()
+    return _block_clock
+
+
 class _Late(Exception):
     """The deadline passed before the child spoke or listened."""
 
@@ -70,9 +117,11 @@ class _Child:
     within deadlines (a thread waiting on them does not hold the interpreter)."""
 
     def __init__(self, module: str, what: str, max_frame: int) -> None:
+        clock = block_clock()
         self._process = subprocess.Popen(
             [sys.executable, "-c", LAUNCH.format(priority=LOWEST_PRIORITY, module=module)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, pass_fds=(clock.fd,),
+            env={**os.environ, BlockClock.ENV: str(clock.fd)})
         assert self._process.stdin is not None and self._process.stdout is not None
         self._what = what
         self._max_frame = max_frame

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -13,6 +11,7 @@ from eth_hash.auto import keccak
 
 from chain.errors import TxPoolError
 from chain.rpc.backend import CommittedBlock, RpcBackend
+from chain.rpc.child_process import block_clock
 from chain.rpc.errors import InvalidParams, RpcError, ServerError
 from chain.rpc.evm_process import EvmProcesses, ExecutionRequest
 from chain.rpc.filters import FilterManager, LogCriteria
@@ -30,7 +29,6 @@ from chain.rpc.read_process import (
     BLOCK_HASHES,
     FULL_BLOCK,
     LOGS,
-    READ_CPU_SHARE,
     RECEIPTS,
     ReadRequest,
     ReadWorkers,
@@ -39,11 +37,6 @@ from chain.rpc.read_process import (
 from chain.rpc.served import ServedBlocks, WorkerPool
 
 CLIENT_VERSION = "pbft-chain/v0.1.0/python3.11"
-# A chain that committed a block within this long is making blocks: an execution (a heavy
-# read) then computes at most its share of a core (EvmLimits.cpu_share, READ_CPU_SHARE: its
-# consensus must not wait behind it: chain/rpc/served.py's CpuShare); on an idle chain it
-# has all of one, and an execution its whole deadline. Judged when it is sent.
-BUSY_SECONDS = 2.0
 HASH_PARAM_LENGTH = 2 + 64  # "0x" and 32 bytes of hex
 # A block of at most this many transactions is formatted in this process when read whole
 # (~12 us a transaction, once: it is kept), a larger one in a read process.
@@ -74,12 +67,6 @@ def _check_percentiles(percentiles: Any) -> None:
         raise InvalidParams("invalid reward percentiles: want increasing numbers in [0, 100]")
 
 
-def paced_share(share: float, since_last_block: float) -> float:
-    """What of a core a child's work may compute: `share` while the chain makes blocks (the
-    last BUSY_SECONDS old or newer), all of one when it does not."""
-    return share if since_last_block < BUSY_SECONDS else 1.0
-
-
 class EthApi:
     """Methods by name; each takes the JSON params positionally and returns a JSON value."""
 
@@ -89,8 +76,7 @@ class EthApi:
         self.filters = FilterManager()
         self.served = ServedBlocks(node.blockchain)
         # Heavy reads are answered by a process per worker (chain/rpc/read_process.py).
-        self._last_block = -math.inf  # when the last block committed here (monotonic)
-        self.reads = ReadWorkers(node.blockchain, share=self._read_share)
+        self.reads = ReadWorkers(node.blockchain)
         self.gas_cap = node.rpc_settings().gas_cap
         self.evm_limits = node.rpc_settings().limits.evm
         # A thread per EVM process, each only waiting on its process and answering its
@@ -102,12 +88,9 @@ class EthApi:
                                 self.blockchain.contracts, self.blockchain.chain_keyspace)
         node.add_head_listener(self._on_block)
 
-    def _read_share(self) -> float:
-        return paced_share(READ_CPU_SHARE, time.monotonic() - self._last_block)
-
     def _on_block(self, committed: CommittedBlock) -> None:
         self.filters.on_block(committed.header, committed.records)
-        self._last_block = time.monotonic()
+        block_clock().mark()  # the children's work yields while blocks come (CpuShare)
 
     def close(self) -> None:
         """On stop: every thread of client work ends (an EVM call within its deadline),
@@ -286,8 +269,7 @@ class EthApi:
             gas_price=parse_quantity(call.get("gasPrice") or "0x0", "gasPrice"),
             value=parse_quantity(call.get("value") or "0x0", "value"),
             timeout=self.evm_limits.timeout,
-            cpu_share=paced_share(self.evm_limits.cpu_share,
-                                  time.monotonic() - self._last_block),
+            cpu_share=self.evm_limits.cpu_share,
         )
 
     async def eth_call(self, call: Any, block: Any = "latest", overrides: Any = None) -> str:

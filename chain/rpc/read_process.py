@@ -36,7 +36,6 @@ reads (the workers' pool, and as many waiting for a child), the answers' bytes a
 
 from __future__ import annotations
 
-import dataclasses
 import pickle
 import struct
 from collections.abc import Callable, Iterator
@@ -60,9 +59,9 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 MESSAGE_ITEMS = 5  # the list, a tag and up to 3 fields
 READ_SECONDS = 30.0  # a read's deadline, in the child (as an HTTP client's usual timeout)
 CACHE_BYTES = 64 * 1024 * 1024  # each child's: blocks read and the JSON made of them
-# Of a core, at most, a read computes while the chain makes blocks (as an eth_call's: a
-# child computing at any priority slowed consensus on this machine): with its cache cold
-# (an attacker's ranges over a large chain) each child computes full time.
+# Of a core, at most, a read computes while the chain makes blocks (as an eth_call's:
+# chain/rpc/served.py's CpuShare): with its cache cold (an attacker's ranges over a large
+# chain) each child computed full time.
 READ_CPU_SHARE = 0.25
 BLOCKS, OUTPUT, PARTS = b"blocks", b"output", b"parts"
 SIZE = struct.Struct(">I")  # a part's size, in PARTS' sizes and BLOCKS' answers
@@ -87,7 +86,7 @@ class ReadRequest:
     max_results: int = 0  # logs, more: an error
     max_bytes: int = 0  # bundles: the answer stops before the block that passes it
     timeout: float = READ_SECONDS
-    cpu_share: float = 1.0  # of a core, at most (set as it is sent: `ReadWorkers.share`)
+    cpu_share: float = READ_CPU_SHARE  # of a core, at most, while blocks come (CpuShare)
 
 
 def timeout_error(timeout: float) -> ServerError:
@@ -181,12 +180,8 @@ class ReadWorkers(WorkerPool):
     attack review s12-rpc, finding 4)."""
 
     def __init__(self, blockchain: Blockchain, threads: int = READ_WORKERS,
-                 max_pending: int = MAX_PENDING_READS, cache_bytes: int = CACHE_BYTES,
-                 share: Callable[[], float] = lambda: 1.0) -> None:
+                 max_pending: int = MAX_PENDING_READS, cache_bytes: int = CACHE_BYTES) -> None:
         super().__init__(threads, max_pending, "read")
-        # What of a core a read sent now may compute (chain/rpc/served.py's CpuShare):
-        # READ_CPU_SHARE while the chain makes blocks (chain/rpc/eth.py)
-        self.share = share
         self.children = ReadProcesses(threads, blockchain, cache_bytes)
         # Each only waits on its child and answers its questions (LevelDB reads): not client
         # work of this interpreter's, so not governed (as eth_call's executions).
@@ -206,7 +201,7 @@ class ReadWorkers(WorkerPool):
 
     def in_child(self, request: ReadRequest) -> list[bytes]:
         """The child's answer (blocking: on a thread of `waits`)."""
-        return self.children.read(dataclasses.replace(request, cpu_share=self.share()))
+        return self.children.read(request)
 
     def json(self, request: ReadRequest) -> orjson.Fragment:
         """The JSON of an [output, json] answer, to splice into the response (blocking)."""

@@ -268,26 +268,3 @@ def test_the_logs_of_a_few_small_blocks_are_matched_in_process_and_bounded_alike
     assert (caught.value.code, caught.value.message) == (
         LIMIT_EXCEEDED, f"query returned more than {len(expected) - 1} results")
     assert len(asked) == (0 if in_process else 2)
-
-
-def test_a_read_is_sent_with_the_share_of_a_core_it_may_compute_now(
-    read_store_chain: Blockchain  # noqa: F811
-) -> None:
-    """The share is the one of the moment the read is sent (a quarter of a core while the
-    chain makes blocks, chain/rpc/eth.py), and the child answers the same under it."""
-    shares = iter([0.25, 1.0])
-    workers = ReadWorkers(read_store_chain, threads=1, max_pending=4, share=lambda: next(shares))
-    sent: list[ReadRequest] = []
-    read = workers.children.read
-
-    def recorded(request: ReadRequest) -> list[bytes]:
-        sent.append(request)
-        return read(request)
-
-    workers.children.read = recorded  # type: ignore[method-assign]
-    try:
-        request = whole(FULL_BLOCK, read_store_chain.head().block_number)
-        assert json(workers, request) == json(workers, request)
-    finally:
-        workers.close()
-    assert [r.cpu_share for r in sent] == [0.25, 1.0]

@@ -6,7 +6,9 @@ written."""
 from __future__ import annotations
 
 import asyncio
-import math
+import os
+import subprocess
+import sys
 from typing import Any
 
 import aiohttp
@@ -18,9 +20,9 @@ from aiohttp.test_utils import TestServer
 from chain.blockchain import Blockchain
 from chain.rpc import served
 from chain.rpc.bundles import METHOD, BlockBundles
+from chain.rpc.child_process import BlockClock
 from chain.rpc.dispatcher import Dispatcher
-from chain.rpc.eth import BUSY_SECONDS, paced_share
-from chain.rpc.limits import EvmLimits, RpcLimits
+from chain.rpc.limits import RpcLimits
 from chain.rpc.read_process import ReadWorkers
 from chain.rpc.server import WRITE_PART, BodyBudget, RpcServer
 from pbft_engine import rpc_records
@@ -260,7 +262,7 @@ def test_a_cpu_share_rests_what_its_share_leaves(monkeypatch: pytest.MonkeyPatch
                                                  share: float) -> None:
     clock = _Clock()
     monkeypatch.setattr(served, "time", clock)
-    pace = served.CpuShare(share)
+    pace = served.CpuShare(share, busy=lambda: True)
     while clock.now < 10:
         clock.compute(0.001)
         pace.check(clock.monotonic())
@@ -272,11 +274,24 @@ def test_a_cpu_share_rests_for_what_was_computed_not_for_waiting(
     """A slice spent mostly waiting for a core (a loaded machine) rests for its CPU only."""
     clock = _Clock()
     monkeypatch.setattr(served, "time", clock)
-    pace = served.CpuShare(0.25)
+    pace = served.CpuShare(0.25, busy=lambda: True)
     clock.compute(0.002)
     clock.now += 0.1  # waited for a core
     pace.check(clock.monotonic())
     assert clock.slept == pytest.approx(0.006)
+
+
+def test_a_cpu_share_rests_only_while_the_chain_makes_blocks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(served, "time", clock)
+    busy = {"now": False}
+    pace = served.CpuShare(0.25, busy=lambda: busy["now"])
+    while clock.now < 5:
+        clock.compute(0.001)
+        busy["now"] = clock.now >= 4  # blocks come for the last second
+        pace.check(clock.monotonic())
+    assert clock.slept == pytest.approx(0.75, rel=0.05)  # 3/4 of the busy second
 
 
 @pytest.mark.parametrize("tail", ["calls", "notifications"])
@@ -304,10 +319,17 @@ def test_a_batch_past_its_size_limit_answers_the_rest_in_one_piece(tail: str) ->
         assert len(puts) == 4  # three calls' answers, then the closing bracket
 
 
-def test_an_execution_is_paced_only_while_the_chain_makes_blocks() -> None:
-    """A quarter of a core while blocks commit (their consensus first); on an idle chain a
-    call computes with a whole core, its whole deadline (math.inf: no block yet)."""
-    share = EvmLimits().cpu_share
-    assert paced_share(share, 0.5) == share == 0.25
-    assert paced_share(share, BUSY_SECONDS) == 1.0
-    assert paced_share(share, math.inf) == 1.0
+def test_a_child_sees_the_blocks_its_parent_commits() -> None:
+    """The block clock is one for the node and its children (a memfd they map): a child
+    started before the block sees it, and a chain idle for BUSY_SECONDS is not busy."""
+    clock = BlockClock.create()
+    assert not clock.busy()
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from chain.rpc.child_process import block_clock;"
+         " sys.stdin.readline(); print(block_clock().busy(), flush=True)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(clock.fd,),
+        env={**os.environ, BlockClock.ENV: str(clock.fd), "PYTHONPATH": os.getcwd()})
+    clock.mark()
+    answer, _ = child.communicate("go\n", timeout=60)
+    assert answer.strip() == "True"
+    assert clock.busy()
