@@ -543,10 +543,13 @@ class Replica:
             self._set_timer(TimerKind.FAIRNESS_MARK, b"",
                             max(1, self.params.request_timeout_ms // 4))
 
-    def _forget_requests(self, committed: tuple[bytes, ...]) -> None:
+    def _forget_requests(self, committed: tuple[bytes, ...], owed: bool = False) -> None:
         """Requests were committed: progress, which restarts the timer while others wait
         (Fabric v0.6's rule, so a long queue the primary works through is not mistaken for a
-        faulty primary), unless the commits keep passing over the oldest waiting request."""
+        faulty primary), unless the commits keep passing over the oldest waiting request.
+        A block `owed` to the handover is progress too, empty or not: the timer timed it
+        (`awaits_primary`), and requests that arrived meanwhile could not be in it (honest
+        seed 236 at N = 5: they were given what was left of its timer)."""
         self.views_without_commit = 0
         oldest, before = self._oldest_request(), len(self.requests)
         mark = self.fair_mark
@@ -563,7 +566,7 @@ class Replica:
             self.backlog_grace -= 1
         elif mark is not None:
             self.passed_over += 1
-        if len(self.requests) < before:
+        if len(self.requests) < before or owed:
             self._restart_request_timer()
 
     def _restart_request_timer(self) -> None:
@@ -1138,7 +1141,8 @@ class Replica:
             self._alarm("commit", f"block {event.seq_no} imported with another hash")
             return
         self.last_exec, self.last_exec_hash = event.seq_no, event.block_hash
-        self._forget_requests(event.tx_hashes)
+        self._forget_requests(event.tx_hashes,
+                              owed=owes_block(self.epochs.schedule, event.seq_no - 1))
         self.trailing_owed = bool(event.tx_hashes)
         self._arm_trailing_block()
         self.log.forget_outstanding(event.seq_no)

@@ -448,6 +448,20 @@ def test_a_validator_voted_out_and_in_again_causes_no_view_change() -> None:
     assert [node.view_changes for node in cluster.nodes] == [0, 0]
 
 
+def test_requests_that_arrive_while_an_owed_block_waits_replace_no_primary() -> None:
+    """Honest seed 236 at N = 5 (changes +5, -2, -5, +5; fetches fail half the time). The
+    primary proposed the last set's first block c + 1 = 41 empty, owed to the handover,
+    and the backups' request timers timed it. Its quorum of four needed node 3 (12 blocks
+    behind: the sets before did not need it) or node 5 (voted out and in again, joining
+    once its failing fetches reached c): 41 waited ~700 ms for a PREPARE. A burst arrived
+    200 ms after 41 went out; the primary builds 42 once 41 is prepared, and 41's commit,
+    which held none of the burst, did not restart the timers: two backups ran out before
+    42 was even built (800 ms after 41 went out) and replaced the correct primary. The
+    commit of an owed block restarts the timer (`Replica._forget_requests`; unit test in
+    test_replica_handover.py)."""
+    run_seed(236, 5)
+
+
 def test_a_replica_that_crashed_as_it_committed_c_still_hands_over() -> None:
     """Two validators vote a third in (the handover needs both old CHECKPOINTs at c = 4).
     Validator 1's chain commits block 4 and the node crashes before its core hears of it

@@ -216,6 +216,33 @@ def test_a_primary_that_owes_blocks_up_to_c_and_proposes_none_is_replaced() -> N
     assert served.sent(ViewChange) == []
 
 
+def test_a_request_that_arrives_while_an_owed_block_is_timed_is_timed_from_its_commit() -> None:
+    """The new set's first block c + 1 is proposed empty (nothing waits; it is owed) and
+    the backup's request timer times it. A transfer arrives while that block waits for
+    its quorum: the timer runs on, and the primary can put it only in c + 2, built once
+    c + 1 is prepared. The commit of the owed block is the primary's progress, as a
+    committed request is, so the timer starts again for what still waits (Castro & Liskov,
+    section 4.5.2). Until then it ran from c + 1's proposal, and the transfer was given
+    what was left of it (honest seed 236 at N = 5: c + 1 waited ~700 ms for a quorum, the
+    timers of two backups ran out before c + 2 was built, and they replaced a correct
+    primary)."""
+    driven = backup(2, ADDED)
+    commit_through(driven, C)
+    checkpoint_from(driven, (0, 1))
+    owed = C + 1
+    driven.receive(PrePrepare(0, owed, digest(owed), 0), ADDED, (block(owed),))
+    for i in (1, 4):
+        driven.receive(Prepare(0, owed, digest(owed), i), ADDED)
+    driven.step(RequestReceived(keccak(b"a transfer")))
+    assert driven.replica.request_timer_armed
+    since = len(driven.actions)
+    for i in (0, 1, 4):
+        driven.receive(Commit(0, owed, digest(owed), i), ADDED)
+    assert driven.replica.last_exec == owed and driven.replica.requests
+    assert any(isinstance(a, SetTimer) and a.kind is TimerKind.REQUEST
+               for a in driven.actions[since:])
+
+
 def test_the_new_set_s_messages_wait_for_the_handover_and_count_after_it() -> None:
     """A PRE-PREPARE and PREPAREs for block 11 (the new set's: the newcomer is replica 4)
     arrive before the checkpoint at 10 is stable here: held, not voted on; the stable
