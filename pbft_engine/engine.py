@@ -307,6 +307,9 @@ class PbftEngine(ConsensusEngine):
             await sync.stop()
         key = self.context.validator_key
         self._start_observer(None if key is None else key.public_key.to_canonical_address())
+        # Voted in again at the head it left at (its replica left on a fetch that ended at
+        # that change's c): the observer stops there and imports nothing, so join now.
+        self._on_observer_progress()
 
     def _feed_schedule(self) -> None:
         """After a commit: the changes committed state scheduled that the core has not heard

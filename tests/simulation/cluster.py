@@ -994,17 +994,19 @@ class Cluster:
         return self.by_address[(members or node.replica.epochs.current.validators)[replica]]
 
     def _leave(self, node: Node) -> None:
-        """LeftValidatorSet: the replica is gone, the node follows as an observer."""
+        """LeftValidatorSet: the replica is gone, the node follows as an observer. It polls
+        at once, as the engine looks for a join as it leaves (`PbftEngine._leave`): voted
+        in again, it may have left at that change's c."""
         self.seen["left the set"] += 1
         node.replica, node.timers = None, {}
         node.waiting, node.writing, node.armed = [], False, {}
         node.jobs.clear()
         node.busy = False
-        self._follow(node)
+        self._follow(node, 0)
 
-    def _follow(self, node: Node) -> None:
+    def _follow(self, node: Node, delay_ms: int | None = None) -> None:
         node.following = True
-        self._schedule(self.poll_interval_ms, node, _Follow())
+        self._schedule(self.poll_interval_ms if delay_ms is None else delay_ms, node, _Follow())
 
     def _while_following(self, node: Node, item: Any) -> None:
         """What reaches a follower: its poll, transactions to pool, and the consensus

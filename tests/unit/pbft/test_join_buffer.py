@@ -9,13 +9,15 @@ c = 10 and the newcomer votes from 11.
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from eth_hash.auto import keccak
+from eth_keys.datatypes import PrivateKey
 
-from pbft_engine.core import ChainHead, EngineParams, MessageReceived, Replica
+from pbft_engine.core import ChainHead, EngineParams, LeftValidatorSet, MessageReceived, Replica
 from pbft_engine.core.epochs import EpochSchedule
 from pbft_engine.core.joining import (
     FOLLOWER_LAG,
@@ -281,3 +283,35 @@ def test_the_engine_keeps_an_observers_messages_and_feeds_them_after_the_join() 
     assert [WireMessage.decode(e.data).signed.body.TYPE.name  # type: ignore[attr-defined]
             for e in stepped] == ["CHECKPOINT", "PRE_PREPARE"]
     assert len(engine.join_buffer) == 0
+
+
+def test_a_validator_voted_out_and_in_again_that_leaves_at_its_handover_joins_at_once() -> None:
+    """V0[0] is voted out (c = 10) and in again (c = 20); its replica leaves
+    (`LeftValidatorSet`) only once it executed a block above 10, here by one fetch that
+    ended at 20, the block before the epoch that counts it again. The observer the engine
+    starts then stops at 20 (this node votes from 21) and imports nothing, and only an
+    import or a fetch made the engine look for a join: it never joined, however much the
+    new set's quorum needed it (the simulator's nodes look at every poll: honest seed 236
+    at N = 5 joined 250 ms after it left). The engine looks as it leaves."""
+    again = (*REMOVED, V0[0])
+    schedule = scheduled(REMOVED).schedule(again, passed_at=12)
+    assert schedule.epochs[-1].first == 2 * C + 1
+    engine = PbftEngine.__new__(PbftEngine)
+    engine.feed = EpochFeed(schedule, lambda block_hash: schedule)
+    engine.context = SimpleNamespace(  # type: ignore[assignment]
+        validator_key=PrivateKey(keccak(b"validator 0")),
+        head=lambda: SimpleNamespace(block_number=2 * C, hash=digest(2 * C)))
+    engine.log = SimpleNamespace(info=lambda *a: None)  # type: ignore[assignment]
+    engine._timers, engine._armed, engine._joining = {}, {}, False
+    engine.replica, engine.sync, engine.observer = None, None, None
+    engine._start_observer = lambda address: setattr(  # type: ignore[method-assign]
+        engine, "observer", SimpleNamespace())
+    spawned: list[str] = []
+
+    def spawn(work: Any, name: str) -> None:
+        work.close()
+        spawned.append(name)
+
+    engine._tasks = SimpleNamespace(spawn=spawn)  # type: ignore[assignment]
+    asyncio.run(engine._leave(LeftValidatorSet(1, C + 1)))
+    assert engine.observer is not None and spawned == ["joining the validator set"]
