@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import math
-import mmap
 import os
 import pickle
 import queue
@@ -29,6 +28,7 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 
 import rlp
@@ -37,9 +37,11 @@ from chain.rpc.errors import RpcError, ServerError
 from encoding.rlp import check_rlp_bounds
 
 FRAME_LENGTH = struct.Struct(">I")
-BLOCK_CLOCK = struct.Struct("d")
-# A chain that committed a block within this long is making blocks (BlockClock.busy).
+# A chain that committed a block within this long is making blocks (`chain_busy`): a child
+# then computes at most its share of a core (`_Child._pace`).
 BUSY_SECONDS = 2.0
+PACE_SECONDS = 0.05  # a working child's CPU is looked at this often (its ticks: 10 ms)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The child stops itself at the deadline; this much later it is killed (it is starved at
 # nice 19 on a busy machine, or stuck).
 KILL_GRACE_SECONDS = 2.0
@@ -61,47 +63,27 @@ class ChildFailure(Exception):
     """The child failed other than by the request's fault (a bug): an internal error."""
 
 
-class BlockClock:
-    """When this node last committed a block, on CLOCK_MONOTONIC (one clock for every
-    process of a Linux machine), in 8 bytes of a memfd its children map too: a child's work
-    yields to consensus while the chain makes blocks (chain/rpc/served.py's CpuShare),
-    judged as it works, not once when it starts (a call started on an idle chain kept a
-    whole core when the blocks came)."""
-
-    ENV = "PBFT_BLOCK_CLOCK_FD"  # the memfd's number in a child
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self._map = mmap.mmap(fd, BLOCK_CLOCK.size)
-
-    @classmethod
-    def create(cls) -> BlockClock:
-        fd = os.memfd_create("pbft-block-clock")
-        os.ftruncate(fd, BLOCK_CLOCK.size)
-        clock = cls(fd)
-        BLOCK_CLOCK.pack_into(clock._map, 0, -math.inf)
-        return clock
-
-    def mark(self) -> None:
-        """A block committed now (the node's)."""
-        BLOCK_CLOCK.pack_into(self._map, 0, time.monotonic())
-
-    def busy(self) -> bool:
-        """Whether the chain makes blocks: one committed within BUSY_SECONDS."""
-        (last,) = BLOCK_CLOCK.unpack_from(self._map, 0)
-        return bool(time.monotonic() - last < BUSY_SECONDS)
+_last_block = -math.inf  # when this node last committed a block (time.monotonic)
 
 
-_block_clock: BlockClock | None = None
+def mark_block() -> None:
+    """A block committed here now: the children's work yields for BUSY_SECONDS."""
+    global _last_block
+    _last_block = time.monotonic()
 
 
-def block_clock() -> BlockClock:
-    """This process's block clock: a child's is its parent's (its memfd inherited)."""
-    global _block_clock
-    if _block_clock is None:
-        inherited = os.environ.get(BlockClock.ENV)
-        _block_clock = BlockClock(int(inherited)) if inherited else BlockClock.create()
-    return _block_clock
+def chain_busy() -> bool:
+    """Whether the chain makes blocks: one committed here within BUSY_SECONDS."""
+    return time.monotonic() - _last_block < BUSY_SECONDS
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (its user and system ticks), 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 class _Late(Exception):
@@ -116,12 +98,13 @@ class _Child:
     """One child process; the parent's ends of its pipes are non-blocking, read and written
     within deadlines (a thread waiting on them does not hold the interpreter)."""
 
-    def __init__(self, module: str, what: str, max_frame: int) -> None:
-        clock = block_clock()
+    def __init__(self, module: str, what: str, max_frame: int, cpu_share: float) -> None:
+        self._share = cpu_share
+        self._looked = time.monotonic()
+        self._cpu: float | None = None  # its CPU when last looked at (None: not yet)
         self._process = subprocess.Popen(
             [sys.executable, "-c", LAUNCH.format(priority=LOWEST_PRIORITY, module=module)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, pass_fds=(clock.fd,),
-            env={**os.environ, BlockClock.ENV: str(clock.fd)})
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         assert self._process.stdin is not None and self._process.stdout is not None
         self._what = what
         self._max_frame = max_frame
@@ -181,7 +164,33 @@ class _Child:
         left = deadline - time.monotonic()
         if left <= 0:
             raise _Late
-        (self._writable if writing else self._readable).poll(math.ceil(left * 1000))
+        (self._writable if writing else self._readable).poll(
+            math.ceil(min(left, PACE_SECONDS) * 1000))
+        self._pace()
+
+    def _pace(self) -> None:
+        """While the chain makes blocks the child computes at most its share of a core:
+        every PACE_SECONDS of a request the parent looks at the CPU it took, and stops it
+        (SIGSTOP) for (1/share - 1) times that. Why: on this 2-core machine a process
+        computing at any priority (nice 19, even SCHED_IDLE) slowed the validators'
+        consensus 1.6-1.9 times (their threads share the cores' caches and the hypervisor's
+        time); and only from outside is all of it paced, a precompile or any C code and
+        the work between two requests too (the attack review s13-rpc, findings 1 and 4:
+        paced from inside, at its EVM's jumps, BLAKE2F computed a whole core until the
+        deadline's kill, and calls shorter than a slice never rested)."""
+        now = time.monotonic()
+        if self._share >= 1 or now - self._looked < PACE_SECONDS:
+            return
+        cpu = cpu_seconds(self.pid)
+        worked = cpu - (cpu if self._cpu is None else self._cpu)
+        self._cpu, self._looked = cpu, now
+        if worked > 0 and chain_busy():
+            self._process.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(worked * (1 / self._share - 1))
+            finally:
+                self._process.send_signal(signal.SIGCONT)
+            self._looked = time.monotonic()
 
     def kill(self) -> str:
         """Kills it (if still running) and says how it ended."""
@@ -223,8 +232,10 @@ class ChildProcess:
     answer is then neither encoded nor decoded (`child_main`'s `raw_tail` must agree)."""
 
     def __init__(self, module: str, what: str, failed: str, settings: bytes, *,
-                 max_frame: int, max_items: int, raw_tail: bool = False) -> None:
+                 max_frame: int, max_items: int, raw_tail: bool = False,
+                 cpu_share: float = 1.0) -> None:
         self._module = module
+        self._share = cpu_share  # of a core, at most, while the chain makes blocks
         self._raw_tail = raw_tail
         self._what = what
         self._failed = failed
@@ -243,7 +254,7 @@ class ChildProcess:
         if self._child is None or not self._child.alive():
             if self._child is not None:
                 self._child.kill()
-            self._child = _Child(self._module, self._what, self._max_frame)
+            self._child = _Child(self._module, self._what, self._max_frame, self._share)
 
     def stop(self) -> None:
         if self._child is not None:

@@ -11,7 +11,7 @@ from eth_hash.auto import keccak
 
 from chain.errors import TxPoolError
 from chain.rpc.backend import CommittedBlock, RpcBackend
-from chain.rpc.child_process import block_clock
+from chain.rpc.child_process import mark_block
 from chain.rpc.errors import InvalidParams, RpcError, ServerError
 from chain.rpc.evm_process import EvmProcesses, ExecutionRequest
 from chain.rpc.filters import FilterManager, LogCriteria
@@ -85,12 +85,13 @@ class EthApi:
             self.evm_limits.workers, self.evm_limits.max_pending, "eth_call/eth_estimateGas",
             governed=False)
         self.evm = EvmProcesses(self.evm_limits.workers, node.chain_id,
-                                self.blockchain.contracts, self.blockchain.chain_keyspace)
+                                self.blockchain.contracts, self.blockchain.chain_keyspace,
+                                self.evm_limits.cpu_share)
         node.add_head_listener(self._on_block)
 
     def _on_block(self, committed: CommittedBlock) -> None:
         self.filters.on_block(committed.header, committed.records)
-        block_clock().mark()  # the children's work yields while blocks come (CpuShare)
+        mark_block()  # the children's work yields while blocks come (`_Child._pace`)
 
     def close(self) -> None:
         """On stop: every thread of client work ends (an EVM call within its deadline),
@@ -269,7 +270,6 @@ class EthApi:
             gas_price=parse_quantity(call.get("gasPrice") or "0x0", "gasPrice"),
             value=parse_quantity(call.get("value") or "0x0", "value"),
             timeout=self.evm_limits.timeout,
-            cpu_share=self.evm_limits.cpu_share,
         )
 
     async def eth_call(self, call: Any, block: Any = "latest", overrides: Any = None) -> str:

@@ -147,7 +147,7 @@ class Executor:
 
     def answer(self, request: ExecutionRequest) -> list[bytes]:
         try:
-            with evm_deadline(request.timeout, request.cpu_share):
+            with evm_deadline(request.timeout):
                 output = self._execute(request)
         except ExecutionTimeout:
             return error_message(timeout_error(request.timeout))

@@ -65,7 +65,6 @@ class ExecutionRequest:
     gas_price: int
     value: int
     timeout: float
-    cpu_share: float  # of a core, at most (EvmLimits.cpu_share)
 
 
 def timeout_error(timeout: float) -> ServerError:
@@ -76,10 +75,11 @@ class EvmProcess(ChildProcess):
     """Executes requests in a child process, one at a time, started again after it dies."""
 
     def __init__(self, chain_id: int, contracts: Sequence[SystemContract],
-                 keyspace: Keyspace) -> None:
+                 keyspace: Keyspace, cpu_share: float = 1.0) -> None:
         super().__init__(CHILD_MODULE, "EVM process", "execution failed",
                          pickle.dumps((chain_id, tuple(contracts))),
-                         max_frame=MAX_FRAME_BYTES, max_items=MESSAGE_ITEMS)
+                         max_frame=MAX_FRAME_BYTES, max_items=MESSAGE_ITEMS,
+                         cpu_share=cpu_share)
         self._keyspace = keyspace
 
     def execute(self, request: ExecutionRequest) -> bytes:
@@ -105,8 +105,9 @@ class EvmProcesses(ChildPool[EvmProcess]):
     thread takes it (as many threads as children: one is always free for a thread)."""
 
     def __init__(self, count: int, chain_id: int, contracts: Sequence[SystemContract],
-                 keyspace: Keyspace) -> None:
-        super().__init__([EvmProcess(chain_id, contracts, keyspace) for _ in range(count)])
+                 keyspace: Keyspace, cpu_share: float = 1.0) -> None:
+        super().__init__([EvmProcess(chain_id, contracts, keyspace, cpu_share)
+                          for _ in range(count)])
 
     def execute(self, request: ExecutionRequest) -> bytes:
         with self.taken() as process:

@@ -21,9 +21,10 @@ class EvmLimits:
     timeout: float = 5.0  # geth's --rpc.evmtimeout: "execution aborted (timeout = 5s)" beyond
     workers: int = 1  # processes, each executing one call at a time
     max_pending: int = 8  # calls running or waiting; one more gets -32005 "server busy"
-    # Of a core, at most, while executing (served.py's CpuShare): four looping calls kept
-    # their process computing and the honest transfers' latency 1.9 times that without
-    # them (issue 29's hostile row). A call may compute timeout x cpu_share seconds.
+    # Of a core, at most, while the chain makes blocks (child_process.py's `_Child._pace`):
+    # four looping calls kept their process computing and the honest transfers' latency 1.9
+    # times that without them (issue 29's hostile row). Such a call may compute timeout x
+    # cpu_share seconds.
     cpu_share: float = 0.25
 
 

@@ -52,7 +52,7 @@ from chain.rpc.read_process import (
     timeout_error,
     too_many_logs,
 )
-from chain.rpc.served import CpuShare, ServedBlock
+from chain.rpc.served import ServedBlock
 
 # Room in a frame for the answer's RLP around its JSON.
 MAX_ANSWER_BYTES = MAX_FRAME_BYTES - 1024
@@ -91,7 +91,6 @@ class ParentBlocks:
         self._channel = channel
         self._cache = cache
         self.deadline = float("inf")
-        self.pace: CpuShare | None = None  # the request's share of a core, if under one
 
     def block(self, number: int) -> tuple[BlockHeaderAPI, tuple[TxRecord, ...]]:
         return _split(self.stored([number])[number])
@@ -130,12 +129,9 @@ class ParentBlocks:
         return value
 
     def check(self) -> None:
-        """Between blocks: the request's deadline, and its share of a core."""
-        now = time.monotonic()
-        if now > self.deadline:
+        """Between blocks: the request's deadline."""
+        if time.monotonic() > self.deadline:
             raise _Late
-        if self.pace is not None:
-            self.pace.check(now)
 
     def is_made(self, kind: str, number: int) -> bool:
         return self._cache.get(kind.encode() + b"/" + number_key(number)) is not None
@@ -159,7 +155,6 @@ class Reader:
 
     def answer(self, request: ReadRequest) -> list[bytes]:
         self._blocks.deadline = time.monotonic() + request.timeout
-        self._blocks.pace = CpuShare(request.cpu_share) if request.cpu_share < 1 else None
         try:
             answer = self._kinds[request.kind](request)
         except _Late:

@@ -59,9 +59,9 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 MESSAGE_ITEMS = 5  # the list, a tag and up to 3 fields
 READ_SECONDS = 30.0  # a read's deadline, in the child (as an HTTP client's usual timeout)
 CACHE_BYTES = 64 * 1024 * 1024  # each child's: blocks read and the JSON made of them
-# Of a core, at most, a read computes while the chain makes blocks (as an eth_call's:
-# chain/rpc/served.py's CpuShare): with its cache cold (an attacker's ranges over a large
-# chain) each child computed full time.
+# Of a core, at most, a read process computes while the chain makes blocks (as an
+# eth_call's: chain/rpc/child_process.py's `_Child._pace`): with its cache cold (an
+# attacker's ranges over a large chain) each computed full time.
 READ_CPU_SHARE = 0.25
 BLOCKS, OUTPUT, PARTS = b"blocks", b"output", b"parts"
 SIZE = struct.Struct(">I")  # a part's size, in PARTS' sizes and BLOCKS' answers
@@ -86,7 +86,6 @@ class ReadRequest:
     max_results: int = 0  # logs, more: an error
     max_bytes: int = 0  # bundles: the answer stops before the block that passes it
     timeout: float = READ_SECONDS
-    cpu_share: float = READ_CPU_SHARE  # of a core, at most, while blocks come (CpuShare)
 
 
 def timeout_error(timeout: float) -> ServerError:
@@ -117,7 +116,8 @@ class ReadProcess(ChildProcess):
 
     def __init__(self, blockchain: Blockchain, cache_bytes: int = CACHE_BYTES) -> None:
         super().__init__(CHILD_MODULE, "read process", "read failed", pickle.dumps(cache_bytes),
-                         max_frame=MAX_FRAME_BYTES, max_items=MESSAGE_ITEMS, raw_tail=True)
+                         max_frame=MAX_FRAME_BYTES, max_items=MESSAGE_ITEMS, raw_tail=True,
+                         cpu_share=READ_CPU_SHARE)
         self._chain = blockchain.chain_keyspace
         self._store = blockchain.read_store
 

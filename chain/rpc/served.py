@@ -35,7 +35,6 @@ from eth.abc import BlockHeaderAPI, ComputationAPI, StateAPI
 
 from chain.blockchain import Blockchain
 from chain.read_store import TxRecord, encode_block
-from chain.rpc.child_process import block_clock
 from chain.rpc.errors import LIMIT_EXCEEDED, RpcError
 from chain.rpc.filters import LogCriteria, matching_logs
 from chain.rpc.formatters import block_json, header_json, receipt_json, transaction_json
@@ -50,7 +49,6 @@ MAX_CACHED_TRANSACTIONS = 4_000  # formatted transactions and receipts: ~3.6 KB 
 SLICE_SECONDS = 0.002
 PULSE_SECONDS = 0.05
 LOOP_LATE_SECONDS = 0.01
-CHILD_SLICE_SECONDS = 0.01  # a child's work between two looks at its CPU share (CpuShare)
 # The opcodes a long execution cannot avoid: every loop jumps back, every deeper frame is a
 # call or a create. The deadline is checked at these only.
 DEADLINE_OPCODES = frozenset({
@@ -272,62 +270,27 @@ class ExecutionTimeout(Exception):
     the whole call unwinds (its state is a throwaway copy)."""
 
 
-class CpuShare:
-    """Work that takes at most `share` of a core while the chain makes blocks (`busy`: the
-    node's BlockClock, shared with its children): after each slice (CHILD_SLICE_SECONDS of
-    the clock) it rests (1/share - 1) times the CPU it computed in it; on an idle chain it
-    does not rest. Why: on this 2-core machine a process computing at any priority (nice
-    19, even SCHED_IDLE) slowed the validators' consensus 1.6-1.9 times (their threads
-    share the cores' caches and the hypervisor's time), so a child that works for clients
-    must bound its CPU, not only yield it. Checked at points the work passes often (an
-    EVM's jumps and calls, a read's blocks); the wall clock first, so most checks cost no
-    system call."""
-
-    def __init__(self, share: float, busy: Callable[[], bool] | None = None) -> None:
-        self._rest_per_second = 1 / share - 1
-        self._busy = busy or block_clock().busy
-        self._cpu = time.process_time()
-        self._next = time.monotonic() + CHILD_SLICE_SECONDS
-
-    def check(self, now: float) -> None:
-        if now < self._next:
-            return
-        # what it computed, however long the slice took (on a loaded machine a nice-19
-        # process waits for a core for much of it)
-        worked = time.process_time() - self._cpu
-        if self._busy():
-            time.sleep(worked * self._rest_per_second)
-        self._cpu = time.process_time()
-        self._next = time.monotonic() + CHILD_SLICE_SECONDS
-
-
 class _Deadline(threading.local):
     expires = math.inf
-    share: CpuShare | None = None
 
 
 _deadline = _Deadline()
 
 
 @contextlib.contextmanager
-def evm_deadline(seconds: float, cpu_share: float = 1.0) -> Iterator[None]:
-    """Executions on this thread inside the block stop with ExecutionTimeout after `seconds`,
-    computing at most `cpu_share` of a core while the chain makes blocks (their state must
-    come from `with_deadline`)."""
+def evm_deadline(seconds: float) -> Iterator[None]:
+    """Executions on this thread inside the block stop with ExecutionTimeout after `seconds`
+    (their state must come from `with_deadline`)."""
     _deadline.expires = time.monotonic() + seconds
-    _deadline.share = CpuShare(cpu_share) if cpu_share < 1 else None
     try:
         yield
     finally:
-        _deadline.expires, _deadline.share = math.inf, None
+        _deadline.expires = math.inf
 
 
 def _check_deadline() -> None:
-    now = time.monotonic()
-    if now >= _deadline.expires:
+    if time.monotonic() >= _deadline.expires:
         raise ExecutionTimeout
-    if _deadline.share is not None:
-        _deadline.share.check(now)
 
 
 def _checked(opcode: Callable[..., None]) -> Callable[..., None]:

@@ -6,9 +6,7 @@ written."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
+import math
 from typing import Any
 
 import aiohttp
@@ -18,9 +16,9 @@ import rlp
 from aiohttp.test_utils import TestServer
 
 from chain.blockchain import Blockchain
-from chain.rpc import served
+from chain.rpc import child_process
 from chain.rpc.bundles import METHOD, BlockBundles
-from chain.rpc.child_process import BlockClock
+from chain.rpc.child_process import BUSY_SECONDS, chain_busy, mark_block
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.limits import RpcLimits
 from chain.rpc.read_process import ReadWorkers
@@ -236,100 +234,11 @@ def test_answers_beyond_the_burst_wait_for_the_rate() -> None:
     assert seconds >= 0.14
 
 
-class _Clock:
-    """time for CpuShare: a process that computes every moment it is not asleep."""
-
-    def __init__(self) -> None:
-        self.now = self.cpu = self.slept = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def process_time(self) -> float:
-        return self.cpu
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        self.slept += seconds
-
-    def compute(self, seconds: float) -> None:
-        self.now += seconds
-        self.cpu += seconds
-
-
-@pytest.mark.parametrize("share", [0.25, 0.5])
-def test_a_cpu_share_rests_what_its_share_leaves(monkeypatch: pytest.MonkeyPatch,
-                                                 share: float) -> None:
-    clock = _Clock()
-    monkeypatch.setattr(served, "time", clock)
-    pace = served.CpuShare(share, busy=lambda: True)
-    while clock.now < 10:
-        clock.compute(0.001)
-        pace.check(clock.monotonic())
-    assert clock.cpu / clock.now == pytest.approx(share, rel=0.05)
-
-
-def test_a_cpu_share_rests_for_what_was_computed_not_for_waiting(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A slice spent mostly waiting for a core (a loaded machine) rests for its CPU only."""
-    clock = _Clock()
-    monkeypatch.setattr(served, "time", clock)
-    pace = served.CpuShare(0.25, busy=lambda: True)
-    clock.compute(0.002)
-    clock.now += 0.1  # waited for a core
-    pace.check(clock.monotonic())
-    assert clock.slept == pytest.approx(0.006)
-
-
-def test_a_cpu_share_rests_only_while_the_chain_makes_blocks(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = _Clock()
-    monkeypatch.setattr(served, "time", clock)
-    busy = {"now": False}
-    pace = served.CpuShare(0.25, busy=lambda: busy["now"])
-    while clock.now < 5:
-        clock.compute(0.001)
-        busy["now"] = clock.now >= 4  # blocks come for the last second
-        pace.check(clock.monotonic())
-    assert clock.slept == pytest.approx(0.75, rel=0.05)  # 3/4 of the busy second
-
-
-@pytest.mark.parametrize("tail", ["calls", "notifications"])
-def test_a_batch_past_its_size_limit_answers_the_rest_in_one_piece(tail: str) -> None:
-    """Past the 25 MB limit the rest of a batch is refused unrun, its answers put (and paid)
-    as one piece: each had cost a payment and a turn of the loop. Notifications get none."""
-    dispatcher = _dispatcher(10_000_000)
-    rest = ([_call("one", i) for i in range(3, 1_000)] if tail == "calls" else
-            [{"jsonrpc": "2.0", "method": "one", "params": []}] * 997)
-    puts: list[int] = []
-
-    async def pay(size: int) -> None:
-        puts.append(size)
-
-    batch = [_call("big", i) for i in range(3)] + rest
-    answer = orjson.loads(asyncio.run(dispatcher.handle_payload(orjson.dumps(batch),
-                                                                pay=pay)) or b"null")
-    errors = [a["error"]["message"] for a in answer if "error" in a]
-    assert [a.get("result", "") != "" for a in answer[:2]] == [True, True]
-    if tail == "calls":
-        assert len(answer) == 1_000 and errors == ["response too large"] * 998
-        assert len(puts) == 4  # three calls' answers, then the rest with the bracket
-    else:
-        assert len(answer) == 3 and errors == ["response too large"]
-        assert len(puts) == 4  # three calls' answers, then the closing bracket
-
-
-def test_a_child_sees_the_blocks_its_parent_commits() -> None:
-    """The block clock is one for the node and its children (a memfd they map): a child
-    started before the block sees it, and a chain idle for BUSY_SECONDS is not busy."""
-    clock = BlockClock.create()
-    assert not clock.busy()
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from chain.rpc.child_process import block_clock;"
-         " sys.stdin.readline(); print(block_clock().busy(), flush=True)"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(clock.fd,),
-        env={**os.environ, BlockClock.ENV: str(clock.fd), "PYTHONPATH": os.getcwd()})
-    clock.mark()
-    answer, _ = child.communicate("go\n", timeout=60)
-    assert answer.strip() == "True"
-    assert clock.busy()
+def test_the_chain_is_busy_for_a_while_after_each_block() -> None:
+    """The children's share of a core holds while blocks come (`_Child._pace`)."""
+    child_process._last_block = -math.inf
+    assert not chain_busy()
+    mark_block()
+    assert chain_busy()
+    child_process._last_block -= BUSY_SECONDS
+    assert not chain_busy()
