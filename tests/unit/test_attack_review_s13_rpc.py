@@ -276,8 +276,9 @@ def test_a_client_gone_or_stalled_mid_stream_stops_its_batch_and_logs_no_traceba
         await asyncio.sleep(0.01)
         return "a" * 1_000_000
 
+    rpc = _rpc({"big": big}, limits=RpcLimits(read_timeout=0.3))
+
     async def abandoned() -> None:
-        rpc = _rpc({"big": big}, limits=RpcLimits(read_timeout=0.3))
         async with _serving(rpc) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(_post(orjson.dumps([_call("big", i) for i in range(100)])))
@@ -295,6 +296,37 @@ def test_a_client_gone_or_stalled_mid_stream_stops_its_batch_and_logs_no_traceba
     assert calls < 20
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert [r.levelno for r in caplog.records if r.name == "chain.rpc.http"] == [logging.DEBUG]
+    assert rpc._answer_budget._waiting == 0  # no payer left counted
+
+
+def test_requests_pipelined_behind_a_streamed_answer_are_answered_each_in_turn() -> None:
+    """A streamed (chunked) batch, then a call, a batch of notifications, a single long
+    answer and a body that is not JSON, all sent at once on one connection."""
+
+    async def big() -> str:
+        return "a" * 100_000
+
+    async def one() -> int:
+        return 1
+
+    bodies = [orjson.dumps([_call("big", i) for i in range(30)]), orjson.dumps(_call("one", 7)),
+              orjson.dumps([{"jsonrpc": "2.0", "method": "one"}]), orjson.dumps(_call("big", 8)),
+              b"[1,"]
+
+    async def answers() -> list[tuple[bytes, bytes]]:
+        async with _serving(_rpc({"big": big, "one": one})) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"".join(_post(body) for body in bodies))
+            got = [await asyncio.wait_for(_head_and_body(reader), 30) for _ in bodies]
+            writer.close()
+            return got
+
+    (head, streamed), *rest = asyncio.run(answers())
+    assert b"chunked" in head.lower()
+    assert [a["id"] for a in orjson.loads(streamed)] == list(range(30))
+    assert [body[:40] for _, body in rest] == [
+        b'{"jsonrpc":"2.0","id":7,"result":1}', b"", b'{"jsonrpc":"2.0","id":8,"result":"aaaaaa',
+        b'{"jsonrpc":"2.0","id":null,"error":{"cod']
 
 
 def _proof(seq_no: int, replicas: range) -> bytes:
