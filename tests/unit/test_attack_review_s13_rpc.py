@@ -154,10 +154,10 @@ def _cpu_of(evm: EvmProcesses) -> float:  # noqa: F811
     return 0.0 if pid is None else cpu_ticks(pid) / _ticks_per_second()
 
 
-# Finding 4: a call shorter than a slice never rests.
+# Finding 2: a call shorter than a slice never rests.
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: CpuShare is made anew for each call and rests "
+@pytest.mark.xfail(strict=True, reason="finding 2: CpuShare is made anew for each call and rests "
                                        "only after a 10 ms slice: short calls never rest")
 def test_short_calls_one_after_another_rest_for_what_they_compute(
     monkeypatch: pytest.MonkeyPatch
@@ -168,8 +168,8 @@ def test_short_calls_one_after_another_rest_for_what_they_compute(
     child, eth_calls of 60,000 gas (a loop out of gas after ~2 ms) one after another, at a
     share of 0.1, kept it at 0.96 of a core; calls refused for their intrinsic gas, 0.88
     (the work around them); calls of 100,000 gas (over a slice each) at 0.12. A batch of
-    1,000 eth_calls, or four clients looping short ones (the hostile row's), computes a
-    whole core. Here 200 calls of 5 ms each, at a quarter of a core: no rest at all."""
+    1,000 short eth_calls, or clients looping them, keep the child computing most of a
+    core. Here 200 calls of 5 ms each, at a quarter of a core: no rest at all."""
     clock = _Clock()
     monkeypatch.setattr(served, "time", clock)
     for _ in range(200):
@@ -180,7 +180,7 @@ def test_short_calls_one_after_another_rest_for_what_they_compute(
     assert clock.cpu / clock.now <= 0.3
 
 
-# Finding 2: each call's answer in a batch is a wait of its own.
+# Finding 3: each call's answer in a batch is a wait of its own.
 
 
 class _CountedWaits(BodyBudget):
@@ -199,14 +199,14 @@ class _CountedWaits(BodyBudget):
         super().waited()
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2: each call's answer is paid with a sleep of "
+@pytest.mark.xfail(strict=True, reason="finding 3: each call's answer is paid with a sleep of "
                                        "its own: a batch of 1,000 small answers waits 1,000 times")
 def test_a_batch_of_small_answers_in_debt_waits_for_its_bytes_not_once_a_call() -> None:
     """While any client keeps the answers' budget in debt (reading large answers at its
     rate), an honest batch of 1,000 eth_chainId-sized answers (38 kB, 2.3 ms of the budget)
     makes 1,000 payments, each a sleep of ~2 us that costs a turn of the loop: 0.22 s here
-    against 0.016 s out of debt (and with k payers waiting each sleep is k times longer,
-    from ~0.6 ms epoll rounds it up to 1 ms); the loop wakes 1,000 times for it."""
+    against 0.016 s out of debt, 100 times what its bytes owe, and the loop wakes 1,000
+    times for it. Paid by the part (as a body is, every PAYMENT bytes), it would wait once."""
 
     async def one() -> int:
         return 1
@@ -422,10 +422,10 @@ def test_a_bundle_kept_closed_is_what_a_fresh_node_answers_across_a_skipped_chec
     assert ask(kept) == answer == ask(bundles())
 
 
-# Finding 3: a slow reader's answer has no total bound.
+# Finding 4: a slow reader's answer has no total bound.
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: only each part of a streamed answer has a "
+@pytest.mark.xfail(strict=True, reason="finding 4: only each part of a streamed answer has a "
                                        "deadline (read_timeout): the whole answer has none")
 def test_a_client_taking_its_answer_a_part_per_read_timeout_is_cut_within_a_total_bound(
     monkeypatch: pytest.MonkeyPatch
