@@ -76,6 +76,7 @@ def _values_within_limit(raw: bytes) -> bool:
 
 # Pays for `size` bytes of answer before more is made (the server's answers' budget).
 Payment = Callable[[int], Awaitable[None]]
+ANSWER_PAYMENT = 64 * 1024  # answer bytes owed before they are paid (PaidPieces)
 
 
 class AnswerSink(Protocol):
@@ -283,6 +284,7 @@ class Dispatcher:
         batch's answer is joined on a worker."""
         collected = _Collected(pay)
         await self.answer_into(body, collected, session)
+        await collected.settle()
         pieces = collected.pieces
         if not pieces:
             return None
@@ -357,15 +359,36 @@ def _refused(items: list[Any], opening: bytes) -> bytes:
     return opening + b",".join(answers) + b"]"
 
 
-class _Collected:
-    """An answer's pieces, each paid for as it comes."""
+class PaidPieces:
+    """A sink's payments: each piece is owed, and paid once ANSWER_PAYMENT bytes are owed
+    (and what is left, by `settle`, before what was owed is written or the answer ends),
+    not piece by piece: in debt each payment is a sleep, a turn of the loop (1,000 small
+    answers woke it 1,000 times: the attack review s13-rpc, finding 3)."""
 
     def __init__(self, pay: Payment) -> None:
-        self.pay = pay
+        self._pay = pay
+        self._owed = 0
+
+    async def owe(self, size: int) -> None:
+        self._owed += size
+        if self._owed >= ANSWER_PAYMENT:
+            await self.settle()
+
+    async def settle(self) -> None:
+        if self._owed:
+            owed, self._owed = self._owed, 0
+            await self._pay(owed)
+
+
+class _Collected(PaidPieces):
+    """An answer's pieces, paid for as they come."""
+
+    def __init__(self, pay: Payment) -> None:
+        super().__init__(pay)
         self.pieces: list[bytes] = []
         self.size = 0
 
     async def put(self, piece: bytes) -> None:
-        await self.pay(len(piece))
+        await self.owe(len(piece))
         self.pieces.append(piece)
         self.size += len(piece)
