@@ -48,6 +48,7 @@ from tests.unit.test_evm_process import (  # noqa: F401 (fixtures)
     request,
     running_child,
 )
+from tests.unit.test_read_process import reads  # noqa: F401 (a fixture)
 from tests.unit.test_read_store import chain as read_store_chain  # noqa: F401 (a fixture)
 from tests.unit.test_rpc_answer_costs import _checkpoint
 
@@ -368,13 +369,6 @@ def test_a_stable_checkpoint_stored_again_with_another_proof_is_answered_with_it
     store.apply([Put(StoreName.STABLE_CHECKPOINTS, u64(4), _proof(4, range(1, 4)))])
     (entry,) = records.checkpoints(0, 10)
     assert entry["proof"][0] == "0x" + _checkpoint(4, 1).hex()
-
-
-@pytest.fixture
-def reads(read_store_chain: Blockchain) -> Any:  # noqa: F811
-    workers = ReadWorkers(read_store_chain, threads=1, max_pending=4)
-    yield workers
-    workers.close()
 
 
 def test_a_bundle_kept_closed_is_what_a_fresh_node_answers_across_a_skipped_checkpoint(

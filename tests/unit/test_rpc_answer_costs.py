@@ -29,6 +29,7 @@ from pbft_engine.core.records import Put, StoreName, u16, u64
 from pbft_engine.messages import Checkpoint, Signed
 from pbft_engine.record_store import MemoryConsensusStore
 from pbft_engine.rpc_records import ConsensusRecords
+from tests.unit.test_read_process import reads  # noqa: F401 (a fixture)
 from tests.unit.test_read_store import chain as read_store_chain  # noqa: F401 (a fixture)
 
 STABLE, PENDING = 10, 20
@@ -68,13 +69,6 @@ def test_a_stable_checkpoint_is_made_once_and_each_reader_gets_its_own(
     again = records.checkpoints(0, 100)
     assert len(again[0]["proof"]) == 3 and again[1:] == first[1:]
     assert len(decoded) == 5  # only the pending one was decoded again
-
-
-@pytest.fixture
-def reads(read_store_chain: Blockchain) -> Any:  # noqa: F811
-    workers = ReadWorkers(read_store_chain, threads=1, max_pending=4)
-    yield workers
-    workers.close()
 
 
 def test_a_bundles_block_is_kept_closed_once_final_and_never_before(
