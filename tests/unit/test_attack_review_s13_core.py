@@ -3,7 +3,15 @@
 fetch reached nothing while the oldest request waits, a request timeout only a claimed head
 excuses passes it over) and 760082c (a validator voted out and in again whose replica
 leaves at the new change's c looks for a join at once). Findings are strict xfails naming
-the gap; the rules that held are plain tests."""
+the gap; the rules that held are plain tests.
+
+Finding 1: one fetch that failed for an ordinary reason makes every request timeout during
+a later, merely slow, honest fetch count as passing the request over: a lone VIEW-CHANGE
+against a correct primary (f + 1 with the f byzantine members'). Finding 2: a fetch of a
+lie that imports the censor's block before it fails (as block sync imports an honest
+peer's short answer) never sets `claim_unserved`: 9dc1a4c's count never starts. A fix for
+both: count the failure of a fetch that excused a timeout (whatever it imported before),
+not the timeouts during a fetch; a slow fetch that completes then counts nothing."""
 
 from __future__ import annotations
 
