@@ -80,25 +80,8 @@ def at_head(replica: Replica, count: tuple[int, int]) -> int:
 
 
 def excuse(replica: Replica) -> None:
-    """A request timeout was put down to this replica's lag: count it at this head. Once a
-    fetch has reached nothing while the oldest request waits, a timeout that only a
-    claimed head excuses passes that request over, as a commit does: a censoring primary
-    that claims heads it cannot serve, and commits other blocks in between (the head
-    moves, so each claim is believed afresh), is judged by the time the request waits,
-    not by its commits alone (censor simulator seed 369 at N = 9: its 9 commits took
-    10.5 s, and the request missed its bound). A fetch under way counts nothing, however
-    long it takes, until one has failed."""
+    """A request timeout was put down to this replica's lag: count it at this head."""
     replica.excused = (replica.last_exec, at_head(replica, replica.excused) + 1)
-    if replica.fair_mark is not None and replica.claim_unserved and claimed_only(replica):
-        replica.passed_over += 1
-
-
-def claimed_only(replica: Replica) -> bool:
-    """Nothing but a claimed head (`claimed_lag`) excuses the primary here: no f+1
-    checkpoints above, no block work under way, no certificate of the next block."""
-    run_end = replica._certified_run_end()
-    return (replica.checkpoints.vouched_above(run_end) is None and not busy(replica)
-            and run_end <= replica.last_exec)
 
 
 def missed_fetch(replica: Replica) -> int:
@@ -200,7 +183,6 @@ def on_fetch_failed(replica: Replica, event: FetchFailed) -> None:
         on_fetch_completed(replica, event.reached)
     else:
         replica.fetching = None
-        replica.claim_unserved = True
         # A head that two fetches in a row could not reach any of is no longer believed
         # (a peer claiming one it cannot serve would keep `lagging` true for good), once
         # it has excused a request timeout: two fetches that failed fast, within one

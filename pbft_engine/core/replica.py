@@ -228,7 +228,6 @@ class Replica:
         self.evidence: set[bytes] = set()
         self.requests: dict[bytes, int] = {}  # executable transactions waiting, oldest first
         self.passed_over = 0  # commits passing over the oldest request, since the mark
-        self.claim_unserved = False  # a fetch reached nothing while the oldest request waited
         self.arrivals = 0  # requests received so far (each one's index: its value in requests)
         self.fair_mark: int | None = None  # arrivals at the oldest request's fairness mark
         self.backlog_grace = 0  # commits of the backlog from before the mark it may still take
@@ -540,7 +539,6 @@ class Replica:
         """Another request is the oldest (or a new primary times it): nothing passed it
         over yet, and its fairness mark is a quarter of the request timeout away."""
         self.passed_over, self.fair_mark, self.backlog_grace = 0, None, 0
-        self.claim_unserved = False
         if self.requests:
             self._set_timer(TimerKind.FAIRNESS_MARK, b"",
                             max(1, self.params.request_timeout_ms // 4))

@@ -15,7 +15,6 @@ from pbft_engine.core import (
     CommitBlock,
     FetchCommitted,
     FetchCompleted,
-    FetchFailed,
     Mode,
     PeerCommitted,
     RelayRequests,
@@ -116,53 +115,6 @@ def test_a_primary_that_keeps_passing_over_a_request_is_replaced() -> None:
     replica.step(TimerFired(TimerKind.REQUEST, b""))
     assert replica.view == 1 and not replica.active
     assert replica.view_change_reasons == {"request_timeout": 1}
-
-
-def test_timeouts_a_claimed_head_excuses_count_as_passing_over() -> None:
-    """Censorship judged by time, not by the censor's commits alone: a primary that claims
-    a head it cannot serve (defence in depth: block sync checks a head's certificate) holds
-    the backup in a fetch when each request timeout runs out, which excuses it (`lagging`),
-    and commits a block of other transactions once the fetch fails: the head moved, so the
-    next claim is believed afresh. Once a fetch has failed while the oldest request waits,
-    each timeout only a claimed head excuses passes it over as a commit does: once more
-    than MAX_PASSED_OVER of them and the commits have, the next timeout replaces the
-    primary. Until session 13 only the commits counted, each after an excused timeout
-    (censor simulator seed 369 at N = 9: replaced after 9 commits over 10.5 s; the
-    censored request missed its bound)."""
-    replica = start_replica()
-    replica.step(RequestReceived(WAITING))
-    replica.step(TimerFired(TimerKind.FAIRNESS_MARK, b""))
-    lie = (10**9, keccak(b"a head nobody holds"))
-    seq_no = 0
-    while replica.view == 0 and seq_no <= MAX_PASSED_OVER:
-        replica.step(PeerCommitted(*lie, b""))  # (told again as each fetch fails)
-        assert replica.fetching == lie[0]
-        replica.step(TimerFired(TimerKind.REQUEST, b""))
-        if replica.view == 0:
-            seq_no += 1
-            other = keccak(b"other %d" % seq_no)
-            replica.step(RequestReceived(other))
-            commit_while_fetching(replica, seq_no, other, lie[0])
-    assert replica.view == 1 and replica.view_change_reasons == {"request_timeout": 1}
-    assert seq_no == (MAX_PASSED_OVER + 2) // 2  # (once more than MAX_PASSED_OVER passed it)
-
-
-def commit_while_fetching(replica: Replica, seq_no: int, tx: bytes, target: int) -> None:
-    """Block `seq_no` of `tx` is agreed while this replica fetches `target`, and committed
-    here once that fetch has failed."""
-    block = b"block %d" % seq_no
-    digest = keccak(block)
-    replica.step(from_peer(PrePrepare(0, seq_no, digest, 0), (block,)))
-    replica.step(FetchFailed(target))
-    replica.step(BlockValidated(seq_no, digest, True))
-    for peer in (1, 3):
-        replica.step(from_peer(Prepare(0, seq_no, digest, peer)))
-    for peer in (0, 1):
-        replica.step(from_peer(Commit(0, seq_no, digest, peer)))
-    if replica.fetching is not None:  # (the claim draws it into a fetch again)
-        replica.step(FetchFailed(replica.fetching))
-    replica.step(BlockCommitted(seq_no, digest, keccak(digest), (tx,)))
-    assert replica.last_exec == seq_no
 
 
 def test_a_burst_the_primary_received_first_is_not_censorship() -> None:
