@@ -50,7 +50,12 @@ STOP_SECONDS = 2.0  # for an idle child to exit when its stdin closes; then it i
 LOWEST_PRIORITY = 19
 # `python -m module` at the lowest priority from its first import on (py-evm's take ~0.6 s of
 # CPU: at nice 0, a node's children starting at their first requests slowed its consensus).
-LAUNCH = ("import os, runpy; os.setpriority(os.PRIO_PROCESS, 0, {priority}); "
+# It is killed with its parent (prctl PR_SET_PDEATHSIG, SIGKILL): a node killed while its
+# child was stopped (`_Child._pace`) would leave the child stopped for good.
+LAUNCH = ("import ctypes, os, runpy, signal; "
+          "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL); "
+          "os.getppid() == 1 and os._exit(1); "
+          "os.setpriority(os.PRIO_PROCESS, 0, {priority}); "
           "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
 PIPE_BYTES = 1024 * 1024  # the child's stdout (Linux's default limit for a pipe's size)
 ENTRY_BYTES = 150  # what a cached entry costs beyond its key and value (objects, links)

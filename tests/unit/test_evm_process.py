@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -294,3 +296,26 @@ def test_two_workers_execute_two_calls_at_once(blockchain: Blockchain) -> None:
         assert len(set(processes.pids)) == 2
     finally:
         processes.close()
+
+
+ORPHANING = """import sys, time
+from chain.rpc.child_process import _Child
+child = _Child("chain.rpc.evm_child", "EVM process", 1 << 20, 1.0)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_child_dies_with_its_parent_even_stopped() -> None:
+    """A node killed while its child was stopped (the parent's pacing) would leave the
+    child stopped for good, holding its memory: it is killed with its parent."""
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANING], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert parent.stdout is not None
+    pid = int(parent.stdout.readline())
+    # past its first line (the prctl) once it computes its imports
+    wait_for(lambda: gone(pid) or cpu_ticks(pid) >= 5, 30, "the child importing")
+    os.kill(pid, signal.SIGSTOP)  # as `_Child._pace` does
+    parent.kill()
+    parent.wait()
+    wait_for(lambda: gone(pid), 10, "the stopped child gone with its parent")
