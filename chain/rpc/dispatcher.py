@@ -297,11 +297,12 @@ class Dispatcher:
                           ) -> None:
         """The answer's pieces put into `sink` in order, each as soon as it is made (a batch:
         its brackets, each call's answer and the commas; nothing: no answer). The sink pays
-        for each before the next call runs and may write it at once: a batch's work and its
-        writing go at the rate its answer is paid for. Made whole, then paid, 8 clients'
-        batches of block bundles came in bursts, each ending with 25 MB joined and copied
-        into the socket at once: ~1 s of the node's CPU, and the honest transfers' p99
-        tripled. (What the sink raises, a client gone, stops the batch.)"""
+        for them as they come (at least every ANSWER_PAYMENT bytes: PaidPieces) and may
+        write them at once: a batch's work and its writing go at the rate it is paid for.
+        Made whole, then paid, 8 clients' batches of block bundles came in bursts, each
+        ending with 25 MB joined and copied into the socket at once: ~1 s of the node's
+        CPU, and the honest transfers' p99 tripled. (What the sink raises, a client gone,
+        stops the batch.)"""
         try:
             payload = await self._decode(body)
         except _OverLimit as exc:
