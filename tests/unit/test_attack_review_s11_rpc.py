@@ -166,10 +166,11 @@ def one_byte_frames(payload: bytes) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def websocket_server(budget: BodyBudget) -> AsyncIterator[TestServer]:
-    """The node's WebSocket handler alone (each message answered with its length), paying
-    `budget`; the node's ends of its connections aborted at the end (one in debt reads
-    nothing)."""
+async def websocket_server(budget: BodyBudget, dispatcher: object | None = None,
+                           ) -> AsyncIterator[TestServer]:
+    """The node's WebSocket handler alone (each message answered with its length, or by
+    `dispatcher`), paying `budget`; the node's ends of its connections aborted at the end
+    (one in debt reads nothing)."""
     server = object.__new__(RpcServer)  # only its WebSocket handler: no node behind it
     server.limits = RpcLimits()
     server._body_budget = budget
@@ -177,7 +178,7 @@ async def websocket_server(budget: BodyBudget) -> AsyncIterator[TestServer]:
                                        server.limits.batch.max_response_bytes)
     server._websockets = {}
     server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))
-    server.dispatcher = LengthOfEachMessage()  # type: ignore[assignment]
+    server.dispatcher = dispatcher or LengthOfEachMessage()  # type: ignore[assignment]
     connections: list[asyncio.Transport | None] = []
 
     async def websocket(request: web.Request) -> web.StreamResponse:

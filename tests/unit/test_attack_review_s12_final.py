@@ -31,22 +31,17 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import rlp
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from chain import ordered_trie
 from chain.blockchain import Blockchain
 from chain.errors import BlockValidationError
 from chain.genesis import Genesis
-from chain.rpc.limits import RpcLimits
-from chain.rpc.server import PAYMENT, BodyBudget, RpcServer, _PaidReads
-from chain.rpc.subscriptions import Subscriptions
+from chain.rpc.server import PAYMENT, BodyBudget, _PaidReads
 from storage import Database
-from tests.unit.test_attack_review_s11_rpc import PaidBudget
+from tests.unit.test_attack_review_s11_rpc import PaidBudget, websocket_server
 from tests.unit.test_attack_review_s12_rpc import HANDSHAKE, frame_head
 
 
@@ -120,21 +115,7 @@ class Stalled:
 @contextlib.asynccontextmanager
 async def stalled_websocket(budget: BodyBudget) -> AsyncIterator[asyncio.StreamWriter]:
     """A raw client of the node's WebSocket handler, with a stalled dispatcher."""
-    server = object.__new__(RpcServer)  # only its WebSocket handler: no node behind it
-    server.limits = RpcLimits()
-    server._body_budget = budget
-    server._websockets = {}
-    server.subscriptions = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None))  # type: ignore[arg-type]
-    server.dispatcher = Stalled()  # type: ignore[assignment]
-    connections: list[asyncio.Transport | None] = []
-
-    async def websocket(request: web.Request) -> web.StreamResponse:
-        connections.append(request.transport)
-        return await server._websocket(request)
-
-    app = web.Application()
-    app.router.add_get("/", websocket)
-    async with TestServer(app) as listening:
+    async with websocket_server(budget, Stalled()) as listening:
         reader, writer = await asyncio.open_connection(listening.host, listening.port)
         writer.write(HANDSHAKE + b"\r\n")
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101")
@@ -142,9 +123,6 @@ async def stalled_websocket(budget: BodyBudget) -> AsyncIterator[asyncio.StreamW
             yield writer
         finally:
             writer.transport.abort()
-            for connection in connections:
-                if connection is not None:
-                    connection.abort()
 
 
 def test_a_stalled_websocket_reader_bounds_what_the_node_reads() -> None:
