@@ -169,8 +169,9 @@ class _Child:
         left = deadline - time.monotonic()
         if left <= 0:
             raise _Late
-        (self._writable if writing else self._readable).poll(
-            math.ceil(min(left, PACE_SECONDS) * 1000))
+        if self._share < 1:  # woken to look at its CPU at least every PACE_SECONDS
+            left = min(left, PACE_SECONDS)
+        (self._writable if writing else self._readable).poll(math.ceil(left * 1000))
         self._pace()
 
     def _pace(self) -> None:
@@ -185,7 +186,7 @@ class _Child:
         deadline's kill, and calls shorter than a slice never rested)."""
         now = time.monotonic()
         if self._share >= 1 or now - self._looked < PACE_SECONDS:
-            return
+            return  # (unpaced: a wait sleeps until the child speaks or its deadline)
         cpu = cpu_seconds(self.pid)
         worked = cpu - (cpu if self._cpu is None else self._cpu)
         self._cpu, self._looked = cpu, now
