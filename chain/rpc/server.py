@@ -522,7 +522,7 @@ class RpcServer:
             result = await self.dispatcher.handle_payload(message.data, session,
                                                           self._payment(None))
             if result is not None:
-                session.outbox.put_answer(result.decode())
+                session.outbox.put_answer(result)
 
     @staticmethod
     async def _ws_writer(
@@ -533,7 +533,7 @@ class RpcServer:
         try:
             while (item := await outbox.next()) is not None:
                 async with asyncio.timeout(deadline):
-                    await socket.send_str(item.text())
+                    await socket.send_frame(item.frame(), WSMsgType.TEXT)
                 outbox.sent(item)
             return outbox.cut_reason
         except TimeoutError:

@@ -65,12 +65,17 @@ class WebSocketLimits:
 
 
 class _Item(NamedTuple):
-    body: str  # an answer, or a notification's result
+    body: bytes | str  # an answer (UTF-8 JSON, as made), or a notification's result
     subscription: str | None  # None: an answer
     size: int  # of the text written
 
-    def text(self) -> str:
-        return self.body if self.subscription is None else ENVELOPE % (self.subscription, self.body)
+    def frame(self) -> bytes:
+        """The text frame's payload. An answer is written as made: decoding a 25 MB answer to
+        text and aiohttp encoding it back were two copies of it on the loop."""
+        if self.subscription is None:
+            assert isinstance(self.body, bytes)
+            return self.body
+        return (ENVELOPE % (self.subscription, self.body)).encode()
 
 
 class Outbox:
@@ -87,10 +92,10 @@ class Outbox:
         self._room = asyncio.Event()  # under the budget, or cut
         self._room.set()
 
-    def put_answer(self, text: str) -> None:
+    def put_answer(self, answer: bytes) -> None:
         """Queued whole, whatever its size: the reader waits for `room` before the next."""
         if not self._closed:
-            self._push(_Item(text, None, len(text)))
+            self._push(_Item(answer, None, len(answer)))
 
     def put_notification(self, subscription_id: str, result: str) -> bool:
         """False when the connection is cut (now, if this one does not fit) or closed."""

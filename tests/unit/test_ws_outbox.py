@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiohttp import WSMsgType
 
 from chain.rpc.errors import RpcError
 from chain.rpc.server import RpcServer
@@ -40,14 +41,14 @@ def run(coroutine: Any) -> Any:
 def test_answers_over_the_budget_hold_the_reader_until_the_client_takes_them() -> None:
     async def body() -> None:
         outbox = Outbox(LIMITS)
-        outbox.put_answer("a" * 600)
+        outbox.put_answer(b"a" * 600)
         assert await asyncio.wait_for(outbox.room(), 1)  # under the budget: read on
-        outbox.put_answer("b" * 600)  # queued whole, but now over: the reader waits
+        outbox.put_answer(b"b" * 600)  # queued whole, but now over: the reader waits
         room = asyncio.ensure_future(outbox.room())
         await asyncio.sleep(0)
         assert not room.done() and outbox.bytes == 1_200
         first = await outbox.next()
-        assert first is not None and first.text() == "a" * 600
+        assert first is not None and first.frame() == b"a" * 600
         assert not room.done()  # counted until written
         outbox.sent(first)
         assert await asyncio.wait_for(room, 1) and outbox.bytes == 600
@@ -74,8 +75,8 @@ def test_a_notification_is_written_as_json_rpc() -> None:
         outbox = Outbox(LIMITS)
         assert outbox.put_notification("0xab", '{"number":"0x1"}')
         item = await outbox.next()
-        assert item is not None and len(item.text()) == item.size == outbox.bytes
-        assert json.loads(item.text()) == {
+        assert item is not None and len(item.frame()) == item.size == outbox.bytes
+        assert json.loads(item.frame()) == {
             "jsonrpc": "2.0", "method": "eth_subscription",
             "params": {"subscription": "0xab", "result": {"number": "0x1"}}}
 
@@ -88,20 +89,21 @@ class _StuckSocket:
     def __init__(self, taken: int = 0, error: Exception | None = None) -> None:
         self.taken = taken
         self.error = error
-        self.sent: list[str] = []
+        self.sent: list[bytes] = []
 
-    async def send_str(self, text: str) -> None:
+    async def send_frame(self, message: bytes, opcode: WSMsgType) -> None:
+        assert opcode is WSMsgType.TEXT  # JSON-RPC over WebSocket is text (as geth's)
         if self.error is not None:
             raise self.error
         if len(self.sent) >= self.taken:
             await asyncio.Event().wait()
-        self.sent.append(text)
+        self.sent.append(message)
 
 
 def test_a_message_not_taken_within_the_write_deadline_cuts_the_client() -> None:
-    async def body() -> tuple[str | None, float, list[str], bool]:
+    async def body() -> tuple[str | None, float, list[bytes], bool]:
         outbox = Outbox(LIMITS)
-        for text in ("one", "two", "three"):
+        for text in (b"one", b"two", b"three"):
             outbox.put_answer(text)
         socket = _StuckSocket(taken=1)
         started = time.monotonic()
@@ -109,7 +111,7 @@ def test_a_message_not_taken_within_the_write_deadline_cuts_the_client() -> None
         return reason, time.monotonic() - started, socket.sent, await outbox.room()
 
     reason, waited, sent, room = run(body())
-    assert reason == WRITE_DEADLINE and sent == ["one"]
+    assert reason == WRITE_DEADLINE and sent == [b"one"]
     assert LIMITS.write_deadline <= waited < LIMITS.write_deadline + 2
     assert not room  # the reader stops too
 
@@ -117,7 +119,7 @@ def test_a_message_not_taken_within_the_write_deadline_cuts_the_client() -> None
 def test_a_client_gone_is_not_a_cut() -> None:
     async def body() -> tuple[str | None, bool]:
         outbox = Outbox(LIMITS)
-        outbox.put_answer("one")
+        outbox.put_answer(b"one")
         socket = _StuckSocket(error=ConnectionResetError("gone"))
         reason = await RpcServer._ws_writer(socket, outbox, LIMITS.write_deadline)  # type: ignore[arg-type]
         return reason, await outbox.room()
@@ -187,10 +189,10 @@ def test_each_block_is_fanned_out_off_the_commit_path() -> None:
         ids = [[await s.eth_subscribe("newHeads") for _ in range(2)] for s in sessions]
         subscriptions._on_block(SimpleNamespace(header=_header(1), records=()))  # type: ignore[arg-type]
         assert all(not s.outbox.bytes for s in sessions)  # nothing done on the commit path
-        texts: list[list[str]] = []
+        texts: list[list[bytes]] = []
         for session, expected in zip(sessions, ids, strict=True):
             items = [await session.outbox.next() for _ in expected]
-            texts.append([item.text() for item in items if item is not None])
+            texts.append([item.frame() for item in items if item is not None])
         subscriptions.close_all()
         return [[json.loads(t)["params"]["subscription"] for t in ts] for ts in texts] + ids
 
