@@ -85,6 +85,9 @@ class NodeMetrics:
         self.websocket_disconnects = Counter(
             "rpc_websocket_disconnects", "WebSocket clients the node cut, by reason",
             ["reason"], registry=self.registry)
+        self.http_disconnects = Counter(
+            "rpc_http_disconnects", "HTTP clients the node cut: an answer not taken within the "
+            "read timeout", registry=self.registry)
         self.websocket_outbox_bytes = Gauge(
             "rpc_websocket_outbox_bytes", "Bytes queued for WebSocket clients",
             registry=self.registry)

@@ -10,16 +10,17 @@ with backpressure and a write deadline (`WebSocketLimits`, chain/rpc/subscriptio
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import sys
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
+from prometheus_client import Counter
 
 from chain.p2p.throttle import ThrottledLog
 from chain.rpc.backend import RpcBackend
@@ -147,18 +148,34 @@ class BodyBudget:
 
 
 class _ClientGone(Exception):
-    """The client did not take its answer within the read timeout: cut."""
+    """The client did not take its answer within the read timeout: to be cut."""
+
+
+class HttpCuts:
+    """HTTP clients the node cut for not taking their answers within the read timeout: each
+    said (a log line a flood cannot fill) and counted, as WebSocket clients cut are."""
+
+    def __init__(self, counter: Counter) -> None:
+        self._log = ThrottledLog(log, "HTTP clients disconnected")
+        self._counter = counter
+
+    def cut(self, request: web.Request, seconds: float) -> None:
+        if request.transport is not None:
+            request.transport.abort()
+        self._log.log(logging.WARNING, WRITE_DEADLINE, "HTTP client %s disconnected: an "
+                      "answer not taken within the %g s read timeout", request.remote, seconds)
+        self._counter.inc()
 
 
 class _HttpAnswer(PaidPieces):
     """An HTTP answer as the dispatcher makes it (an AnswerSink): its pieces paid for as
-    they come (PaidPieces), then held; a short answer is written whole with its length, a
-    long one streamed (chunked) a part of about WRITE_PART at a time as the pieces come, so
-    it is neither held whole nor copied into the socket's buffer whole. The client has the
-    read timeout in all to take it (the time its writes wait on the socket, as geth's
-    WriteTimeout bounds an answer: each part within it let a client reading ~50 kB/s hold a
-    25 MB answer for minutes, the attack review s13-rpc, finding 4); past it the client is
-    cut, and its batch stops."""
+    they come (PaidPieces), then held; a short answer is written whole with its length (by
+    `RpcServer._sent`), a long one streamed (chunked) a part of about WRITE_PART at a time
+    as the pieces come, so it is neither held whole nor copied into the socket's buffer
+    whole. The client has the read timeout in all to take it (the time its writes wait on
+    the socket, as geth's WriteTimeout bounds an answer: each part within it let a client
+    reading ~50 kB/s hold a 25 MB answer for minutes, the attack review s13-rpc, finding
+    4); past it `_ClientGone` is raised (the client is to be cut), and its batch stops."""
 
     def __init__(self, request: web.Request, pay: Payment, timeout: float) -> None:
         super().__init__(pay)
@@ -167,7 +184,6 @@ class _HttpAnswer(PaidPieces):
         self._held: list[bytes] = []
         self._size = 0
         self._stream: web.StreamResponse | None = None
-        self._gone = False  # cut: nothing more is written
 
     async def put(self, piece: bytes) -> None:
         await self.owe(len(piece))
@@ -186,30 +202,38 @@ class _HttpAnswer(PaidPieces):
             await self._stream.prepare(self._request)
         part = memoryview(b"".join(self._held))  # (one piece: itself, not a copy)
         self._held, self._size = [], 0
+        for at in range(0, len(part), WRITE_PART):  # a 25 MB answer of one call too
+            await self._waited(self._stream.write(part[at:at + WRITE_PART]))
+
+    async def _waited(self, write: Awaitable[None]) -> None:
+        """`write`, within what is left of the client's time to take its answer."""
+        started = time.monotonic()
         try:
-            for at in range(0, len(part), WRITE_PART):  # a 25 MB answer of one call too
-                started = time.monotonic()
-                async with asyncio.timeout(self._waits_left):
-                    await self._stream.write(part[at:at + WRITE_PART])
-                self._waits_left -= time.monotonic() - started
+            async with asyncio.timeout(self._waits_left):
+                await write
         except TimeoutError:
-            self._gone = True
-            if self._request.transport is not None:
-                self._request.transport.abort()
             raise _ClientGone from None
+        finally:
+            self._waits_left -= time.monotonic() - started
 
     async def finish(self) -> web.StreamResponse:
+        """The answer's end: a short answer to write whole (not yet prepared), or the
+        streamed one ended, its end too within the client's time."""
         if self._stream is None:
             await self.settle()
             if not self._held:
                 return web.Response(status=200)
             return web.Response(body=b"".join(self._held), content_type="application/json",
                                 charset="utf-8")
-        if not self._gone:
-            with contextlib.suppress(_ClientGone):
-                if self._held:
-                    await self._write()
-                await self._stream.write_eof()
+        if self._held:
+            await self._write()
+        await self._waited(self._stream.write_eof())
+        return self._stream
+
+    @property
+    def stream(self) -> web.StreamResponse:
+        """The streamed answer (once `_ClientGone` was raised: nothing more is written)."""
+        assert self._stream is not None
         return self._stream
 
 
@@ -357,6 +381,7 @@ class RpcServer:
         self.dispatcher = Dispatcher(methods, self.limits.batch)
         self.subscriptions = Subscriptions(node, websocket)
         self._cuts = ThrottledLog(log, "WebSocket clients disconnected")
+        self._http_cuts = HttpCuts(node.metrics.http_disconnects)
         for reason in CUT_REASONS:  # each counted from zero
             node.metrics.websocket_disconnects.labels(reason)
         node.metrics.websocket_outbox_bytes.set_function(self.subscriptions.outbox_bytes)
@@ -385,9 +410,25 @@ class RpcServer:
         if origin and "*" not in self.cors_origins and origin not in self.cors_origins:
             return web.Response(status=403, text="origin not allowed\n")
         response = await self._handle(request)
-        if origin and not response.prepared:
-            response.headers["Access-Control-Allow-Origin"] = origin
+        if not response.prepared:
+            if origin:
+                response.headers["Access-Control-Allow-Origin"] = origin
+            await self._sent(request, response)
         return response
+
+    async def _sent(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Writes an answer within the read timeout, as a long answer's parts are
+        (`_HttpAnswer`): left to aiohttp after the handler, a short answer (or any, at its
+        end) waited on the socket for as long as the client liked, so a client that never
+        read held its connection for good (the attack review s14-rpc, finding 1)."""
+        try:
+            async with asyncio.timeout(self.limits.read_timeout):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            self._http_cuts.cut(request, self.limits.read_timeout)
+        except ConnectionError:
+            pass  # the client left (aiohttp's own end of the answer says so: a debug line)
 
     def _refusal(self, request: web.Request) -> web.Response | None:
         """The answer to a request refused on its method and headers alone."""
@@ -453,9 +494,12 @@ class RpcServer:
         if isinstance(body, web.Response):
             return body
         answer = _HttpAnswer(request, self._payment(request), self.limits.read_timeout)
-        with contextlib.suppress(_ClientGone):
+        try:
             await self.dispatcher.answer_into(body, answer)
-        return await answer.finish()
+            return await answer.finish()
+        except _ClientGone:
+            self._http_cuts.cut(request, self.limits.read_timeout)
+            return answer.stream
 
     def _payment(self, request: web.Request | None) -> Payment:
         """Paying for answer bytes from the node's answers' budget; meanwhile the request's

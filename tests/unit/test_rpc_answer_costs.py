@@ -16,13 +16,14 @@ import rlp
 from aiohttp.test_utils import TestServer
 
 from chain.blockchain import Blockchain
+from chain.metrics import NodeMetrics
 from chain.rpc import child_process
 from chain.rpc.bundles import METHOD, BlockBundles
 from chain.rpc.child_process import BUSY_SECONDS, chain_busy, mark_block
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.limits import RpcLimits
 from chain.rpc.read_process import ReadWorkers
-from chain.rpc.server import WRITE_PART, BodyBudget, RpcServer
+from chain.rpc.server import WRITE_PART, BodyBudget, HttpCuts, RpcServer
 from pbft_engine import rpc_records
 from pbft_engine.core.epochs import EpochSchedule
 from pbft_engine.core.records import Put, StoreName, u16, u64
@@ -141,6 +142,7 @@ def test_a_client_that_takes_none_of_its_answer_is_cut_and_its_batch_stops() -> 
         rpc._body_budget = BodyBudget(10**9, 10**9)
         rpc._answer_budget = BodyBudget(10**9, 10**9)
         rpc.dispatcher = dispatcher = Dispatcher({"big": big})
+        rpc._http_cuts = HttpCuts(NodeMetrics().http_disconnects)
         answered = asyncio.get_running_loop().create_future()
         answer_into = dispatcher.answer_into
 
