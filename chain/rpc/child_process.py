@@ -51,10 +51,12 @@ LOWEST_PRIORITY = 19
 # `python -m module` at the lowest priority from its first import on (py-evm's take ~0.6 s of
 # CPU: at nice 0, a node's children starting at their first requests slowed its consensus).
 # It is killed with its parent (prctl PR_SET_PDEATHSIG, SIGKILL): a node killed while its
-# child was stopped (`_Child._pace`) would leave the child stopped for good.
+# child was stopped (`_Child._pace`) would leave the child stopped for good; a parent gone
+# before the prctl is one that is no longer its parent (not "adopted by pid 1": a node that
+# is pid 1, a container's, had every child exit at once, the attack review s14-rpc).
 LAUNCH = ("import ctypes, os, runpy, signal; "
           "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL); "
-          "os.getppid() == 1 and os._exit(1); "
+          "os.getppid() != {parent} and os._exit(1); "
           "os.setpriority(os.PRIO_PROCESS, 0, {priority}); "
           "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
 PIPE_BYTES = 1024 * 1024  # the child's stdout (Linux's default limit for a pipe's size)
@@ -108,7 +110,8 @@ class _Child:
         self._looked = time.monotonic()
         self._cpu: float | None = None  # its CPU when last looked at (None: not yet)
         self._process = subprocess.Popen(
-            [sys.executable, "-c", LAUNCH.format(priority=LOWEST_PRIORITY, module=module)],
+            [sys.executable, "-c", LAUNCH.format(priority=LOWEST_PRIORITY, module=module,
+                                                 parent=os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         assert self._process.stdin is not None and self._process.stdout is not None
         self._what = what

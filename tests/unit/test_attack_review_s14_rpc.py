@@ -10,7 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -137,3 +141,29 @@ def test_a_client_cut_for_not_taking_its_answer_is_said_and_counted(
         f"HTTP client 127.0.0.1 disconnected: an answer not taken within the "
         f"{READ_TIMEOUT:g} s read timeout"]
     assert metrics.registry.get_sample_value("rpc_http_disconnects_total") == 1
+
+
+# Finding 3: a node that is pid 1 (a container's) had every child exit at once.
+
+IN_A_CONTAINER = """import os
+from chain.rpc.child_process import _Child
+child = _Child("json.tool", "a child", 1 << 20, 1.0)  # echoes its stdin's JSON
+answer, _ = child._process.communicate(b"[1]", timeout=30)
+print(os.getpid(), child._process.returncode, answer == b"[\\n    1\\n]\\n")
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare(1)")
+def test_a_child_of_a_node_that_is_pid_1_runs() -> None:
+    """Fixed (was a strict xfail): `LAUNCH` took a parent of pid 1 for a parent gone before
+    its prctl (its orphan adopted by init), but a node is pid 1 when it is a container's
+    entrypoint (`docker run ... pbft-node run`): there every EVM and read child exited at
+    once with status 1, and every eth_call, eth_estimateGas and heavy read failed with
+    "execution failed: the EVM process exited with status 1". Here a node's stand-in is pid
+    1 of a PID namespace of its own (unprivileged: a user namespace too)."""
+    ran = subprocess.run(["unshare", "--user", "--map-root-user", "--pid", "--fork",
+                          sys.executable, "-c", IN_A_CONTAINER], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    if ran.returncode and "unshare" in ran.stderr:
+        pytest.skip(f"no namespaces here: {ran.stderr.strip()}")
+    assert ran.stdout.split() == ["1", "0", "True"], ran.stderr  # pid 1; the child ran
