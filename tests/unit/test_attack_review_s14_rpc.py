@@ -324,3 +324,50 @@ def test_a_nodes_children_together_compute_within_the_share_while_blocks_come(
         for child in children:
             child.kill()
     assert share < 0.25 * 1.2, f"together {share:.2f} of a core"
+
+
+# Rules that held.
+
+
+def _state(pid: int) -> str:
+    """A process's state (R, S, T: stopped, Z: a zombie), "gone" once reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+@pytest.mark.parametrize("meanwhile", ["the deadline passes", "the child is killed"])
+def test_a_child_stopped_by_the_pacing_is_never_left_stopped(
+    monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """The parent stops a child for 3 times what it computed (here, as it reads, 0.1 s
+    between two looks: stopped 0.3 s, past its call's 0.2 s deadline); whatever happens
+    meanwhile, the child is continued when the stop ends, the call ends (late, or the
+    child gone) and the child is reaped: never left stopped, never a zombie."""
+    signals: list[int] = []
+    send_signal = subprocess.Popen.send_signal
+
+    def signalled(process: subprocess.Popen[bytes], sig: int) -> None:
+        signals.append(sig)
+        send_signal(process, sig)
+
+    monkeypatch.setattr(subprocess.Popen, "send_signal", signalled)
+    child = child_process._Child("json.tool", "child", 1 << 20, 0.25)  # idle: its stdin
+    computed = iter(range(100))
+    monkeypatch.setattr(child_process, "cpu_seconds", lambda _pid: next(computed) * 0.1)
+    monkeypatch.setattr(child_process, "_last_block", math.inf)  # blocks keep coming
+    if meanwhile == "the child is killed":  # while it is stopped
+        threading.Timer(0.2, os.kill, (child.pid, signal.SIGKILL)).start()
+    deadline = time.monotonic() + 0.2
+    with pytest.raises(child_process._Gone if meanwhile == "the child is killed"
+                       else child_process._Late):
+        while True:
+            child._wait(deadline, writing=False)
+            if meanwhile == "the child is killed":
+                child._read(1, deadline + 10)  # its pipe: closed
+    assert signals[:2] == [signal.SIGSTOP, signal.SIGCONT] and _state(child.pid) != "T"
+    ended = child.kill()
+    assert _state(child.pid) == "gone"
+    assert ended == "was killed by SIGKILL"
