@@ -19,13 +19,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+import rlp
 from aiohttp import web
 
 from chain.metrics import NodeMetrics
@@ -35,6 +37,13 @@ from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.limits import RpcLimits
 from chain.rpc.served import READ_WORKERS
 from chain.rpc.server import WRITE_PART, BodyBudget, HttpCuts, RpcServer, _HttpErrorLog
+from pbft_engine.core.epochs import EpochSchedule
+from pbft_engine.core.params import EngineParams
+from pbft_engine.core.records import Put, StoreName, u64
+from pbft_engine.engine import PbftEngine
+from pbft_engine.messages import Checkpoint, Signed
+from pbft_engine.record_store import MemoryConsensusStore
+from pbft_engine.rpc_records import ConsensusRecords
 from tests.unit.test_attack_review_s11_rpc import websocket_server
 from tests.unit.test_attack_review_s13_rpc import _call, _post, _rpc
 
@@ -324,6 +333,84 @@ def test_a_nodes_children_together_compute_within_the_share_while_blocks_come(
         for child in children:
             child.kill()
     assert share < 0.25 * 1.2, f"together {share:.2f} of a core"
+
+
+# Finding 6: pbft_getCheckpoints over a wide range is decoded on the loop that votes.
+
+INTERVAL = 10  # the default checkpoint interval (K)
+
+
+def _stable_checkpoints(store: MemoryConsensusStore, first: int, last: int) -> None:
+    """A stable checkpoint every INTERVAL blocks in [first, last], each proven by Q = 3."""
+    store.apply([Put(StoreName.STABLE_CHECKPOINTS, u64(n), rlp.encode([
+        Signed(Checkpoint(n, n.to_bytes(32, "big"), bytes(32), r), bytes(65)).encode()
+        for r in range(3)])) for n in range(first, last + 1, INTERVAL)])
+
+
+def _engine_methods(records: ConsensusRecords) -> dict[str, Any]:
+    """The pbft engine's RPC methods as a validator serves them, over `records`."""
+    validators = tuple(bytes([i]) * 20 for i in range(1, 5))
+    engine = SimpleNamespace(records=records, feed=None, context=None,
+                             engine_params=EngineParams(1337, validators),
+                             log=logging.getLogger("pbft"))
+    methods: dict[str, Any] = PbftEngine.rpc_methods(engine)  # type: ignore[arg-type]
+    return methods
+
+
+async def _longest_stall(work: Awaitable[Any]) -> float:
+    """The longest the event loop went without a turn while `work` ran (seconds)."""
+    longest, last = 0.0, time.monotonic()
+    done = False
+
+    async def ticking() -> None:
+        nonlocal longest, last
+        while not done:
+            await asyncio.sleep(0.001)
+            now = time.monotonic()
+            longest, last = max(longest, now - last), now
+
+    ticker = asyncio.create_task(ticking())
+    await asyncio.sleep(0.01)
+    try:
+        await work
+    finally:
+        done = True
+        await ticker
+    return longest
+
+
+@pytest.mark.xfail(strict=True, reason="finding 6: pbft_getCheckpoints decodes up to 1,000 "
+                                       "stable checkpoints on the event loop (~120 ms a call)")
+def test_a_wide_range_of_checkpoints_does_not_hold_the_loop_that_votes() -> None:
+    """The engine's range methods are served on the event loop that carries consensus
+    (pbft_engine/engine.py `rpc_methods`: `records.checkpoints` called in the coroutine).
+    `pbft_getCheckpoints(0x1, 0x2710)` (MAX_RANGE: 10,000 seqNos, 1,000 stable checkpoints
+    at K = 10) decodes each stable checkpoint's Q signed messages: 113-127 ms of the loop
+    for a range not in session 13's cache, a ~1.08 MB answer. The cache (4 MiB) holds ~2.5
+    such ranges, so a client cycling 3 ranges of a chain past 30,000 blocks is never
+    served from it; the answers' budget (16 MiB/s) lets ~15 such answers out a second,
+    ~1.7 s of the loop's work a second: the loop that votes is saturated by one client
+    (with K = 1, 10,000 checkpoints a call: ~1.2 s at once). Other heavy reads run on the
+    read workers (their governor paces them); these should too."""
+    store = MemoryConsensusStore()
+    _stable_checkpoints(store, INTERVAL, 10_000)
+    records = ConsensusRecords(store, lambda: EpochSchedule.genesis((bytes(20),) * 4))
+    dispatcher = Dispatcher(_engine_methods(records))
+    body = orjson.dumps({**_call("pbft_getCheckpoints"), "params": ["0x1", "0x2710"]})
+
+    async def served() -> tuple[float, int]:
+        answer: list[bytes | None] = []
+
+        async def answered() -> None:
+            answer.append(await dispatcher.handle_payload(body))
+
+        stall = await _longest_stall(answered())
+        assert answer[0] is not None
+        return stall, len(orjson.loads(answer[0])["result"])
+
+    stall, entries = asyncio.run(served())
+    assert entries == 1_000
+    assert stall < 0.05, f"the loop held {stall * 1000:.0f} ms"
 
 
 # Rules that held.
