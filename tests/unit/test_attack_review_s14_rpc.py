@@ -369,26 +369,28 @@ def _engine_methods(records: ConsensusRecords) -> dict[str, Any]:
     return methods
 
 
-async def _longest_stall(work: Awaitable[Any]) -> float:
-    """The longest the event loop went without a turn while `work` ran (seconds)."""
-    longest, last = 0.0, time.monotonic()
+async def _turns_while(work: Awaitable[Any]) -> tuple[int, float]:
+    """How many turns the event loop gave a 1 ms ticker while `work` ran, and the longest
+    it went without one (seconds)."""
+    turns, longest, last = 0, 0.0, time.monotonic()
     done = False
 
     async def ticking() -> None:
-        nonlocal longest, last
+        nonlocal turns, longest, last
         while not done:
             await asyncio.sleep(0.001)
             now = time.monotonic()
-            longest, last = max(longest, now - last), now
+            turns, longest, last = turns + 1, max(longest, now - last), now
 
     ticker = asyncio.create_task(ticking())
     await asyncio.sleep(0.01)
+    turns, longest, last = 0, 0.0, time.monotonic()
     try:
         await work
     finally:
         done = True
         await ticker
-    return longest
+    return turns, longest
 
 
 def test_a_wide_range_of_checkpoints_does_not_hold_the_loop_that_votes() -> None:
@@ -396,12 +398,14 @@ def test_a_wide_range_of_checkpoints_does_not_hold_the_loop_that_votes() -> None
     loop that carries consensus (pbft_engine/engine.py `rpc_methods`: `records.checkpoints`
     called in the coroutine). `pbft_getCheckpoints(0x1, 0x2710)` (MAX_RANGE: 10,000
     seqNos, 1,000 stable checkpoints at K = 10) decodes each stable checkpoint's Q signed
-    messages: 113-138 ms of the loop for a range not in session 13's cache, a ~1.08 MB
+    messages: 113-245 ms of the loop for a range not in session 13's cache, a ~1.08 MB
     answer. The cache (4 MiB) holds ~2.5 such ranges, so a client cycling 3 ranges of a
     chain past 30,000 blocks is never served from it; the answers' budget (16 MiB/s) lets
     ~15 such answers out a second, ~1.7 s of the loop's work a second: one client
     saturated the loop that votes (with K = 1, 10,000 checkpoints a call: ~1.2 s at once).
-    Now they run on the read workers, as block bundles call them (`engine_ranges_on`)."""
+    Now they run on the read workers, as block bundles call them (`engine_ranges_on`): the
+    loop took 1 turn during such a call (held 245 ms) before, 27 after (held 12 ms at most,
+    the interpreter's switch interval and the machine's)."""
     store = MemoryConsensusStore()
     _stable_checkpoints(store, INTERVAL, 10_000)
     records = ConsensusRecords(store, lambda: EpochSchedule.genesis((bytes(20),) * 4))
@@ -410,22 +414,23 @@ def test_a_wide_range_of_checkpoints_does_not_hold_the_loop_that_votes() -> None
     dispatcher = Dispatcher(engine | engine_ranges_on(reads, engine))
     body = orjson.dumps({**_call("pbft_getCheckpoints"), "params": ["0x1", "0x2710"]})
 
-    async def served() -> tuple[float, int]:
+    async def served() -> tuple[int, float, int]:
         answer: list[bytes | None] = []
 
         async def answered() -> None:
             answer.append(await dispatcher.handle_payload(body))
 
-        stall = await _longest_stall(answered())
+        turns, stall = await _turns_while(answered())
         assert answer[0] is not None
-        return stall, len(orjson.loads(answer[0])["result"])
+        return turns, stall, len(orjson.loads(answer[0])["result"])
 
     try:
-        stall, entries = asyncio.run(served())
+        turns, stall, entries = asyncio.run(served())
     finally:
         reads.close()
     assert entries == 1_000
-    assert stall < 0.05, f"the loop held {stall * 1000:.0f} ms"
+    # on the loop: one turn at most meanwhile (the call's work is one step of it)
+    assert turns >= 10, f"{turns} turns of the loop; it was held {stall * 1000:.0f} ms"
 
 
 # Finding 7: batches of light reads take the loop that votes; the request budget bounds
