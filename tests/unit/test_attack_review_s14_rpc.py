@@ -512,9 +512,9 @@ def test_a_child_stopped_by_the_pacing_is_never_left_stopped(
     monkeypatch: pytest.MonkeyPatch, meanwhile: str
 ) -> None:
     """The parent stops a child for 3 times what it computed (here, as it reads, 0.1 s
-    between two looks: stopped 0.3 s, past its call's 0.2 s deadline); whatever happens
-    meanwhile, the child is continued when the stop ends, the call ends (late, or the
-    child gone) and the child is reaped: never left stopped, never a zombie."""
+    between two looks: stopped 0.3 s each time, past its call's 0.5 s deadline); whatever
+    happens meanwhile, the child is continued when the stop ends, the call ends (late, or
+    the child gone) and the child is reaped: never left stopped, never a zombie."""
     signals: list[int] = []
     send_signal = subprocess.Popen.send_signal
 
@@ -529,7 +529,7 @@ def test_a_child_stopped_by_the_pacing_is_never_left_stopped(
     monkeypatch.setattr(child_process, "_last_block", math.inf)  # blocks keep coming
     if meanwhile == "the child is killed":  # while it is stopped
         threading.Timer(0.2, os.kill, (child.pid, signal.SIGKILL)).start()
-    deadline = time.monotonic() + 0.2
+    deadline = time.monotonic() + 0.5
     with pytest.raises(child_process._Gone if meanwhile == "the child is killed"
                        else child_process._Late):
         while True:
