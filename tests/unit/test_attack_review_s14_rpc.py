@@ -241,12 +241,13 @@ def test_websocket_answers_being_made_hold_a_part_each_as_http_answers_do(
 ) -> None:
     """Session 13 streams an HTTP answer as it is paid for (a part of 256 KiB held at a
     time, `_HttpAnswer`), but a WebSocket's is still collected whole (`handle_payload`'s
-    `_Collected`), then joined and decoded to text for the outbox (two more copies on the
-    loop). The answers' budget shares its rate among the payers as a processor is, so k
-    clients' batches are made side by side and each holds all it has made until its last
-    piece: k x 25 MB before any is done (256 connections: 6.4 GB in ~400 s of the 16 MiB/s
-    budget), none of it in `rpc_websocket_outbox_bytes`. Here 16 clients' 2 MB batches at
-    64 MiB/s: the node held ~32 MB at once, where their HTTP twins hold 4 MiB."""
+    `_Collected`), then joined for the outbox (a copy of it: on a worker over 1 MiB, on
+    the loop when the answers' queue is full). The answers' budget shares its rate among
+    the payers as a processor is, so k clients' batches are made side by side and each
+    holds all it has made until its last piece: k x 25 MB before any is done (256
+    connections: 6.4 GB in ~400 s of the 16 MiB/s budget), none of it in
+    `rpc_websocket_outbox_bytes`. Here 16 clients' 2 MB batches at 64 MiB/s: the node held
+    ~31 MB at once, where their HTTP twins hold 4 MiB."""
 
     async def sized() -> str:
         return "a" * (ANSWER_BYTES // 20)
