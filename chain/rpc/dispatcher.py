@@ -32,6 +32,7 @@ from chain.rpc.errors import (
 )
 from chain.rpc.eth import Method
 from chain.rpc.limits import BatchLimits
+from chain.rpc.loop_turns import LoopTurns
 from chain.rpc.served import WorkerPool
 from chain.rpc.subscriptions import Subscriptions
 from encoding.json_bounds import nesting_within, without_strings
@@ -226,9 +227,11 @@ def check_arity(method: Method, params: list[Any]) -> None:
 class Dispatcher:
     """Calls methods by name; a session (a WebSocket connection) may add its own."""
 
-    def __init__(self, methods: dict[str, Method], limits: BatchLimits | None = None) -> None:
+    def __init__(self, methods: dict[str, Method], limits: BatchLimits | None = None,
+                 turns: LoopTurns | None = None) -> None:
         self.methods = methods
         self.limits = limits or BatchLimits()
+        self.turns = turns or LoopTurns()  # every call and decoding on the loop: its turns
         self._decoder = WorkerPool(1, MAX_PENDING_DECODES, "large-request")
         self._answers = WorkerPool(1, MAX_PENDING_ANSWERS, "large-answer")
 
@@ -243,7 +246,7 @@ class Dispatcher:
         if invalid is not None:
             return _response(_answer_id(request), error=invalid)
         try:
-            result = await self._invoke(request, session)
+            result = await self.turns.run(self._invoke(request, session))
         except RpcError as exc:
             outcome = _response(request.get("id"), error=exc)
         except Exception as exc:
@@ -304,7 +307,7 @@ class Dispatcher:
         CPU, and the honest transfers' p99 tripled. (What the sink raises, a client gone,
         stops the batch.)"""
         try:
-            payload = await self._decode(body)
+            payload = await self.turns.run(self._decode(body))
         except _OverLimit as exc:
             error = RpcError(PARSE_ERROR, f"parse error: {exc}")
             return await sink.put(_encode(_response(None, error=error)))

@@ -1,0 +1,111 @@
+"""Client calls on the event loop take turns, and a bounded share of it.
+
+Lookups that cost less than the hop to a thread (a balance, a nonce, a receipt, decoding a
+small body) run on the event loop, which also carries consensus (chain/rpc/served.py). A
+batch yields between its calls, but k batches in flight each run a call in every turn of the
+loop: 128 batches of eth_getBalance held every consensus message ~90 ms, and the honest
+transfers' p90 went from 354 ms to 2 s (the attack review s14-rpc, finding 7); the request
+budget counts their bytes, not their work. So every call on the loop is admitted by
+`LoopTurns`, one per turn of the loop, whatever the number of clients (first come, first
+served): a consensus message waits behind one call at most. And its steps on the loop are
+timed: while the chain makes blocks, client calls take at most LOOP_SHARE of the loop's time
+(a token bucket in seconds; a call admitted in debt waits until it is paid off), so what is
+left of the interpreter for the loop and the block execution threads does not depend on what
+clients send. On an idle chain they take what they like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, TypeVar
+
+from chain.rpc.child_process import chain_busy
+
+LOOP_SHARE = 0.5  # of the event loop's time, at most, for client calls while blocks come
+BURST_SECONDS = 0.01  # of client calls' loop time that may run at once before the share holds
+
+T = TypeVar("T")
+
+
+class LoopTurns:
+    """Admits client calls to the event loop, one per turn of it, within LOOP_SHARE."""
+
+    def __init__(self, share: float = LOOP_SHARE, burst: float = BURST_SECONDS,
+                 busy: Callable[[], bool] = chain_busy) -> None:
+        self._share = share
+        self._burst = burst
+        self._busy = busy
+        self._tokens = burst  # seconds of the loop client calls may still take now
+        self._refilled = time.monotonic()
+        self._lock = asyncio.Lock()  # FIFO: calls are admitted in the order they came
+        self._loop: asyncio.AbstractEventLoop | None = None  # the lock's
+        self._admitted = False  # a call was admitted in this turn of the loop
+
+    async def run(self, call: Coroutine[Any, Any, T]) -> T:
+        """`call`'s result, once admitted, its steps on the loop timed and charged."""
+        try:
+            await self._admit()
+        except BaseException:
+            call.close()  # (cancelled while waiting: never started)
+            raise
+        return await _Timed(call, self)
+
+    async def _admit(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # (a test's new loop: an asyncio lock is bound to one)
+            self._lock, self._loop, self._admitted = asyncio.Lock(), loop, False
+        async with self._lock:
+            while self._admitted:
+                await asyncio.sleep(0)
+            if self._busy():
+                self._refill()
+                if self._tokens < 0:
+                    await asyncio.sleep(-self._tokens / self._share)
+                    self._refill()
+            else:
+                self._tokens, self._refilled = self._burst, time.monotonic()
+            self._admitted = True
+            loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._admitted = False
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._share)
+        self._refilled = now
+
+    def spent(self, seconds: float) -> None:
+        self._tokens -= seconds
+
+
+class _Timed:
+    """Awaits a coroutine, timing each of its steps on the loop (not its waits: a read on a
+    worker thread, an execution in a child process) and charging them to `turns`."""
+
+    __slots__ = ("_call", "_turns")
+
+    def __init__(self, call: Coroutine[Any, Any, T], turns: LoopTurns) -> None:
+        self._call = call
+        self._turns = turns
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        call, value, error = self._call, None, None
+        while True:
+            started = time.perf_counter()
+            try:
+                waiting_on = call.send(value) if error is None else call.throw(error)
+            except StopIteration as done:
+                return done.value
+            finally:
+                self._turns.spent(time.perf_counter() - started)
+            value, error = None, None
+            try:
+                value = yield waiting_on
+            except GeneratorExit:
+                call.close()
+                raise
+            except BaseException as exc:  # (cancelled: passed on to the call)
+                error = exc

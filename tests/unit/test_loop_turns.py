@@ -1,0 +1,97 @@
+"""Client calls on the event loop take turns and, while blocks come, a bounded share of it
+(`chain/rpc/loop_turns.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import warnings
+
+import pytest
+
+from chain.rpc.loop_turns import LoopTurns
+
+CALL_SECONDS = 0.001
+
+
+async def _lookup(spent: list[float]) -> int:
+    """A call computing on the loop for CALL_SECONDS, around a wait (a read on a thread)."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < CALL_SECONDS / 2:
+        pass
+    await asyncio.sleep(0.001)  # not charged: the loop is free meanwhile
+    middle = time.perf_counter()
+    while time.perf_counter() - middle < CALL_SECONDS / 2:
+        pass
+    spent.append(CALL_SECONDS)
+    return 1
+
+
+async def _flood(turns: LoopTurns, clients: int, seconds: float) -> float:
+    """Clients calling back to back for `seconds`: the share of the loop's time they took."""
+    spent: list[float] = []
+    ends = time.monotonic() + seconds
+
+    async def client() -> None:
+        while time.monotonic() < ends:
+            await turns.run(_lookup(spent))
+
+    started = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return sum(spent) / (time.monotonic() - started)
+
+
+def test_while_blocks_come_client_calls_take_at_most_their_share_of_the_loop() -> None:
+    share = asyncio.run(_flood(LoopTurns(share=0.25, busy=lambda: True), 32, 0.6))
+    assert share <= 0.25 * 1.2 + 0.01, share
+
+
+def test_on_an_idle_chain_client_calls_take_what_they_like() -> None:
+    share = asyncio.run(_flood(LoopTurns(share=0.25, busy=lambda: False), 32, 0.3))
+    assert share > 0.4, share
+
+
+def test_one_call_is_admitted_per_turn_of_the_loop() -> None:
+    """However many clients wait, a turn of the loop starts one call (the others wait)."""
+    async def body() -> list[int]:
+        turns = LoopTurns(busy=lambda: False)
+        started: list[int] = []
+        turn = 0
+
+        def tick() -> None:
+            nonlocal turn
+            turn += 1
+            loop.call_soon(tick)
+
+        async def call(i: int) -> None:
+            started.append(turn)
+
+        loop = asyncio.get_running_loop()
+        loop.call_soon(tick)
+        await asyncio.gather(*(turns.run(call(i)) for i in range(20)))
+        return started
+
+    started = asyncio.run(body())
+    assert len(set(started)) == len(started), started
+
+
+def test_a_call_cancelled_while_it_waits_is_closed_and_errors_pass_through() -> None:
+    async def failing() -> None:
+        raise ValueError("bad params")
+
+    async def body() -> None:
+        turns = LoopTurns(share=0.5, busy=lambda: True)
+        turns.spent(1.0)  # in debt: the next call waits ~2 s
+        waiting = asyncio.create_task(turns.run(failing()))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        with pytest.raises(ValueError, match="bad params"):
+            await LoopTurns(busy=lambda: False).run(failing())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would be one
+        asyncio.run(body())
+        gc.collect()
