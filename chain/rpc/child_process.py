@@ -24,6 +24,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections import OrderedDict
@@ -82,6 +83,32 @@ def mark_block() -> None:
 def chain_busy() -> bool:
     """Whether the chain makes blocks: one committed here within BUSY_SECONDS."""
     return time.monotonic() - _last_block < BUSY_SECONDS
+
+
+class _Working:
+    """The children paced lately (looked at within two PACE_SECONDS): the share of a core is
+    the node's, divided among them. Each child held to it alone, a node's EVM child and its
+    read children computed three shares together (the attack review s14-rpc, finding 5)."""
+
+    def __init__(self) -> None:
+        self._looked: dict[int, float] = {}  # pid: when its pacing last looked (or stops) it
+        self._lock = threading.Lock()  # (children are paced on several worker threads)
+
+    def count(self, pid: int, now: float) -> int:
+        """How many children work now, `pid` among them."""
+        with self._lock:
+            self._looked[pid] = max(now, self._looked.get(pid, now))
+            for other in [p for p, t in self._looked.items() if now - t > 2 * PACE_SECONDS]:
+                del self._looked[other]
+            return len(self._looked)
+
+    def stopped_until(self, pid: int, until: float) -> None:
+        """A child stopped by its pacing still works (its share is held for it)."""
+        with self._lock:
+            self._looked[pid] = until
+
+
+_working = _Working()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -193,10 +220,13 @@ class _Child:
         cpu = cpu_seconds(self.pid)
         worked = cpu - (cpu if self._cpu is None else self._cpu)
         self._cpu, self._looked = cpu, now
+        share = self._share / _working.count(self.pid, now)  # the node's, among those working
         if worked > 0 and chain_busy():
+            rest = worked * (1 / share - 1)
+            _working.stopped_until(self.pid, now + rest)
             self._process.send_signal(signal.SIGSTOP)
             try:
-                time.sleep(worked * (1 / self._share - 1))
+                time.sleep(rest)
             finally:
                 self._process.send_signal(signal.SIGCONT)
             self._looked = time.monotonic()
