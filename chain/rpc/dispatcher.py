@@ -24,6 +24,7 @@ import orjson
 from chain.rpc.errors import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    LIMIT_EXCEEDED,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
     RESPONSE_TOO_LARGE,
@@ -80,10 +81,41 @@ Payment = Callable[[int], Awaitable[None]]
 ANSWER_PAYMENT = 64 * 1024  # answer bytes owed before they are paid (PaidPieces)
 
 
+# WebSocket answers are held whole while they are made (a message is sent in one frame), all
+# clients' side by side as the answers' budget shares its rate: 256 connections' batches of
+# 25 MB would hold 6.4 GB (the attack review s14-rpc, finding 4). The node holds at most this
+# much of them; a call whose answer does not fit is answered "server busy".
+MAX_HELD_ANSWER_BYTES = 64 * 1024 * 1024
+BUSY_ANSWERS = RpcError(LIMIT_EXCEEDED, f"server busy: {MAX_HELD_ANSWER_BYTES >> 20} MiB of "
+                        "WebSocket answers are being made; retry later, or ask for less")
+
+
 class AnswerSink(Protocol):
     """Where an answer's pieces go, in order, as they are made."""
 
     async def put(self, piece: bytes) -> None: ...
+
+    def holds(self, size: int) -> bool:
+        """Whether a call's answer of `size` bytes may be put (else it is answered
+        BUSY_ANSWERS: small enough to be put whatever holds)."""
+        ...
+
+
+class HeldBytes:
+    """Bytes held node-wide, up to a bound (`take` refuses beyond it)."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.bound:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
 
 
 async def _free(size: int) -> None:
@@ -234,6 +266,7 @@ class Dispatcher:
         self.turns = turns or LoopTurns()  # every call and decoding on the loop: its turns
         self._decoder = WorkerPool(1, MAX_PENDING_DECODES, "large-request")
         self._answers = WorkerPool(1, MAX_PENDING_ANSWERS, "large-answer")
+        self._held_answers = HeldBytes(MAX_HELD_ANSWER_BYTES)  # WebSocket answers being made
 
     async def _decode(self, body: bytes | str) -> Any:
         if len(body) <= INLINE_DECODE_BYTES:
@@ -285,16 +318,19 @@ class Dispatcher:
         """A whole body, a single request or a batch, to the encoded answer, UTF-8 JSON
         (None: nothing to answer), each piece paid for (`pay`) as it is made; a large
         batch's answer is joined on a worker."""
-        collected = _Collected(pay)
-        await self.answer_into(body, collected, session)
-        await collected.settle()
-        pieces = collected.pieces
-        if not pieces:
-            return None
-        if len(pieces) > 1 and collected.size > INLINE_ANSWER_BYTES:
-            with contextlib.suppress(RpcError):  # the answers' queue is full: joined here
-                return await self._answers.run(b"".join, pieces)
-        return b"".join(pieces)
+        collected = _Collected(pay, self._held_answers)
+        try:
+            await self.answer_into(body, collected, session)
+            await collected.settle()
+            pieces = collected.pieces
+            if not pieces:
+                return None
+            if len(pieces) > 1 and collected.size > INLINE_ANSWER_BYTES:
+                with contextlib.suppress(RpcError):  # the answers' queue is full: joined here
+                    return await self._answers.run(b"".join, pieces)
+            return b"".join(pieces)
+        finally:
+            collected.release()
 
     async def answer_into(self, body: bytes | str, sink: AnswerSink, session: Any = None,
                           ) -> None:
@@ -318,7 +354,7 @@ class Dispatcher:
             return await sink.put(_encode(_response(None, error=exc)))
         if not isinstance(payload, list):
             response = await self.call(payload, session)
-            return None if response is None else await sink.put(_encode(response))
+            return None if response is None else await sink.put(_held(response, sink))
         if not payload:
             error = RpcError(INVALID_REQUEST, "empty batch")
             return await sink.put(_encode(_response(None, error=error)))
@@ -346,11 +382,20 @@ class Dispatcher:
             size += len(text)
             if size > self.limits.max_response_bytes:
                 text = _encode(_response(response["id"], error=TOO_LARGE))
+            else:
+                text = _held(response, sink, text)
             await sink.put(opening + text)  # (a copy of one call's answer, never the whole)
             opening = b","
         else:
             if opening == b",":
                 await sink.put(b"]")
+
+
+def _held(response: dict, sink: AnswerSink, text: bytes | None = None) -> bytes:
+    """A call's encoded answer if the sink holds it, else its BUSY_ANSWERS error."""
+    text = _encode(response) if text is None else text
+    return text if sink.holds(len(text)) else _encode(_response(response["id"],
+                                                                 error=BUSY_ANSWERS))
 
 
 def _refused(items: list[Any], opening: bytes) -> bytes:
@@ -385,12 +430,24 @@ class PaidPieces:
 
 
 class _Collected(PaidPieces):
-    """An answer's pieces, paid for as they come."""
+    """An answer's pieces, paid for as they come, held within the node's bound for them."""
 
-    def __init__(self, pay: Payment) -> None:
+    def __init__(self, pay: Payment, held: HeldBytes) -> None:
         super().__init__(pay)
         self.pieces: list[bytes] = []
         self.size = 0
+        self._held = held
+        self._taken = 0
+
+    def holds(self, size: int) -> bool:
+        if not self._held.take(size):
+            return False
+        self._taken += size
+        return True
+
+    def release(self) -> None:
+        self._held.give(self._taken)
+        self._taken = 0
 
     async def put(self, piece: bytes) -> None:
         await self.owe(len(piece))

@@ -212,6 +212,9 @@ class _HttpAnswer(PaidPieces):
         self._size = 0
         self._stream: web.StreamResponse | None = None
 
+    def holds(self, size: int) -> bool:
+        return True  # (streamed: a part is held at a time)
+
     async def put(self, piece: bytes) -> None:
         await self.owe(len(piece))
         self._held.append(piece)

@@ -38,11 +38,10 @@ from aiohttp import web
 from chain.metrics import NodeMetrics
 from chain.rpc import child_process
 from chain.rpc import dispatcher as dispatcher_module
-from chain.rpc.dispatcher import Dispatcher
+from chain.rpc.dispatcher import BUSY_ANSWERS, Dispatcher, HeldBytes
 from chain.rpc.limits import RpcLimits
 from chain.rpc.served import MAX_PENDING_READS, READ_WORKERS, WorkerPool
 from chain.rpc.server import (
-    WRITE_PART,
     BodyBudget,
     HttpCuts,
     RpcServer,
@@ -234,20 +233,22 @@ class _Held:
         monkeypatch.setattr(Dispatcher, "handle_payload", counted)
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: a WebSocket answer is made whole (each "
-                                       "client's up to 25 MB at once, 256 clients 6.4 GB)")
-def test_websocket_answers_being_made_hold_a_part_each_as_http_answers_do(
+HELD_BOUND = 8_000_000  # the node's bound on WebSocket answers being made, made small here
+
+
+def test_websocket_answers_being_made_are_held_within_the_nodes_bound(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Session 13 streams an HTTP answer as it is paid for (a part of 256 KiB held at a
-    time, `_HttpAnswer`), but a WebSocket's is still collected whole (`handle_payload`'s
-    `_Collected`), then joined for the outbox (a copy of it: on a worker over 1 MiB, on
-    the loop when the answers' queue is full). The answers' budget shares its rate among
-    the payers as a processor is, so k clients' batches are made side by side and each
-    holds all it has made until its last piece: k x 25 MB before any is done (256
-    connections: 6.4 GB in ~400 s of the 16 MiB/s budget), none of it in
-    `rpc_websocket_outbox_bytes`. Here 16 clients' 2 MB batches at 64 MiB/s: the node held
-    ~31 MB at once, where their HTTP twins hold 4 MiB."""
+    time, `_HttpAnswer`), but a WebSocket's is collected whole (`handle_payload`'s
+    `_Collected`: a message goes in one frame), then joined for the outbox. The answers'
+    budget shares its rate among the payers as a processor is, so k clients' batches were
+    made side by side and each held all it had made until its last piece: k x 25 MB before
+    any was done (256 connections: 6.4 GB in ~400 s of the 16 MiB/s budget), none of it in
+    `rpc_websocket_outbox_bytes`; 16 clients' 2 MB batches held ~31 MB at once. Fixed: the
+    node holds at most MAX_HELD_ANSWER_BYTES of them (8 MB here); a call whose answer does
+    not fit is answered "server busy" (BUSY_ANSWERS), and what a batch held is given back
+    when its answer is made."""
 
     async def sized() -> str:
         return "a" * (ANSWER_BYTES // 20)
@@ -255,19 +256,25 @@ def test_websocket_answers_being_made_hold_a_part_each_as_http_answers_do(
     held = _Held(monkeypatch)
     budget = BodyBudget(64 * 1024 * 1024, 1024 * 1024)
     batch = orjson.dumps([_call("sized", i) for i in range(20)]).decode()
+    dispatcher = Dispatcher({"sized": sized})
+    dispatcher._held_answers = HeldBytes(HELD_BOUND)
 
-    async def clients() -> None:
-        async with (websocket_server(BodyBudget(10**9, 10**9), Dispatcher({"sized": sized}))
+    async def clients() -> list[Any]:
+        async with (websocket_server(BodyBudget(10**9, 10**9), dispatcher)
                     as listening, aiohttp.ClientSession() as session):
             sockets = [await session.ws_connect(listening.make_url("/"))
                        for _ in range(CLIENTS)]
             await asyncio.gather(*(socket.send_str(batch) for socket in sockets))
-            answers = await asyncio.gather(*(socket.receive_str() for socket in sockets))
-            assert all(len(orjson.loads(answer)) == 20 for answer in answers)
+            return [orjson.loads(a) for a in
+                    await asyncio.gather(*(socket.receive_str() for socket in sockets))]
 
     monkeypatch.setattr(RpcServer, "_payment", lambda _self, _request: budget.spend)
-    asyncio.run(asyncio.wait_for(clients(), 30))
-    assert held.peak <= CLIENTS * WRITE_PART, f"{held.peak / 1e6:.1f} MB held at once"
+    answers = asyncio.run(asyncio.wait_for(clients(), 30))
+    assert all(len(answer) == 20 for answer in answers)
+    busy = [item for answer in answers for item in answer if "error" in item]
+    assert busy and all(item["error"]["message"] == BUSY_ANSWERS.message for item in busy)
+    assert held.peak <= HELD_BOUND + 20 * CLIENTS * 200, f"{held.peak / 1e6:.1f} MB held"
+    assert dispatcher._held_answers.held == 0
 
 
 # Finding 5: the children's share of a core is each child's, not the node's.
