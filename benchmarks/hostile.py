@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.load import latency_summary, run_load
 from benchmarks.report import Row
 from benchmarks.testnet import BenchNet
-from testkit.hostile import hammering, heavy_reads, looping_call, nested_arrays, post_unread
+from testkit.hostile import (
+    hammering,
+    heavy_reads,
+    light_reads,
+    looping_call,
+    nested_arrays,
+    post_unread,
+)
 from testkit.nodes import wait_for
 
 if TYPE_CHECKING:
@@ -40,11 +47,16 @@ def _heavy_reads(url: str) -> contextlib.AbstractContextManager[Any]:
     return hammering(8, url, heavy_reads(), post_unread)
 
 
+def _light_reads(url: str) -> contextlib.AbstractContextManager[Any]:
+    return hammering(64, url, light_reads(), post_unread)
+
+
 ATTACKS: dict[str, Attack] = {
     "no attack": _none,
     "4 clients looping eth_call": _looping_calls,
     "2 clients sending 5 MiB bodies": _nested_bodies,
     "8 clients sending batches of 1,000 heavy reads": _heavy_reads,
+    "64 clients sending batches of 1,000 balance reads": _light_reads,
 }
 
 
