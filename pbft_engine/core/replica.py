@@ -31,7 +31,6 @@ from pbft_engine.core.actions import (
     ValidateBlock,
 )
 from pbft_engine.core.catch_up import (
-    catch_up,
     check_high_checkpoints,
     excuse,
     fall_behind,
@@ -194,11 +193,13 @@ class Replica:
         # A block built before its parent locked here: its PRE-PREPARE waits (`_propose_held`).
         self.held: tuple[BlockBuilt, bytes] | None = None
         self.fetching: int | None = None
+        self.fetch_excused = False  # the fetch under way excused a request timeout (`excuse`)
         # The highest head a peer proved with its certificate (block sync's STATUS answers):
         # kept, since one that arrives while this replica is busy is fetched afterwards.
         self.peer_head: tuple[int, bytes] = (head.seq_no, head.block_hash)
         self.started_at = head  # (restored: it may owe the head's CHECKPOINT, `_resume`)
-        # (head, fetches in a row that imported nothing at that head: `catch_up.missed_fetch`)
+        # (head, fetches in a row that excused a request timeout and imported nothing at
+        # that head: `catch_up.missed_fetch`)
         self.missed_fetches = (-1, 0)
         # (head, request timeouts in a row its lag excused at that head: `catch_up.excuse`)
         self.excused = (-1, 0)
@@ -612,9 +613,8 @@ class Replica:
                 # The lag is ours, not the primary's, and the peers may well have committed
                 # these requests already. A lone VIEW-CHANGE here would leave this replica
                 # waiting in view v+1 until the others change view.
-                excuse(self)
                 self._arm_request_timer()
-                catch_up(self)
+                excuse(self)
             elif awaits_primary(self) and self.active and self.me != self.primary:
                 self._start_view_change(self.view + 1, "request_timeout")
         elif event.kind is TimerKind.RELAY:

@@ -14,13 +14,13 @@ count. With 9dc1a4c reverted, the gap it was for stands (a strict xfail below: a
 that claims heads it cannot serve is passed over by its commits only; censor simulator
 seeds 369 and 619 at N = 9). The review's suggested fix for both: count the failure of a
 fetch that excused a timeout (whatever it imported before), not the timeouts during a
-fetch; a slow fetch that completes then counts nothing."""
+fetch; a slow fetch that completes then counts nothing. Session 14 made it so
+(`catch_up.on_fetch_failed`): the censor gap's test passes, its strict xfail mark removed."""
 
 from __future__ import annotations
 
 from functools import partial
 
-import pytest
 from eth_hash.auto import keccak
 
 from pbft_engine.core import (
@@ -137,8 +137,6 @@ def rounds_until_replaced(reached_by_the_fetch: bool) -> int:
     return seq_no
 
 
-@pytest.mark.xfail(strict=True, reason="the censor gap 9dc1a4c was for (reverted): a censor "
-                   "that claims heads it cannot serve is passed over by its commits only")
 def test_a_censor_claiming_heads_it_cannot_serve_is_judged_by_time() -> None:
     """Censor simulator seeds 369 and 619 at N = 9: a censoring primary that claims heads it
     cannot serve keeps every backup fetching when its request timer runs out, so each
@@ -147,7 +145,10 @@ def test_a_censor_claiming_heads_it_cannot_serve_is_judged_by_time() -> None:
     request timeout and a stalled fetch make it (369: 9 commits over 10.5 s, the request
     committed past its bound). Expected: replaced once more than MAX_PASSED_OVER timeouts
     and commits together passed it over, whether the lie's fetches import the censor's
-    blocks (finding 2's way, as block sync imports an honest peer's prefix) or not."""
+    blocks (finding 2's way, as block sync imports an honest peer's prefix) or not.
+    Fixed in session 14 (was a strict xfail): the failure of each fetch that excused a
+    request timeout passes the oldest request over, as a commit does, whatever the fetch
+    imported first (`catch_up.on_fetch_failed`)."""
     expected = (MAX_PASSED_OVER + 2) // 2
     assert rounds_until_replaced(reached_by_the_fetch=False) <= expected
     assert rounds_until_replaced(reached_by_the_fetch=True) <= expected
