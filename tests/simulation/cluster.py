@@ -447,6 +447,11 @@ class Cluster:
         # Blocks a peer serves per range request: 32, or fewer when blocks are large (block
         # sync's server stops at MAX_RESPONSE_BYTES), so a fetch takes more ranges.
         self.range_blocks = BLOCKS_PER_RANGE
+        # None: only a peer that holds the whole range serves it. Else, when none does, an
+        # honest peer that holds its start (drawn from this generator) serves the prefix it
+        # has, as block sync's server answers a range request, and the importer goes on
+        # to the next range: a fetch of a head nobody holds then imports blocks and fails.
+        self.short_answers: random.Random | None = None
         # How long a served range takes to arrive, before it is executed (large blocks over a
         # slow link): a catch-up slower than the timers whatever the executor's speed.
         self.range_transfer_ms = 0
@@ -834,17 +839,20 @@ class Cluster:
         share = self.execution.commit_share if self._executed_on_head(node, action) else 1.0
         return self.execution.block_ms(node.index, size, share), finish
 
-    def _fetch(self, node: Node, target: int, imported: tuple[bytes, ...] = ()
-               ) -> tuple[int, Callable[[], None]]:
+    def _fetch(self, node: Node, target: int, imported: tuple[bytes, ...] = (),
+               lied: frozenset[int] = frozenset()) -> tuple[int, Callable[[], None]]:
         """Catch-up as block sync does it (`BlockSync.fetch`): a range of up to 32 certified
         blocks at a time, asked of the peers in turn, every certificate verified and every
         block executed (so it takes as long as executing them), each range committed in one
         batch; then the next range, queued behind whatever the executor holds. A byzantine
         source serves wrong blocks or partial certificates, slowly: nothing verifies, and the
         next peer is asked (an `unchecked_claims` liar offers to serve any range, as it claims
-        any head). A fetch that fails part-way (no peer served a range, the network
-        failed, the executor raised) answers `FetchFailed` with the head it reached.
-        `imported`: the transactions of the ranges this fetch committed so far."""
+        any head). With `short_answers`, when no peer holds the whole range, one that holds
+        its start serves the prefix it has, and the next range is asked for; the peers that
+        `lied` in this fetch are then asked last, as block sync asks them. A fetch that fails
+        part-way (no peer served a range, the network failed, the executor raised) answers
+        `FetchFailed` with the head it reached. `imported`: the transactions of the ranges
+        this fetch committed so far."""
         first = len(node.chain.blocks) + 1
         self.seen["fetched range"] += 1
         if first > target:
@@ -855,28 +863,52 @@ class Cluster:
                    and (len(p.chain.blocks) >= last or self._unchecked(p, node))
                    and self._connected(node.index, p.index)]
         self.rng.shuffle(sources)
+        sources.sort(key=lambda p: p.index in lied)  # (stable: the shuffle's order otherwise)
         duration, lies = FETCH_OVERHEAD_MS, []
-        while sources and sources[0].index in self.byzantine:
+        while sources and sources[0].index in self.byzantine and not (
+                sources[0].index in lied and self._holders(node, first)):
             liar = sources.pop(0)
             duration += self.rng.randint(FETCH_OVERHEAD_MS, BYZANTINE_FETCH_MS)
             lies.append(liar)
         faults = self.executor_faults.get(node.index)
-        failed = not sources or (self.fetch_failure and self.rng.random() < self.fetch_failure)
-        if faults is not None and faults.raises and self.rng.random() < faults.raises:
-            failed = True
-        if failed:
-            self.seen["fetch failed part-way" if imported else "fetch failed"] += 1
+        lost = (bool(sources) and self.fetch_failure > 0
+                and self.rng.random() < self.fetch_failure)
+        raised = (faults is not None and faults.raises > 0
+                  and self.rng.random() < faults.raises)
+        if self.short_answers is not None:  # (seeds without keep their draws: any order)
+            lied |= {liar.index for liar in lies}
+        if lost or raised:
+            source = None
+        elif sources and sources[0].index not in self.byzantine:
+            source = sources[0]
+        else:
+            # (The peer that holds the range's start as the range is asked, not once the liars
+            # let go: then the censor's blocks committed meanwhile would keep its fetch alive.)
+            source = self._short_answer(node, first)
+        if source is not None:
+            return self._serve(node, target, imported, lied, source, tuple(lies), duration)
+        self.seen["fetch failed part-way" if imported else "fetch failed"] += 1
 
-            def give_up() -> None:
-                for liar in lies:
-                    self._forged_range(node, liar, first)
-                self._fetch_done(node, target, imported, False)
-                for liar in lies:
-                    if self._unchecked(liar, node):
-                        self._ask_status(node, liar)  # it tells its head again at once
+        def give_up() -> None:
+            for liar in lies:
+                self._forged_range(node, liar, first)
+            self._fetch_done(node, target, imported, False)
+            for liar in lies:
+                if self._unchecked(liar, node):
+                    self._ask_status(node, liar)  # it tells its head again at once
 
-            return duration, give_up
-        entries = sources[0].chain.blocks[first - 1:last]
+        return duration, give_up
+
+    def _serve(self, node: Node, target: int, imported: tuple[bytes, ...], lied: frozenset[int],
+               source: Node, lies: tuple[Node, ...] = (), duration: int = FETCH_OVERHEAD_MS
+               ) -> tuple[int, Callable[[], None]]:
+        """The range from the node's head served by `source` (after the `lies`): as much of
+        it as the source holds, executed and committed; then the next range, if the fetch
+        goes on."""
+        first = len(node.chain.blocks) + 1
+        entries = source.chain.blocks[first - 1:min(target, first + self.range_blocks - 1)]
+        last = first + len(entries) - 1  # (a short answer ends at the source's head)
+        faults = self.executor_faults.get(node.index)
         duration += self.range_transfer_ms + sum(
             self.execution.block_ms(node.index, len(block_txs(e.block))) for e in entries)
         if faults is not None and faults.stall and self.rng.random() < faults.stall:
@@ -895,9 +927,28 @@ class Cluster:
             if last >= target:
                 self._fetch_done(node, target, tuple(txs), True)
             else:
-                node.jobs.append(_Queued("fetch", partial(self._fetch, node, target, tuple(txs))))
+                node.jobs.append(_Queued("fetch", partial(self._fetch, node, target, tuple(txs),
+                                                          lied)))
 
         return duration, finish
+
+    def _holders(self, node: Node, first: int) -> list[Node]:
+        """The honest connected peers that hold block `first`, if short answers are served
+        (`short_answers`; none otherwise)."""
+        if self.short_answers is None:
+            return []
+        return [p for p in self.nodes if p is not node and p.up
+                and p.index not in self.byzantine and len(p.chain.blocks) >= first
+                and self._connected(node.index, p.index)]
+
+    def _short_answer(self, node: Node, first: int) -> Node | None:
+        """One of the `_holders` of block `first`, drawn from the short answers' own
+        generator, so that the seed's other draws stay what they were."""
+        holders = self._holders(node, first)
+        if self.short_answers is None or not holders:
+            return None
+        self.seen["short answer"] += 1
+        return self.short_answers.choice(holders)
 
     def _fetch_done(self, node: Node, target: int, imported: tuple[bytes, ...], done: bool
                     ) -> None:

@@ -17,6 +17,12 @@ fetch     each fetched range fails outright with this chance (every peer timed o
           fetch answers FetchFailed with the head it reached (the ranges before it stay);
           peers serve 2 or 4 blocks a range instead of 32 in some seeds (large blocks: block
           sync's server stops at MAX_RESPONSE_BYTES), so a fetch takes several ranges.
+          In some seeds a range no peer holds all of is served in part, as block sync's
+          server answers with the blocks it has: a peer that holds its start serves that
+          prefix (`short_answers`), so a fetch of a head nobody holds (a liar's claim, a
+          peer gone since) imports blocks and then fails (the attack review s13-core's
+          finding 2). Drawn from a generator of its own, `answers(seed, n)`, so a seed's
+          other draws stay what they were before session 14.
 race      block sync takes the chain lock before a CommitBlock queued ahead of it: the commit
           finds its block in the chain and is answered from it.
 crashes   a node crashes at a write point (`cluster.CRASH_POINTS`: before a step's store
@@ -63,6 +69,7 @@ FETCH_SHARE = 0.3  # seeds whose fetched ranges fail outright now and then
 RACE_SHARE = 0.3  # seeds in which block sync may take the chain lock first
 POISON_SHARE = 0.3  # chaos seeds (f >= 1) with a poisoning byzantine replica
 SLOW_SHARE = 0.25  # chaos seeds with replicas slower than the timers
+SHORT_SHARE = 0.5  # seeds whose peers serve the prefix they hold of a range
 # Where the crashes fall, by weight: the rare points ("bound": once per watermark window;
 # "range": only in a catch-up) are armed for their first occurrence.
 POINT_WEIGHTS = {"step": 2, "bound": 3, "send": 2, "chain": 2, "range": 1}
@@ -79,6 +86,8 @@ class Hostility:
     poisoners: dict[int, tuple[str, float]] = field(default_factory=dict)
     # node -> its validation of a full block, in request timeouts
     slow: dict[int, float] = field(default_factory=dict)
+    # which peer serves a short answer (`Cluster.short_answers`); None: none is served
+    short_answers: random.Random | None = None
     stopped: bool = False
 
     @property
@@ -90,6 +99,7 @@ class Hostility:
         cluster.executor_faults = dict(self.executor)
         cluster.fetch_failure = self.fetch_failure
         cluster.range_blocks = self.range_blocks
+        cluster.short_answers = self.short_answers
         cluster.lock_race = self.lock_race
         cluster.poisoners.update(self.poisoners)
         cluster.byzantine.update(self.poisoners)
@@ -124,6 +134,8 @@ class Hostility:
             parts.append(f"fetch failure {self.fetch_failure}")
         if self.range_blocks != 32:
             parts.append(f"ranges of {self.range_blocks}")
+        if self.short_answers is not None:
+            parts.append("short answers")
         if self.lock_race:
             parts.append(f"lock race {self.lock_race}")
         if self.crashes:
@@ -140,6 +152,13 @@ class Hostility:
 
 def generator(seed: int, n: int) -> random.Random:
     return random.Random(f"hostile {seed} {n}")
+
+
+def answers(seed: int, n: int) -> random.Random | None:
+    """The generator of the seed's short answers, if it has them (`SHORT_SHARE`): a stream
+    of its own, added in session 14 without moving the seed's other draws."""
+    rng = random.Random(f"short answers {seed} {n}")
+    return rng if ENABLED and rng.random() < SHORT_SHARE else None
 
 
 def draw(rng: random.Random, *, candidates: list[int], budget: int, horizon_ms: int,

@@ -184,7 +184,8 @@ def run_seed(seed: int, n: int) -> Cluster:
         raise type(exc)(f"{exc} [world: {_world[0].describe()}]") from exc
 
 
-def _hostile_world(cluster: Cluster, world: Hostility) -> Hostility:
+def _hostile_world(cluster: Cluster, world: Hostility, seed: int, n: int) -> Hostility:
+    world.short_answers = hostile.answers(seed, n)
     world.apply(cluster)
     _world[:] = [world]
     return world
@@ -491,7 +492,7 @@ def run_chaos(seed: int, n: int, rng: random.Random) -> Cluster:
     world = hostile.draw(world_rng, candidates=survivors, budget=len(survivors),
                          horizon_ms=CHAOS_MS, request_timeout_ms=cluster.params.request_timeout_ms)
     world.poisoners, world.slow = poisoners, slow
-    _hostile_world(cluster, world)
+    _hostile_world(cluster, world, seed, n)
     outside = [*faulty, *slow, *([wiped] if amnesia else [])]
     # (a view change a change caused would move a settled view: `check_no_churn`)
     changes, change_rng = _draw_changes(seed, n, _fitting(n, outside))
@@ -649,7 +650,7 @@ def _backup_world(seed: int, n: int, cluster: Cluster, exclude: frozenset[int], 
     candidates = sorted(slowest[:max(0, budget)])
     return _hostile_world(cluster, hostile.draw(
         hostile.generator(seed, n), candidates=candidates, budget=budget, horizon_ms=horizon_ms,
-        request_timeout_ms=cluster.params.request_timeout_ms))
+        request_timeout_ms=cluster.params.request_timeout_ms), seed, n)
 
 
 def run_gapped(seed: int, n: int, rng: random.Random) -> Cluster:
@@ -735,7 +736,7 @@ def run_slow(seed: int, n: int, rng: random.Random) -> Cluster:
     # View changes are allowed here: the faulty machines may be any, the primary too.
     _hostile_world(cluster, hostile.draw(
         hostile.generator(seed, n), candidates=list(range(n)), budget=max(1, (n - 1) // 3),
-        horizon_ms=4_000, request_timeout_ms=cluster.params.request_timeout_ms))
+        horizon_ms=4_000, request_timeout_ms=cluster.params.request_timeout_ms), seed, n)
     # (its machines' faults pass; a joiner the quorum needs would only add view changes,
     # and escalated rounds make them dear: `_fitting` keeps them out here too)
     changes, change_rng = _draw_changes(seed, n, _fitting(n, ()))
