@@ -464,6 +464,32 @@ def test_requests_that_arrive_while_an_owed_block_waits_replace_no_primary() -> 
     run_seed(236, 5)
 
 
+@pytest.mark.parametrize(("seed", "short_answers"), [(369, True), (619, False)])
+def test_a_censor_claiming_heads_it_cannot_serve_is_replaced_within_the_bound(
+        seed: int, short_answers: bool) -> None:
+    """Censor seeds 369 and 619 at N = 9 (a liar: the censoring primary claims heads it cannot
+    serve, `Cluster.unchecked_claims`). Every backup was fetching a claimed head when its
+    request timer ran out, so each timeout was excused, and the censor committed blocks of
+    other transactions in between, moving the head, so each claim was believed afresh: only
+    the commits passing the censored request over counted (369: 9 of them over 10.5 s; the
+    request committed at 16.9 s against a bound of 13.6 s). The failure of a fetch that
+    excused a timeout now passes the request over too, whatever it imported first
+    (`catch_up.on_fetch_failed`; the attack review s13-core's censor gap). In 369 peers
+    serve short answers (`Cluster.short_answers`: fetches import a prefix, then fail; the
+    random CI seeds draw none that happen)."""
+    assert bool(run_seed(seed, 9).seen["short answer"]) is short_answers
+
+
+def test_a_laggard_whose_fetches_failed_fast_asks_for_no_view_alone() -> None:
+    """Honest seed 776 at N = 5 (fetches fail half the time, ranges of 4): a laggard at head
+    24 saw two fetches fail within 5 ms, before any request timeout relied on them, then
+    started a third, slow one (a laggard: it executes slowly); its third request timeout
+    during that fetch found two timeouts and two failed fetches at its head and sent a lone
+    VIEW-CHANGE (the fetch moved its head 45 s later). Only the failures of fetches that
+    excused a timeout count now (`catch_up.on_fetch_failed`)."""
+    run_seed(776, 5)
+
+
 def test_a_replica_that_crashed_as_it_committed_c_still_hands_over() -> None:
     """Two validators vote a third in (the handover needs both old CHECKPOINTs at c = 4).
     Validator 1's chain commits block 4 and the node crashes before its core hears of it
