@@ -83,7 +83,11 @@ class LoopTurns:
 
 class _Timed:
     """Awaits a coroutine, timing each of its steps on the loop (not its waits: a read on a
-    worker thread, an execution in a child process) and charging them to `turns`."""
+    worker thread, an execution in a child process) and charging them to `turns`, each step
+    after the first admitted too: a call that yields and goes on (txpool's listing, a slice
+    at a time) ran its next step in the same turn as every other such call's, k clients'
+    txpool_content holding the loop k slices at once (the attack review s14b-rpc, finding
+    2). What the admission raises (a cancellation) goes to the call where it waits."""
 
     __slots__ = ("_call", "_turns")
 
@@ -104,6 +108,7 @@ class _Timed:
             value, error = None, None
             try:
                 value = yield waiting_on
+                yield from self._turns._admit().__await__()
             except GeneratorExit:
                 call.close()
                 raise

@@ -22,6 +22,7 @@ from chain.blockchain import Blockchain
 from chain.rpc.errors import SERVER_ERROR, RpcError
 from chain.rpc.evm_process import EvmProcesses
 from chain.rpc.limits import RpcLimits
+from chain.rpc.loop_turns import LoopTurns
 from chain.rpc.served import WorkerPool
 from chain.rpc.server import PAYMENT, PIECE_COST, BodyBudget, RpcServer
 from chain.rpc.subscriptions import Subscriptions
@@ -148,6 +149,9 @@ def test_a_body_in_debt_is_not_read_the_kernel_holds_the_rest() -> None:
 
 class LengthOfEachMessage:
     """The dispatcher of a node that answers each message with its length."""
+
+    def __init__(self) -> None:
+        self.turns = LoopTurns()  # (the writer's messages take their turns)
 
     async def handle_payload(self, body: str | bytes, session: object,
                              pay: object = None) -> bytes:

@@ -1,0 +1,184 @@
+"""Attack review (session 14, the second) of session 14's front-door fixes: client calls on
+the event loop taking turns within a share of it (chain/rpc/loop_turns.py `LoopTurns`,
+`_Timed`), the children's share of a core divided among those working (chain/rpc/
+child_process.py `_Working`), WebSocket answers held within a node-wide bound (chain/rpc/
+dispatcher.py `HeldBytes`) and written as bytes in a text frame (`_Item.frame`). What a
+client with no keys can still do: each finding is a test (a strict xfail while its gap is
+open); each rule that held, a passing test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+import tests.unit.test_attack_review_s11_rpc as s11
+from chain.rpc import txpool
+from chain.rpc.dispatcher import Dispatcher
+from chain.rpc.server import BodyBudget
+from chain.rpc.subscriptions import Session, Subscriptions
+from tests.unit.test_attack_review_s13_rpc import _call
+from tests.unit.test_ws_outbox import _header
+
+HANDSHAKE = (b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+
+
+@contextlib.asynccontextmanager
+async def _node_websockets(monkeypatch: pytest.MonkeyPatch, dispatcher: Dispatcher | None = None,
+                           ) -> AsyncIterator[tuple[TestServer, Subscriptions]]:
+    """The node's WebSocket handler (s11's `websocket_server`) and its subscriptions."""
+    made: list[Subscriptions] = []
+
+    class Kept(Subscriptions):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(s11, "Subscriptions", Kept)
+    async with s11.websocket_server(BodyBudget(10**9, 10**9), dispatcher) as listening:
+        try:
+            yield listening, made[0]
+        finally:
+            made[0].close_all()
+
+
+async def _session_of(subscriptions: Subscriptions) -> Session:
+    """The session of the one connection open (once the node has made it)."""
+    while not subscriptions.sessions:
+        await asyncio.sleep(0.01)
+    return next(iter(subscriptions.sessions))
+
+
+# Finding 1: a subscriber's notifications are written in one turn of the loop, unpaced.
+
+SUBSCRIPTIONS = 2_000  # 1.7 kB each: a block's notifications fit the 4 MiB waiting for a client
+
+
+def test_a_subscribers_notifications_do_not_hold_the_loop(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fixed: LoopTurns admits a client's calls one per turn of the loop and within a share
+    of it, but what a subscription makes the loop do is no call: the fan-out queues a
+    block's notifications in slices of 2 ms, and the connection's writer (`_ws_writer`)
+    then wrote all that was queued without ever giving up the loop (`Outbox.next` does not
+    wait while items are queued, and aiohttp's `send_frame` waits only when the socket's
+    buffer is full, never for a client that reads). One connection with its 10,000 newHeads
+    subscriptions (eth_subscribe calls: admitted, paid) and a client that reads: each block
+    held the loop that votes 80 ms at once (17 ms for 1,000), in 5 turns in all; the node's
+    100,000 took ~0.8 s of the loop a block, none of it within LoopTurns' share, nor paid
+    from the answers' budget. Now each message written takes its turn (`LoopTurns`), so
+    it is charged to the share too (a client whose notifications then wait past the 4 MiB
+    of its outbox is cut, as one that reads slowly is). Here 2,000 subscriptions: the
+    frames the node wrote in each turn of the loop."""
+    written: dict[int, int] = {}  # frames by the turn of the loop they were written in
+    turn = 0
+    send_frame = web.WebSocketResponse.send_frame
+
+    async def counted(socket: web.WebSocketResponse, *args: Any, **kwargs: Any) -> None:
+        written[turn] = written.get(turn, 0) + 1
+        await send_frame(socket, *args, **kwargs)
+
+    monkeypatch.setattr(web.WebSocketResponse, "send_frame", counted)
+
+    async def notified() -> None:
+        loop = asyncio.get_running_loop()
+        async with _node_websockets(monkeypatch) as (listening, subscriptions):
+            client = socket.create_connection((listening.host, listening.port))
+            client.sendall(HANDSHAKE)
+            reading = loop.run_in_executor(None, _read_notifications, client, SUBSCRIPTIONS)
+            session = await _session_of(subscriptions)
+            for _ in range(SUBSCRIPTIONS):
+                await session.eth_subscribe("newHeads")
+
+            def next_turn() -> None:
+                nonlocal turn
+                turn += 1
+                ticks.append(loop.call_soon(next_turn))
+
+            ticks = [loop.call_soon(next_turn)]
+            subscriptions._on_block(SimpleNamespace(header=_header(1), records=()))  # type: ignore[arg-type]
+            try:
+                await asyncio.wait_for(reading, 20)
+            finally:
+                ticks[-1].cancel()
+                client.close()
+
+    asyncio.run(notified())
+    most = max(written.values())  # (was 1,279: what the fan-out's first slices queued)
+    assert most == 1, f"{most} frames written in one turn of the loop"
+
+
+def _read_notifications(client: socket.socket, count: int) -> None:
+    """Reads the client's socket (on a thread: not the loop's work) until `count`
+    notifications came."""
+    seen, tail = 0, b""
+    while seen < count:
+        data = client.recv(1 << 20)
+        if not data:
+            raise ConnectionError("the node closed the connection")
+        seen += (tail + data).count(b"eth_subscription")
+        tail = data[-20:]
+
+
+# Finding 2: a call's steps after its first are not admitted: k clients' in every turn.
+
+CLIENTS = 16
+SENDERS = 2_000  # a pool's senders, each with one transaction: 4 slices of txpool's listing
+
+
+def test_the_steps_after_a_calls_first_take_turns_too() -> None:
+    """Fixed: `LoopTurns.run` admitted a call's first step (one call per turn of the loop)
+    and timed the rest, but did not admit them: a call that yields to the loop and goes on
+    (txpool's listing yields every FORMAT_SLICE = 500 transactions, ~10 ms, so that a full
+    pool's 0.4 s does not hold the loop) ran its next step in the same turn as every other
+    such call's. Their time was charged to the share, so admissions waited it out
+    afterwards, but the turn it was taken in was held by all of them: 16 clients'
+    txpool_content over a pool of 2,000 (a slice ~20 ms here) held the loop 293 ms at
+    once (each turn ran 4 calls' slices: as many as a call has; a full pool's 40), where
+    LoopTurns says "a consensus message waits behind one call at most". The listing stands
+    for any call with several steps on the loop. Now each step is admitted (`_Timed`):
+    here the calls whose slices ran in each turn of the loop, at most one."""
+    entries = [SimpleNamespace(tx=SimpleNamespace(nonce=0))]
+    pool = {i.to_bytes(20, "big"): entries for i in range(SENDERS)}
+    turn = 0
+    slices: dict[int, set[asyncio.Task[Any] | None]] = {}  # each turn's calls that worked
+
+    def formatted(_entry: Any) -> str:
+        slices.setdefault(turn, set()).add(asyncio.current_task())
+        return "0x"
+
+    async def txpool_content() -> dict[str, Any]:
+        return await txpool._by_sender(pool, formatted)
+
+    dispatcher = Dispatcher({"txpool_content": txpool_content})
+    body = orjson.dumps(_call("txpool_content"))
+
+    async def listed() -> list[bytes | None]:
+        loop = asyncio.get_running_loop()
+
+        def next_turn() -> None:
+            nonlocal turn
+            turn += 1
+            ticking = loop.call_soon(next_turn)
+            ticks.append(ticking)
+
+        ticks = [loop.call_soon(next_turn)]
+        try:
+            return await asyncio.gather(*(dispatcher.handle_payload(body)
+                                          for _ in range(CLIENTS)))
+        finally:
+            ticks[-1].cancel()
+
+    answers = asyncio.run(listed())
+    assert all(answer is not None and b'"result"' in answer for answer in answers)
+    most = max(map(len, slices.values()))  # was 4: each call's 4 slices beside 3 others'
+    assert most == 1, f"{most} calls' slices in one turn of the loop"
