@@ -84,8 +84,13 @@ ANSWER_PAYMENT = 64 * 1024  # answer bytes owed before they are paid (PaidPieces
 # WebSocket answers are held whole while they are made (a message is sent in one frame), all
 # clients' side by side as the answers' budget shares its rate: 256 connections' batches of
 # 25 MB would hold 6.4 GB (the attack review s14-rpc, finding 4). The node holds at most this
-# much of them; a call whose answer does not fit is answered "server busy".
+# much of them; a call whose answer does not fit is answered "server busy". The first
+# HELD_FLOOR_BYTES of every answer are held whatever is held (256 connections: 16 MiB more):
+# the bound is the node's, so three connections' batches holding it with slow calls at their
+# ends had every other client's eth_chainId answered "server busy" for as long as they ran
+# (the attack review s14b-rpc, finding 3).
 MAX_HELD_ANSWER_BYTES = 64 * 1024 * 1024
+HELD_FLOOR_BYTES = 64 * 1024
 BUSY_ANSWERS = RpcError(LIMIT_EXCEEDED, f"server busy: {MAX_HELD_ANSWER_BYTES >> 20} MiB of "
                         "WebSocket answers are being made; retry later, or ask for less")
 
@@ -102,14 +107,15 @@ class AnswerSink(Protocol):
 
 
 class HeldBytes:
-    """Bytes held node-wide, up to a bound (`take` refuses beyond it)."""
+    """Bytes held node-wide, up to a bound (`take` refuses beyond it, but an answer's
+    floor)."""
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
         self.held = 0
 
-    def take(self, size: int) -> bool:
-        if self.held + size > self.bound:
+    def take(self, size: int, floor: bool = False) -> bool:
+        if self.held + size > self.bound and not floor:
             return False
         self.held += size
         return True
@@ -440,7 +446,7 @@ class _Collected(PaidPieces):
         self._taken = 0
 
     def holds(self, size: int) -> bool:
-        if not self._held.take(size):
+        if not self._held.take(size, floor=self._taken + size <= HELD_FLOOR_BYTES):
             return False
         self._taken += size
         return True

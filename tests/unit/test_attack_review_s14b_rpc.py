@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 
 import tests.unit.test_attack_review_s11_rpc as s11
 from chain.rpc import txpool
-from chain.rpc.dispatcher import Dispatcher
+from chain.rpc.dispatcher import Dispatcher, HeldBytes
 from chain.rpc.server import BodyBudget
 from chain.rpc.subscriptions import Session, Subscriptions
 from tests.unit.test_attack_review_s13_rpc import _call
@@ -182,3 +182,57 @@ def test_the_steps_after_a_calls_first_take_turns_too() -> None:
     assert all(answer is not None and b'"result"' in answer for answer in answers)
     most = max(map(len, slices.values()))  # was 4: each call's 4 slices beside 3 others'
     assert most == 1, f"{most} calls' slices in one turn of the loop"
+
+
+# Finding 3: one client holding the node's bound on WebSocket answers answers every other
+# client's call "server busy", for as long as it likes.
+
+HELD_BOUND = 1_000_000  # the node's bound on WebSocket answers being made, made small here
+
+
+def test_a_client_holding_the_answers_bound_does_not_starve_the_others() -> None:
+    """Fixed: `MAX_HELD_ANSWER_BYTES` (64 MiB) is the node's, with no share per connection or
+    client, and a batch holds what it made until its last call is done. Three connections
+    (a batch's answer is at most 25 MB) each send a batch that fills the bound with its
+    first answers, tops it up with tiny ones, and ends with calls that take long and cost
+    the node nothing (an eth_call running to its 5 s deadline, one at a time on the EVM
+    worker: 1,000 of them ~80 minutes a batch): every other WebSocket client's call, an
+    eth_chainId, is answered -32005 "server busy" until then, and again as soon as the
+    attacker sends the next. Availability only (the memory stays bounded; HTTP answers are
+    not held), but cheap and unbounded in time. Here a bound of 1 MB, three such batches
+    and an honest eth_chainId (it was answered "server busy"). Fixed: the first
+    HELD_FLOOR_BYTES (64 KiB) of every answer are held whatever is held (256 connections:
+    16 MiB beside the bound)."""
+
+    async def filler() -> str:
+        return "a" * 1_000
+
+    async def chain_id() -> str:
+        return "0x539"
+
+    async def execution() -> str:
+        await asyncio.Event().wait()  # an eth_call to its deadline
+        return "0x"
+
+    dispatcher = Dispatcher({"filler": filler, "eth_chainId": chain_id,
+                             "eth_call": execution})
+    dispatcher._held_answers = HeldBytes(HELD_BOUND)
+    hold = orjson.dumps([_call("filler", i) for i in range(400)]
+                        + [_call("eth_chainId", i) for i in range(400, 500)]
+                        + [_call("eth_call", 500)])
+    honest = orjson.dumps(_call("eth_chainId", 1))
+
+    async def starved() -> bytes | None:
+        holding = [asyncio.create_task(dispatcher.handle_payload(hold)) for _ in range(3)]
+        try:
+            while dispatcher._held_answers.held < HELD_BOUND - 100:
+                await asyncio.sleep(0.01)
+            return await dispatcher.handle_payload(honest)
+        finally:
+            for batch in holding:
+                batch.cancel()
+            await asyncio.gather(*holding, return_exceptions=True)
+
+    answer = asyncio.run(asyncio.wait_for(starved(), 10))
+    assert answer is not None
+    assert orjson.loads(answer).get("result") == "0x539", answer.decode()
