@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +24,7 @@ from aiohttp.test_utils import TestServer
 import tests.unit.test_attack_review_s11_rpc as s11
 from chain.rpc import txpool
 from chain.rpc.dispatcher import Dispatcher, HeldBytes
+from chain.rpc.loop_turns import LoopTurns
 from chain.rpc.server import BodyBudget
 from chain.rpc.subscriptions import Session, Subscriptions
 from tests.unit.test_attack_review_s13_rpc import _call
@@ -236,3 +238,99 @@ def test_a_client_holding_the_answers_bound_does_not_starve_the_others() -> None
     answer = asyncio.run(asyncio.wait_for(starved(), 10))
     assert answer is not None
     assert orjson.loads(answer).get("result") == "0x539", answer.decode()
+
+
+# Rules that held.
+
+
+def test_a_call_cancelled_in_any_of_its_waits_is_told_once_and_leaves_no_turn_held() -> None:
+    """`_Timed` passes a cancellation to the call where it waits, once, whether it waits on
+    a future or for its next step's turn (the chain busy, the share in debt): the call's
+    cleanup runs, the task ends cancelled, and the next call is admitted at once (no lock
+    held, `_admitted` not left set). A call that swallows its cancellation returns its
+    result, and `asyncio.timeout` around a call times it out."""
+    busy = [False]
+    turns = LoopTurns(share=0.5, busy=lambda: busy[0])
+    told: list[str] = []
+
+    async def waiting(where: str) -> str:
+        if where == "for its turn":
+            turns.spent(10.0)  # in debt: its next step waits ~20 s
+        try:
+            await asyncio.sleep(0)  # its next step: admitted
+            if where == "on a future":
+                await asyncio.Event().wait()
+            return "done"
+        except asyncio.CancelledError:
+            told.append(where)
+            raise
+
+    async def swallowing() -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "not told"
+
+    async def body() -> tuple[str, float]:
+        for where in ("on a future", "for its turn"):
+            busy[0] = where == "for its turn"
+            call = asyncio.create_task(turns.run(waiting(where)))
+            await asyncio.sleep(0.05)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        busy[0] = False
+        swallowed = asyncio.create_task(turns.run(swallowing()))
+        await asyncio.sleep(0.01)
+        swallowed.cancel()
+        result = await swallowed
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await turns.run(waiting("on a future"))
+        started = time.monotonic()
+        assert await asyncio.wait_for(turns.run(waiting("after")), 1) == "done"
+        return result, time.monotonic() - started
+
+    result, next_call = asyncio.run(body())
+    assert told == ["on a future", "for its turn", "on a future"]
+    assert result == "swallowed" and next_call < 0.5
+
+
+def test_what_a_batch_held_is_given_back_however_it_ends() -> None:
+    """A WebSocket batch's answer is held (`HeldBytes`) while it is made, and given back
+    whether the batch ends, is cancelled half-way (its client gone, the node stopping) or
+    fails (its payment raising): never held for good, so the node never says "server
+    busy" for ever."""
+
+    async def sized() -> str:
+        return "a" * 10_000
+
+    async def stalled() -> str:
+        await asyncio.Event().wait()
+        return "0x"
+
+    dispatcher = Dispatcher({"sized": sized, "stalled": stalled})
+    made = orjson.dumps([_call("sized", i) for i in range(20)])
+    cut = orjson.dumps([_call("sized", i) for i in range(20)] + [_call("stalled", 20)])
+
+    async def refused(_size: int) -> None:
+        raise ConnectionResetError("the client left")
+
+    async def body() -> list[int]:
+        held = dispatcher._held_answers
+        after = []
+        assert await dispatcher.handle_payload(made) is not None
+        after.append(held.held)
+        batch = asyncio.create_task(dispatcher.handle_payload(cut))
+        while held.held < 200_000:
+            await asyncio.sleep(0.01)
+        batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)
+        after.append(held.held)
+        with pytest.raises(ConnectionResetError):
+            await dispatcher.handle_payload(made, pay=refused)
+        after.append(held.held)
+        return after
+
+    assert asyncio.run(asyncio.wait_for(body(), 10)) == [0, 0, 0]
