@@ -334,3 +334,22 @@ def test_what_a_batch_held_is_given_back_however_it_ends() -> None:
         return after
 
     assert asyncio.run(asyncio.wait_for(body(), 10)) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("request_text", [
+    '{"jsonrpc":"2.0","id":"\\ud800","method":"\\udfff"}',  # lone surrogates: the error's text
+    '[{"jsonrpc":"2.0","id":1,"method":"echo","params":["\\udc80\\u0000\\uffff"]}]',
+])
+def test_every_answer_written_as_bytes_is_utf_8(request_text: str) -> None:
+    """WebSocket answers go out as made, bytes in a text frame: text from the client (a
+    method's name in its error, an id, a parameter echoed back) may hold lone surrogates,
+    which no UTF-8 holds. orjson refuses them, and the fallback (the json module) escapes
+    them to ASCII; the rest of every answer is orjson's (UTF-8) or JSON made by it (a
+    read process's, a bundle's orjson.Fragment)."""
+
+    async def echo(value: str) -> str:
+        return value
+
+    answer = asyncio.run(Dispatcher({"echo": echo}).handle_payload(request_text))
+    assert answer is not None
+    answer.decode("utf-8")  # strict: a client's text frame must hold UTF-8
