@@ -4,7 +4,10 @@ the event loop taking turns within a share of it (chain/rpc/loop_turns.py `LoopT
 child_process.py `_Working`), WebSocket answers held within a node-wide bound (chain/rpc/
 dispatcher.py `HeldBytes`) and written as bytes in a text frame (`_Item.frame`). What a
 client with no keys can still do: each finding is a test (a strict xfail while its gap is
-open); each rule that held, a passing test."""
+open); each rule that held, a passing test. Findings 1 (a connection's notifications written
+in one turn of the loop, outside LoopTurns), 2 (a call's steps after its first not admitted:
+k clients' in one turn) and 3 (one client holding the node's bound on WebSocket answers
+starved every other WebSocket client) are fixed in this review."""
 
 from __future__ import annotations
 
