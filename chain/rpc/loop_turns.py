@@ -43,9 +43,14 @@ class LoopTurns:
         self._lock = asyncio.Lock()  # FIFO: calls are admitted in the order they came
         self._loop: asyncio.AbstractEventLoop | None = None  # the lock's
         self._admitted = False  # a call was admitted in this turn of the loop
+        self._stepping = False  # a call's step runs now
 
     async def run(self, call: Coroutine[Any, Any, T]) -> T:
-        """`call`'s result, once admitted, its steps on the loop timed and charged."""
+        """`call`'s result, once admitted, its steps on the loop timed and charged. Run
+        within a call's step, its steps are that call's (admitted and timed with them: its
+        own admission would wait for the turn that step holds, for ever)."""
+        if self._stepping:
+            return await call
         try:
             await self._admit()
         except BaseException:
@@ -97,19 +102,21 @@ class _Timed:
         self._turns = turns
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        call, value, error = self._call, None, None
+        call, turns, value, error = self._call, self._turns, None, None
         while True:
             started = time.perf_counter()
+            turns._stepping = True
             try:
                 waiting_on = call.send(value) if error is None else call.throw(error)
             except StopIteration as done:
                 return done.value
             finally:
-                self._turns.spent(time.perf_counter() - started)
+                turns._stepping = False
+                turns.spent(time.perf_counter() - started)
             value, error = None, None
             try:
                 value = yield waiting_on
-                yield from self._turns._admit().__await__()
+                yield from turns._admit().__await__()
             except GeneratorExit:
                 call.close()
                 raise

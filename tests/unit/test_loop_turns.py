@@ -95,3 +95,23 @@ def test_a_call_cancelled_while_it_waits_is_closed_and_errors_pass_through() -> 
         warnings.simplefilter("error")  # "coroutine ... was never awaited" would be one
         asyncio.run(body())
         gc.collect()
+
+
+def test_a_call_run_within_a_call_takes_its_turns_with_it() -> None:
+    """A call that runs another through the same turns (within one of its steps) is not
+    held waiting for the turn its own step holds: the inner call's steps are the outer's
+    (admitted and timed with them). Each step admitted, the inner admission waited for the
+    turn the outer step held, and the outer's next admission for the lock the inner held:
+    both for ever."""
+    async def inner() -> int:
+        await asyncio.sleep(0)
+        return 1
+
+    async def outer(turns: LoopTurns) -> int:
+        return await turns.run(inner()) + 1
+
+    async def body() -> int:
+        turns = LoopTurns(busy=lambda: False)
+        return await asyncio.wait_for(turns.run(outer(turns)), 2)
+
+    assert asyncio.run(body()) == 2
