@@ -7,13 +7,17 @@ client with no keys can still do: each finding is a test (a strict xfail while i
 open); each rule that held, a passing test. Findings 1 (a connection's notifications written
 in one turn of the loop, outside LoopTurns), 2 (a call's steps after its first not admitted:
 k clients' in one turn) and 3 (one client holding the node's bound on WebSocket answers
-starved every other WebSocket client) are fixed in this review."""
+starved every other WebSocket client) are fixed in this review; 4 (HTTP requests refused
+before any call keep the loop's thread ~90% busy, outside LoopTurns) stands as a strict
+xfail."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -25,10 +29,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 import tests.unit.test_attack_review_s11_rpc as s11
-from chain.rpc import txpool
+from chain.rpc import child_process, txpool
 from chain.rpc.dispatcher import Dispatcher, HeldBytes
-from chain.rpc.loop_turns import LoopTurns
-from chain.rpc.server import BodyBudget
+from chain.rpc.limits import RpcLimits
+from chain.rpc.loop_turns import LOOP_SHARE, LoopTurns
+from chain.rpc.server import BodyBudget, RpcServer
 from chain.rpc.subscriptions import Session, Subscriptions
 from tests.unit.test_attack_review_s13_rpc import _call
 from tests.unit.test_ws_outbox import _header
@@ -356,3 +361,67 @@ def test_every_answer_written_as_bytes_is_utf_8(request_text: str) -> None:
     answer = asyncio.run(Dispatcher({"echo": echo}).handle_payload(request_text))
     assert answer is not None
     answer.decode("utf-8")  # strict: a client's text frame must hold UTF-8
+
+
+# Finding 4: requests refused before any call are the loop's work outside LoopTurns, priced
+# at a tenth of it.
+
+REFUSALS_SECONDS = 1.0
+
+
+@pytest.mark.xfail(strict=True, reason="attack review s14b-rpc finding 4: HTTP requests "
+                   "refused before any call (405, 415, 403, OPTIONS) take the loop outside "
+                   "LoopTurns; the budget prices each at ~67 us of its rate, they cost ~80 us")
+def test_requests_refused_before_any_call_take_at_most_the_share_of_the_loop(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LoopTurns holds client calls to half of the loop while blocks come, "so what is left
+    of the interpreter for the loop and the block execution threads does not depend on
+    what clients send"; but a request answered before the dispatcher (GET: 405, a wrong
+    content type: 415, a wrong Host: 403, OPTIONS) makes no call. What bounds them is the
+    request budget (16 MiB/s), which prices one at its head and PIECE_COST (1 KiB: "~1 us"
+    of parsing): ~15,000 a second. aiohttp's parsing, `_guarded` and writing the answer
+    cost the loop ~80 us each: one connection pipelining 27-byte GETs got 11,300 answers a
+    second and kept the loop's thread 97% busy (8 connections: 89%, the loop late by up to
+    7.6 ms at a 5 ms tick), the interpreter the block execution threads share all but
+    taken. Here the chain makes blocks, one connection pipelines GETs for 1 s against the
+    node's budget: the loop thread's time they took. A fix: `_guarded` takes a turn of
+    LoopTurns for each request (its handling timed and charged), or a request priced at
+    what it costs the loop."""
+    server = object.__new__(RpcServer)  # only its HTTP handling: no node behind it
+    server.limits = RpcLimits()
+    server._body_budget = BodyBudget(server.limits.max_body_rate, server.limits.max_body_bytes)
+    server.host_allowlist, server.cors_origins = {"*"}, set()
+    server.dispatcher = Dispatcher({})
+    wire = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 2_000
+
+    def pipelining(client: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client.sendall(wire)
+
+    async def flooded() -> float:
+        app = web.Application()
+        app.router.add_route("*", "/", server._guarded)
+        async with TestServer(app, host="127.0.0.1") as listening:
+            client = socket.create_connection(("127.0.0.1", listening.port))
+            for work in (pipelining, _drained):  # threads: not the loop's work
+                threading.Thread(target=work, args=(client,), daemon=True).start()
+            try:
+                await asyncio.sleep(0.2)
+                started, cpu = time.monotonic(), time.thread_time()
+                await asyncio.sleep(REFUSALS_SECONDS)
+                return (time.thread_time() - cpu) / (time.monotonic() - started)
+            finally:
+                client.shutdown(socket.SHUT_RDWR)
+                client.close()
+
+    monkeypatch.setattr(child_process, "_last_block", math.inf)  # blocks keep coming
+    busy = asyncio.run(flooded())
+    assert busy <= LOOP_SHARE * 1.2, f"the loop's thread {busy:.0%} busy with refusals"
+
+
+def _drained(client: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while client.recv(1 << 20):
+            pass
