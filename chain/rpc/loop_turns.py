@@ -8,7 +8,7 @@ transfers' p90 went from 354 ms to 2 s (the attack review s14-rpc, finding 7); t
 budget counts their bytes, not their work. So every call on the loop is admitted by
 `LoopTurns`, one per turn of the loop, whatever the number of clients (first come, first
 served): a consensus message waits behind one call at most. So is each later step of a call,
-and each WebSocket message written (chain/rpc/server.py `_ws_writer`). And its steps on the
+and a WebSocket connection's writer (chain/rpc/server.py `_ws_writer`). And its steps on the
 loop are timed: while the chain makes blocks, client calls take at most LOOP_SHARE of the
 loop's time (a token bucket in seconds; a call admitted in debt waits until it is paid off),
 so what is left of the interpreter for the loop and the block execution threads does not

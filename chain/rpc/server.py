@@ -34,11 +34,11 @@ from chain.rpc.subscriptions import (
     CUT_REASONS,
     OUTBOX_FULL,
     WRITE_DEADLINE,
+    LoopSlice,
     Outbox,
     Session,
     Subscriptions,
     WebSocketLimits,
-    _Item,
 )
 from chain.rpc.txpool import TxPoolApi
 
@@ -393,10 +393,17 @@ class _PaidReads(asyncio.Protocol):
         self._handler.resume_writing()
 
 
-async def _written(socket: web.WebSocketResponse, item: _Item, deadline: float) -> None:
-    """A message written within the write deadline (its wait for its turn not counted)."""
-    async with asyncio.timeout(deadline):
-        await socket.send_frame(item.frame(), WSMsgType.TEXT)
+async def _written(socket: web.WebSocketResponse, outbox: Outbox, limits: WebSocketLimits,
+                   ) -> str | None:
+    """What the outbox holds, written as it comes, each message within the write deadline,
+    the loop let run after every `fan_out_slice` of writing; why the client is to be cut."""
+    work = LoopSlice(limits.fan_out_slice)
+    while (item := await outbox.next()) is not None:
+        async with asyncio.timeout(limits.write_deadline):
+            await socket.send_frame(item.frame(), WSMsgType.TEXT)
+        outbox.sent(item)
+        await work.pause()
+    return outbox.cut_reason
 
 
 class RpcServer:
@@ -565,9 +572,8 @@ class RpcServer:
         self._websockets[socket] = self._pay_for_reads(request)
         await socket.prepare(request)
         session = self.subscriptions.session(request.remote or "")
-        deadline = self.subscriptions.limits.write_deadline
-        writer = asyncio.create_task(self._ws_writer(socket, session.outbox, deadline,
-                                                     self.dispatcher.turns))
+        writer = asyncio.create_task(self._ws_writer(
+            socket, session.outbox, self.subscriptions.limits, self.dispatcher.turns))
         writer.add_done_callback(functools.partial(self._ws_cut, request, session))
         try:
             await self._ws_read(socket, session)
@@ -609,19 +615,15 @@ class RpcServer:
                 session.outbox.put_answer(result)
 
     @staticmethod
-    async def _ws_writer(
-        socket: web.WebSocketResponse, outbox: Outbox, deadline: float, turns: LoopTurns
-    ) -> str | None:
-        """Writes what the outbox holds, each message a client's work on the loop taking
-        its turn (`turns`: written in one turn, one connection's 10,000 notifications of a
-        block held the loop 80 ms, the attack review s14b-rpc, finding 1); why the client
-        is to be cut (None: it left). The outbox is closed when it ends, so the reader
-        stops waiting for room in it."""
+    async def _ws_writer(socket: web.WebSocketResponse, outbox: Outbox,
+                         limits: WebSocketLimits, turns: LoopTurns) -> str | None:
+        """Writes what the outbox holds, a client's work on the loop taking its turns
+        (`turns`, a slice of writing at a time: written in one turn, one connection's
+        10,000 notifications of a block held the loop 80 ms, the attack review s14b-rpc,
+        finding 1); why the client is to be cut (None: it left). The outbox is closed when
+        it ends, so the reader stops waiting for room in it."""
         try:
-            while (item := await outbox.next()) is not None:
-                await turns.run(_written(socket, item, deadline))
-                outbox.sent(item)
-            return outbox.cut_reason
+            return await turns.run(_written(socket, outbox, limits))
         except TimeoutError:
             return WRITE_DEADLINE
         except ConnectionError:

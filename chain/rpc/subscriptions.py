@@ -60,7 +60,8 @@ class WebSocketLimits:
     max_log_entries: int = 1_000  # addresses and topics of one connection's log subscriptions
     node_log_entries: int = 10_000  # ... of all connections' log subscriptions
     client_log_entries: int = 2_000  # ... of one client's (remote address's) connections
-    fan_out_slice: float = 0.002  # seconds of the event loop the fan-out takes at a time
+    # seconds of the event loop the fan-out, and a connection's writer, take at a time
+    fan_out_slice: float = 0.002
     max_blocks_behind: int = 64  # blocks waiting for their fan-out: subscribers cut beyond
 
 
@@ -243,7 +244,7 @@ class BlockResults:
         return text
 
 
-class _Slice:
+class LoopSlice:
     """Lets the event loop run once the current slice of work has taken `seconds`."""
 
     def __init__(self, seconds: float) -> None:
@@ -344,7 +345,7 @@ class Subscriptions:
 
     async def _fan_out(self, committed: CommittedBlock) -> None:
         results = BlockResults(committed)
-        work = _Slice(self.limits.fan_out_slice)
+        work = LoopSlice(self.limits.fan_out_slice)
         for session in list(self.sessions):
             for subscription_id, criteria in list(session.subscriptions.items()):
                 if not session.notify(subscription_id, results.of(criteria)):

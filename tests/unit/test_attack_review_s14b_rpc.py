@@ -34,7 +34,7 @@ from chain.rpc.dispatcher import Dispatcher, HeldBytes
 from chain.rpc.limits import RpcLimits
 from chain.rpc.loop_turns import LOOP_SHARE, LoopTurns
 from chain.rpc.server import BodyBudget, RpcServer
-from chain.rpc.subscriptions import Session, Subscriptions
+from chain.rpc.subscriptions import BlockResults, Session, Subscriptions, WebSocketLimits
 from tests.unit.test_attack_review_s13_rpc import _call
 from tests.unit.test_ws_outbox import _header
 
@@ -43,18 +43,18 @@ HANDSHAKE = (b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Up
 
 
 @contextlib.asynccontextmanager
-async def _node_websockets(monkeypatch: pytest.MonkeyPatch, dispatcher: Dispatcher | None = None,
+async def _node_websockets(monkeypatch: pytest.MonkeyPatch, limits: WebSocketLimits,
                            ) -> AsyncIterator[tuple[TestServer, Subscriptions]]:
     """The node's WebSocket handler (s11's `websocket_server`) and its subscriptions."""
     made: list[Subscriptions] = []
 
     class Kept(Subscriptions):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
+        def __init__(self, node: Any) -> None:
+            super().__init__(node, limits)
             made.append(self)
 
     monkeypatch.setattr(s11, "Subscriptions", Kept)
-    async with s11.websocket_server(BodyBudget(10**9, 10**9), dispatcher) as listening:
+    async with s11.websocket_server(BodyBudget(10**9, 10**9)) as listening:
         try:
             yield listening, made[0]
         finally:
@@ -85,10 +85,12 @@ def test_a_subscribers_notifications_do_not_hold_the_loop(
     subscriptions (eth_subscribe calls: admitted, paid) and a client that reads: each block
     held the loop that votes 80 ms at once (17 ms for 1,000), in 5 turns in all; the node's
     100,000 took ~0.8 s of the loop a block, none of it within LoopTurns' share, nor paid
-    from the answers' budget. Now each message written takes its turn (`LoopTurns`), so
-    it is charged to the share too (a client whose notifications then wait past the 4 MiB
-    of its outbox is cut, as one that reads slowly is). Here 2,000 subscriptions: the
-    frames the node wrote in each turn of the loop."""
+    from the answers' budget. Now the writer takes its turns (`LoopTurns`), a slice of
+    writing (`fan_out_slice`, 2 ms) in each, charged to the share (a client whose
+    notifications then wait past the 4 MiB of its outbox is cut, as one that reads slowly
+    is). Here 2,000 newHeads notifications queued at once (as a slice of the fan-out
+    queues them) and slices of nothing (the loop let run after every message): the frames
+    the node wrote in each turn of the loop."""
     written: dict[int, int] = {}  # frames by the turn of the loop they were written in
     turn = 0
     send_frame = web.WebSocketResponse.send_frame
@@ -101,13 +103,12 @@ def test_a_subscribers_notifications_do_not_hold_the_loop(
 
     async def notified() -> None:
         loop = asyncio.get_running_loop()
-        async with _node_websockets(monkeypatch) as (listening, subscriptions):
+        async with _node_websockets(monkeypatch, WebSocketLimits(fan_out_slice=0.0)) as (
+                listening, subscriptions):
             client = socket.create_connection((listening.host, listening.port))
             client.sendall(HANDSHAKE)
             reading = loop.run_in_executor(None, _read_notifications, client, SUBSCRIPTIONS)
             session = await _session_of(subscriptions)
-            for _ in range(SUBSCRIPTIONS):
-                await session.eth_subscribe("newHeads")
 
             def next_turn() -> None:
                 nonlocal turn
@@ -115,15 +116,17 @@ def test_a_subscribers_notifications_do_not_hold_the_loop(
                 ticks.append(loop.call_soon(next_turn))
 
             ticks = [loop.call_soon(next_turn)]
-            subscriptions._on_block(SimpleNamespace(header=_header(1), records=()))  # type: ignore[arg-type]
+            for number in range(SUBSCRIPTIONS):  # queued at once, as a slice of the fan-out
+                session.outbox.put_notification(f"0x{number:032x}", head)
             try:
                 await asyncio.wait_for(reading, 20)
             finally:
                 ticks[-1].cancel()
                 client.close()
 
+    head = BlockResults(SimpleNamespace(header=_header(1), records=())).of(None)[0]  # type: ignore[arg-type]
     asyncio.run(notified())
-    most = max(written.values())  # (was 1,279: what the fan-out's first slices queued)
+    most = max(written.values())  # (was 2,000: all that was queued)
     assert most == 1, f"{most} frames written in one turn of the loop"
 
 

@@ -108,8 +108,7 @@ def test_a_message_not_taken_within_the_write_deadline_cuts_the_client() -> None
             outbox.put_answer(text)
         socket = _StuckSocket(taken=1)
         started = time.monotonic()
-        reason = await RpcServer._ws_writer(socket, outbox, LIMITS.write_deadline,
-                                            LoopTurns())  # type: ignore[arg-type]
+        reason = await RpcServer._ws_writer(socket, outbox, LIMITS, LoopTurns())  # type: ignore[arg-type]
         return reason, time.monotonic() - started, socket.sent, await outbox.room()
 
     reason, waited, sent, room = run(body())
@@ -123,8 +122,7 @@ def test_a_client_gone_is_not_a_cut() -> None:
         outbox = Outbox(LIMITS)
         outbox.put_answer(b"one")
         socket = _StuckSocket(error=ConnectionResetError("gone"))
-        reason = await RpcServer._ws_writer(socket, outbox, LIMITS.write_deadline,
-                                            LoopTurns())  # type: ignore[arg-type]
+        reason = await RpcServer._ws_writer(socket, outbox, LIMITS, LoopTurns())  # type: ignore[arg-type]
         return reason, await outbox.room()
 
     assert run(body()) == (None, False)
