@@ -44,6 +44,7 @@ class LoopTurns:
         self._loop: asyncio.AbstractEventLoop | None = None  # the lock's
         self._admitted = False  # a call was admitted in this turn of the loop
         self._stepping = False  # a call's step runs now
+        self.rests = 0  # how often a call waited for the share (while blocks came)
 
     async def run(self, call: Coroutine[Any, Any, T]) -> T:
         """`call`'s result, once admitted, its steps on the loop timed and charged. Run
@@ -68,6 +69,7 @@ class LoopTurns:
             if self._busy():
                 self._refill()
                 if self._tokens < 0:
+                    self.rests += 1
                     await asyncio.sleep(-self._tokens / self._share)
                     self._refill()
             else:

@@ -43,13 +43,18 @@ async def _flood(turns: LoopTurns, clients: int, seconds: float) -> float:
 
 
 def test_while_blocks_come_client_calls_take_at_most_their_share_of_the_loop() -> None:
-    share = asyncio.run(_flood(LoopTurns(share=0.25, busy=lambda: True), 32, 0.6))
+    turns = LoopTurns(share=0.25, busy=lambda: True)
+    share = asyncio.run(_flood(turns, 32, 0.6))
     assert share <= 0.25 * 1.2 + 0.01, share
+    assert turns.rests > 0
 
 
-def test_on_an_idle_chain_client_calls_take_what_they_like() -> None:
-    share = asyncio.run(_flood(LoopTurns(share=0.25, busy=lambda: False), 32, 0.3))
-    assert share > 0.4, share
+def test_on_an_idle_chain_client_calls_never_rest() -> None:
+    """(Judged by the rests, not by the share they took: on a loaded machine the loop's
+    process gets what the others leave it.)"""
+    turns = LoopTurns(share=0.25, busy=lambda: False)
+    share = asyncio.run(_flood(turns, 32, 0.3))
+    assert turns.rests == 0 and share > 0
 
 
 def test_one_call_is_admitted_per_turn_of_the_loop() -> None:
