@@ -57,6 +57,12 @@ CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 # A body of 1-byte chunks was paid a sixth of its wire bytes and kept the loop 97% busy at a
 # tenth of the rate (the attack review s11-rpc, finding 3).
 PIECE_COST = 1024
+# What a request costs the budget beyond its head (and its body's bytes and pieces): aiohttp
+# parsing it, making the Request, `_guarded` and writing the answer take the loop ~80 us, out
+# of any call's turns (LoopTurns). Priced at PIECE_COST, pipelined GETs got ~11,000 answers a
+# second and the loop's thread 97% busy (the attack review s14b-rpc, finding 4); at this
+# price the budget lets ~2,000 requests a second through, ~16% of the loop.
+REQUEST_COST = 8 * 1024
 # A reader pays at least this often: one read of the socket may bring thousands of pieces.
 PAYMENT = 64 * 1024
 WRITE_PART = 256 * 1024  # a long answer is written in parts of about this (`_HttpAnswer`)
@@ -448,7 +454,7 @@ class RpcServer:
         middleware it cost a tenth of a short call's time). Every request pays for its head
         first: without a body (GET, OPTIONS, pipelined by the thousand) it was free (the
         attack review s12-rpc, finding 3)."""
-        await self._body_budget.spend(_head_bytes(request) + PIECE_COST, request.transport)
+        await self._body_budget.spend(_head_bytes(request) + REQUEST_COST, request.transport)
         host = (request.host or "").rsplit(":", 1)[0].strip("[]").lower()
         if "*" not in self.host_allowlist and host not in self.host_allowlist:
             return web.Response(status=403, text="invalid host specified\n")
