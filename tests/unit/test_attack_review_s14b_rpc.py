@@ -26,14 +26,15 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import TestServer, make_mocked_request
 
 import tests.unit.test_attack_review_s11_rpc as s11
 from chain.rpc import child_process, txpool
+from chain.rpc import server as server_module
 from chain.rpc.dispatcher import Dispatcher, HeldBytes
 from chain.rpc.limits import RpcLimits
 from chain.rpc.loop_turns import LOOP_SHARE, LoopTurns
-from chain.rpc.server import BodyBudget, RpcServer
+from chain.rpc.server import PIECE_COST, REQUEST_COST, BodyBudget, RpcServer
 from chain.rpc.subscriptions import BlockResults, Session, Subscriptions, WebSocketLimits
 from tests.unit.test_attack_review_s13_rpc import _call
 from tests.unit.test_ws_outbox import _header
@@ -457,3 +458,24 @@ def _drained(client: socket.socket) -> None:
     with contextlib.suppress(OSError):
         while client.recv(1 << 20):
             pass
+
+
+@pytest.mark.parametrize(("busy", "cost"), [(True, REQUEST_COST), (False, PIECE_COST)])
+def test_a_request_costs_the_loops_price_only_while_blocks_come(
+    monkeypatch: pytest.MonkeyPatch, busy: bool, cost: int
+) -> None:
+    """Finding 4's price holds while the chain makes blocks; an idle node serves an
+    indexer's polling (a few thousand requests a second) at PIECE_COST."""
+    spent: list[int] = []
+
+    class Recorded:
+        async def spend(self, size: int, transport: Any) -> None:
+            spent.append(size)
+
+    server = object.__new__(RpcServer)
+    server._body_budget = Recorded()  # type: ignore[assignment]
+    server.host_allowlist = set()  # refused after paying: nothing else runs
+    monkeypatch.setattr(child_process, "_last_block", math.inf if busy else -math.inf)
+    request = make_mocked_request("GET", "/", headers={"Host": "x"})
+    answer = asyncio.run(server._guarded(request))
+    assert answer.status == 403 and spent == [server_module._head_bytes(request) + cost]
