@@ -538,8 +538,12 @@ class Replica:
 
     def _new_oldest(self) -> None:
         """Another request is the oldest (or a new primary times it): nothing passed it
-        over yet, and its fairness mark is a quarter of the request timeout away."""
+        over yet, and its fairness mark is a quarter of the request timeout away. A fetch
+        under way that excused a timeout excused it for the count started afresh here (an
+        old view's primary's, too): its failure is not this count's until a timeout of this
+        one relies on it (`catch_up.excuse` marks it again)."""
         self.passed_over, self.fair_mark, self.backlog_grace = 0, None, 0
+        self.fetch_excused = False
         if self.requests:
             self._set_timer(TimerKind.FAIRNESS_MARK, b"",
                             max(1, self.params.request_timeout_ms // 4))
