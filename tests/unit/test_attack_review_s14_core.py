@@ -212,3 +212,27 @@ def test_an_excused_timeout_arms_the_timer_before_it_fetches() -> None:
                                                            FetchCommitted))]
     assert kinds[-1] is FetchCommitted and SetTimer in kinds[:-1]
     assert replica.fetch_excused
+
+
+def test_a_stalled_fetch_of_an_honest_clusters_fresh_head_asks_for_no_view() -> None:
+    """Held (the lone VIEW-CHANGE against a correct primary): a lagging backup fetches the
+    honest cluster's head, block 5, certified a moment ago (a byzantine peer's STATUS: the
+    correct peers still execute it), holding WAITING, which the correct primary committed
+    in block 5. The correct peers serve blocks 1-4 and have no block 5 yet, the byzantine
+    peer holds block sync's request 10 s, and the fetch fails at 4: its failure and its
+    import each pass the request over (2 counts), and the next fetch, of a head the correct
+    peers now hold, commits the request. The correct peers serve every block they hold, so
+    a byzantine peer can fail a fetch only at the cluster's newest blocks, which commit the
+    request within a block or two of its fairness mark (a correct primary): the count never
+    nears MAX_PASSED_OVER."""
+    replica = censored()
+    fresh = PeerCommitted(5, keccak(b"block 5, certified a moment ago"), b"")
+    replica.step(fresh)
+    stalled(replica, 1)
+    below = FetchCompleted(4, keccak(b"block 4"), keccak(b"root"), (keccak(b"earlier"),))
+    replica.step(FetchFailed(5, below))
+    assert replica.last_exec == 4 and replica.passed_over == 2
+    replica.step(REQUEST_TIMEOUT)  # excused: it fetches block 5 again
+    assert replica.fetching == 5 and replica.view == 0
+    replica.step(FetchCompleted(5, fresh.block_hash, keccak(b"root"), (WAITING,)))
+    assert replica.view == 0 and not replica.requests
