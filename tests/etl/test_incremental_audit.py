@@ -1,0 +1,187 @@
+"""Incremental audits (`spark_etl.audit.incremental`): the epoch chain exported up to block
+10 and audited, then grown to block 22 (the validator set changes at 11: across the
+boundary) and audited again, reading only the blocks above 10. One grown export, lies
+planted below, at and above the boundary: each is found, as a full audit finds it; a block
+up to the boundary that the export wrote again otherwise is `rewritten-block`; a fork across
+the boundary shows at its first block; a changed trust anchor audits the whole export, with
+a note; a state that does not match what the audit is given is not continued."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import shutil
+from itertools import groupby
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from spark_etl import schemas
+from spark_etl.audit import RULES
+from spark_etl.audit.incremental import AuditState, Outcome, audit_export, read_state, why_full
+from spark_etl.audit.validators import resolve_validators
+from spark_etl.tables import Dataset, escape_path_name, to_record_batch
+from tests.etl.chain_factory import ServedChain
+from tests.etl.conftest import NODE_A, NODE_B, RANGE_SIZE, Tables, export_rows
+from tests.etl.test_audit import _certify_another_block, _change, flip, rows
+from tests.etl.test_audit_epochs import GENESIS_SET
+
+BOUNDARY = 10  # the first export's head; the set that decides 11 is the second epoch's
+OPEN = BOUNDARY - BOUNDARY % RANGE_SIZE  # the range the second export fetches again
+
+
+def exports(chain: ServedChain) -> tuple[Tables, Tables]:
+    """The first export (up to BOUNDARY: the epochs a node knows then) and what the second
+    export writes: the ranges from OPEN on, and the tables written whole."""
+    first = export_rows(chain, (NODE_A, NODE_B), BOUNDARY)
+    first["epochs"] = [e for e in first["epochs"] if e["first_block"] <= BOUNDARY + 1]
+    second = export_rows(chain, (NODE_A, NODE_B))
+    for table in schemas.BLOCK_TABLES + (schemas.EXPORT_MANIFEST,):
+        second[table.name] = [r for r in second[table.name] if r["range_start"] >= OPEN]
+    return first, second
+
+
+def write(tables: Tables, root: Path) -> None:
+    """`tables` written into the export directory `root` as the export writes them: each
+    partition they have rows for replaced whole, the others kept (no Spark job)."""
+    for table in schemas.TABLES:
+        keys = [c.name for c in table.partition]
+        arrow_schema = to_arrow_schema(table.row_schema, timezone="UTC")
+
+        def partition(row: dict[str, Any], keys: list[str] = keys) -> tuple[Any, ...]:
+            return tuple(row[k] for k in keys)
+
+        (root / table.name).mkdir(parents=True, exist_ok=True)
+        for values, group in groupby(sorted(tables[table.name], key=partition), partition):
+            directory = root.joinpath(table.name, *(
+                f"{k}={escape_path_name(str(v))}" for k, v in zip(keys, values, strict=True)))
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            batch = to_record_batch([tuple(r[c] for c in table.column_names) for r in group],
+                                    arrow_schema)
+            pq.write_table(pa.Table.from_batches([batch]), directory / "part-0.parquet")
+
+
+def _parent_lie(tables: Tables, chain: ServedChain) -> None:
+    """Node A's first block above the boundary names another parent."""
+    _change("blocks", "parent_hash", flip, number=BOUNDARY + 1)(tables, chain)
+
+
+def _fork(tables: Tables, chain: ServedChain) -> None:
+    """Node B holds another certified block at BOUNDARY + 1: a fork across the boundary."""
+    _certify_another_block(tables, chain, NODE_B, BOUNDARY + 1)
+
+
+def _rewrite(tables: Tables, chain: ServedChain) -> None:
+    """Node B's block 9 (in the range fetched again) is served otherwise the second time."""
+    rows(tables, "blocks", NODE_B, number=9)[0]["timestamp"] += 1
+
+
+def _no_view_change(tables: Tables, chain: ServedChain) -> None:
+    tables["view_changes"] = [r for r in tables["view_changes"] if r["node"] != NODE_A]
+
+
+BELOW = _change("blocks", "gas_limit", lambda g: g + 1, number=3)
+ABOVE = (_change("blocks", "timestamp", lambda t: t + 1, number=17),
+         _change("checkpoints", "state_root", flip, seq_no=20))
+
+
+@dataclasses.dataclass(frozen=True)
+class Grown:
+    """The export audited at BOUNDARY (`first`), grown and audited again (`incremental`),
+    then audited with another trust anchor (`full`: the whole export)."""
+
+    first: Outcome
+    incremental: Outcome
+    full: Outcome
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def grown(spark: SparkSession, epoch_chain: ServedChain,
+          tmp_path_factory: pytest.TempPathFactory) -> Grown:
+    first, second = exports(epoch_chain)
+    for plants, written in (((BELOW,), [first]), ((_no_view_change,), [first, second]),
+                            ((_parent_lie, _fork, _rewrite, *ABOVE), [second])):
+        for plant in plants:
+            for tables in written:
+                plant(tables, epoch_chain)
+    root = tmp_path_factory.mktemp("incremental") / "out"
+
+    def audit(**anchor: Any) -> Outcome:
+        whole = Dataset.read(spark, str(root))
+        validators = resolve_validators(whole.export_manifest, None, GENESIS_SET, whole.epochs)
+        return audit_export(spark, str(root), whole, dataclasses.replace(validators, **anchor),
+                            RULES)
+
+    write(first, root)
+    before = audit()
+    write(second, root)
+    # the last: another genesis setting (no override: no rule reads it) is another anchor
+    return Grown(before, audit(), audit(max_in_flight=3), root)
+
+
+def test_a_grown_export_is_audited_above_the_boundary(grown: Grown) -> None:
+    first, incremental, full = (o.result for o in (grown.first, grown.incremental, grown.full))
+    assert (grown.first.notes, grown.incremental.notes) == ((), ())
+    assert first.continued is None and full.continued is None
+    assert incremental.continued is not None and incremental.continued.boundary == BOUNDARY
+    # it recovered none of the blocks' up to the boundary, and counted them all
+    assert 0 < incremental.signatures < full.signatures
+    assert (incremental.blocks, incremental.transactions, incremental.figures) == (
+        full.blocks, full.transactions, full.figures)
+    assert full.blocks == {NODE_A: 23, NODE_B: 23}
+
+
+def test_lies_below_at_and_above_the_boundary_are_found_as_a_full_audit_finds_them(
+    grown: Grown,
+) -> None:
+    incremental, full = grown.incremental.result, grown.full.result
+    where = {(v.rule, v.node, v.block_number) for v in incremental.violations}
+    assert {("block-hash", NODE_A, 3), ("parent-hash", NODE_A, BOUNDARY + 1),
+            ("node-agreement", None, BOUNDARY + 1),
+            ("conflicting-certificates", None, BOUNDARY + 1), ("block-hash", NODE_A, 17),
+            ("checkpoint-chain", NODE_A, 20), ("view-change-missing", NODE_A, 7),
+            ("rewritten-block", NODE_B, 9)} <= where
+    # the full audit judges block 9 as it is now; the incremental one, as it was, and says
+    # that it changed
+    rewritten = [v for v in incremental.violations if v.rule == "rewritten-block"]
+    assert [(v.node, v.block_number) for v in rewritten] == [(NODE_B, 9)]
+    now_at_9 = [v for v in full.violations if v.block_number == 9]
+    assert now_at_9, "the rewrite is a lie the full audit sees at block 9"
+    expected = sorted(set(full.violations) - set(now_at_9) | set(rewritten),
+                      key=lambda v: v.sort_key())
+    assert incremental.violations == expected
+
+
+def test_a_changed_trust_anchor_audits_the_whole_export_with_a_note(grown: Grown) -> None:
+    audited_at = grown.incremental.state.audited_at
+    assert grown.full.notes == (
+        f"a full audit: the trust anchor (genesis, validator set, or the epochs up to block "
+        f"23) differs from the audit of {audited_at}",)
+
+
+def test_a_state_that_does_not_match_is_not_continued(spark: SparkSession,
+                                                      grown: Grown) -> None:
+    state, whole = read_state(spark, str(grown.root)), Dataset.read(spark, str(grown.root))
+    assert isinstance(state, AuditState) and state.boundary == 22 and state.next_epoch == 2
+    manifest = [row.asDict() for row in whole.export_manifest.collect()]
+    validators = resolve_validators(whole.export_manifest, None, GENESIS_SET, whole.epochs)
+    validators = dataclasses.replace(validators, max_in_flight=3)  # the state's anchor
+    assert why_full(state, validators, manifest) is None
+    without_block_zero = dataclasses.replace(validators, genesis_hash="0x" + "00" * 32)
+    assert "trust anchor" in str(why_full(state, without_block_zero, manifest))
+    assert "code changed" in str(why_full(dataclasses.replace(state, code="0" * 64),
+                                          validators, manifest))
+    closed = [r for r in copy.deepcopy(manifest)
+              if r["range_start"] < state.nodes[r["node"]].open_range]
+    closed[0]["blocks"] += 1
+    assert "written again" in str(why_full(state, validators, closed + [
+        r for r in manifest if r["range_start"] >= state.nodes[r["node"]].open_range]))
+    assert "nodes changed" in str(why_full(state, validators, [
+        r for r in manifest if r["node"] == NODE_A]))
