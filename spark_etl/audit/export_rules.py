@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from functools import reduce
 
 from pyspark.sql import DataFrame
@@ -21,10 +20,8 @@ AGREED_TABLES = {
     schemas.LOGS.name: "block_number",
 }
 
-NO_ROWS = hashlib.sha256(b"").hexdigest()  # the digest of a table without rows at a block
 
-
-def row_digests(data: Dataset, table: str, height: str) -> DataFrame:
+def _row_digests(data: Dataset, table: str, height: str) -> DataFrame:
     """(node, block_number, table, digest): a SHA-256 over each node's rows of `table` at
     each height it exported a block (no rows is a digest too), node and range excluded."""
     frame = getattr(data, table)
@@ -36,7 +33,7 @@ def row_digests(data: Dataset, table: str, height: str) -> DataFrame:
     exported = data.blocks.select("node", F.col("number").alias("block_number"))
     return exported.join(rows, ["node", "block_number"], "left").select(
         "node", "block_number", F.lit(table).alias("table"),
-        F.coalesce("digest", F.lit(NO_ROWS)).alias("digest"),
+        F.coalesce("digest", F.sha2(F.lit(""), 256)).alias("digest"),
     )
 
 
@@ -47,7 +44,7 @@ def node_agreement(audit: Audit) -> DataFrame:
     hashes = audit.data.blocks.select("node", F.col("number").alias("block_number"), "hash")
     # every row of the four tables hashed: a pass over them (parallel on a large export)
     digests = audit.cached("row-digests", lambda tables: tables.union(
-        *(row_digests(tables.data, t, h) for t, h in AGREED_TABLES.items())))
+        *(_row_digests(tables.data, t, h) for t, h in AGREED_TABLES.items())))
     # a node's version of a table at a height: its block hash and its rows' digest (short)
     version = F.concat_ws(" rows ", "hash", F.substring("digest", 1, 16))
     heights = (
