@@ -120,7 +120,11 @@ def _violations(rows: list[Row]) -> list[Violation]:
 Extra = Callable[[Audit], dict[str, DataFrame]]
 
 
-def _results(audit: Audit, rules: tuple[Rule, ...], extra: Extra) -> DataFrame:
+def no_extra(audit: Audit) -> dict[str, DataFrame]:
+    return {}
+
+
+def _results(audit: Audit, rules: tuple[Rule, ...], extra: Extra = no_extra) -> DataFrame:
     """Everything the report needs, as rows of one query (`result` says what each is): the
     violations of every rule, the counts (of the whole export), the consensus figures, and
     the `extra` parts. Collected at once, it is one Spark job (in one partition: of one
@@ -145,7 +149,7 @@ def run_audit(data: Dataset, validators: ValidatorSet, rules: tuple[Rule, ...] =
 
 
 def audit_with(audit: Audit, rules: tuple[Rule, ...] = RULES,
-               extra: Extra = lambda _: {}) -> tuple[AuditResult, dict[str, list[Row]]]:
+               extra: Extra = no_extra) -> tuple[AuditResult, dict[str, list[Row]]]:
     """Every rule of `audit`, and the rows of each `extra` part (collected in the same job)."""
     started = time.monotonic()
     try:

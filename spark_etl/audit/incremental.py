@@ -1,15 +1,16 @@
 """Incremental audits: an export that grew since its last audit is audited where it grew.
 
-Every audit writes an audit state into the export's directory (`audit_state`: one line of
-JSON, written by Spark, so on any storage the export is on). It holds the boundary B (the
-lowest of the nodes' highest exported blocks) and what the rules need of the blocks up to
-it: per node its last block at or below B (number, hash, state root), its last stable
-checkpoint, whether its blocks commit to a set in extraData, a digest of its manifest rows
-of the ranges below the one holding B (the export never writes those again) and a digest of
-the rows of each of its blocks from that range's start up to B (the export fetches that
-range again, whole); the epoch and set that decide B+1; the per-validator COMMIT and
-CHECKPOINT tallies up to B; the views the COMMITs up to B name; every violation; the trust
-anchor and the audit code's version.
+Every audit of an export's directory (`pbft-etl audit` and `run`; not `run_audit`) writes
+an audit state into it (`audit_state`: one line of JSON, written by Spark, so on any storage
+the export is on), collected in the audit's one job beside its results. It holds the
+boundary B (the lowest of the nodes' highest exported blocks) and what the rules need of the
+blocks up to it: per node its last block at or below B (number, hash, state root), its last
+stable checkpoint, whether its blocks commit to a set in extraData, a digest of its manifest
+rows of the ranges below the one holding B (the export never writes those again) and, for
+each of its blocks from that range's start up to B (the export fetches that range again,
+whole), a digest of its rows and one of its stable checkpoint's; the epoch and set that
+decide B+1; the per-validator COMMIT and CHECKPOINT tallies up to B; the views the COMMITs
+up to B name; every violation; the trust anchor and the audit code's version.
 
 The next audit of the directory checks that state against what it is given and what the
 directory holds (any difference: a full audit, with a note saying why), audits the blocks
@@ -17,7 +18,9 @@ above B with every rule, the boundary checked as any block is (the first block a
 follows the node's carried block; its certificate is counted with the epochs, which the
 anchor check proved unchanged up to B+1), and merges: the findings at blocks up to B are the
 audit's before, those above B and those of the rules that read whole tables (`WHOLE_RULES`)
-are this one's, and a block up to B whose rows the re-export changed is `rewritten-block`."""
+are this one's, and a block up to B whose rows the re-export changed is `rewritten-block`
+(but a checkpoint that became stable since, as an honest node's does once its votes came:
+its proof was never judged, so the whole export is audited again)."""
 
 from __future__ import annotations
 
@@ -388,7 +391,7 @@ def new_state(before: AuditState | None, result: AuditResult, rows: dict[str, li
     for node, start in opens.items():
         old = before.nodes.get(node) if before else None
         kept = old or NodeState(None, None, None, None, False, start, "", {}, {})
-        mine_digests = {b: d for b, d in digests.get(node, {}).items() if start <= b <= boundary}
+        kept_digests = {b: d for b, d in digests.get(node, {}).items() if start <= b <= boundary}
         mine = last.get(node)
         top = mine["last"] if mine else None
         nodes[node] = NodeState(
@@ -399,8 +402,8 @@ def new_state(before: AuditState | None, result: AuditResult, rows: dict[str, li
             committing=bool(mine and mine["committing"]) or kept.committing,
             open_range=start,
             manifest=closed_digest(manifest, node, start),
-            digests={b: rows for b, (rows, _) in mine_digests.items()},
-            stable={b: stable for b, (_, stable) in mine_digests.items() if stable is not None},
+            digests={b: d for b, (d, _) in kept_digests.items()},
+            stable={b: d for b, (_, d) in kept_digests.items() if d is not None},
         )
     epochs = validators.epochs()
     next_epoch = max(i for i, (first, _) in enumerate(epochs) if first <= max(boundary + 1, 1))

@@ -1,17 +1,19 @@
 """Incremental audits (`spark_etl.audit.incremental`): the epoch chain exported up to block
 10 and audited, then grown to block 22 (the validator set changes at 11: across the
 boundary) and audited again, reading only the blocks above 10. One grown export, lies
-planted below, at and above the boundary: each is found, as a full audit finds it; a block
-up to the boundary that the export wrote again otherwise is `rewritten-block`; a fork across
-the boundary shows at its first block; a changed trust anchor audits the whole export, with
-a note; a state that does not match what the audit is given is not continued. (Two audits
-with every rule, one with a rule on the manifest: each costs seconds of the suite.)"""
+planted below, at and above the boundary: each is found; a block up to the boundary that
+the export wrote again otherwise is `rewritten-block`; a fork across the boundary shows at
+its first block; the state of an audit with another trust anchor gives a full audit, with a
+note; a state that does not match what the audit is given is not continued. Two audits (an
+audit costs seconds of the suite): the first with one cheap rule, the grown export's with
+every rule."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import shutil
+from collections import Counter
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -24,14 +26,19 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from spark_etl import schemas
 from spark_etl.audit import RULES, Rule
-from spark_etl.audit.anchor_rules import chain_id
+from spark_etl.audit.chain_rules import continuity
+from spark_etl.audit.context import ValidatorSet
 from spark_etl.audit.incremental import (
+    FORMAT,
     AuditState,
     Outcome,
+    anchor_of,
     audit_export,
+    code_version,
     read_state,
     rewritten,
     why_full,
+    write_state,
 )
 from spark_etl.audit.validators import resolve_validators
 from spark_etl.tables import Dataset, escape_path_name, to_record_batch
@@ -95,14 +102,16 @@ def _no_view_change(tables: Tables, chain: ServedChain) -> None:
     tables["view_changes"] = [r for r in tables["view_changes"] if r["node"] != NODE_A]
 
 
-BELOW = _change("blocks", "gas_limit", lambda g: g + 1, number=3)
+BELOW = _change("blocks", "parent_hash", flip, number=3)  # continuity: the first audit's rule
 ABOVE = (_change("blocks", "timestamp", lambda t: t + 1, number=17),
          _change("checkpoints", "state_root", flip, seq_no=20))
-# What a full audit of the grown export finds, but at block 9 (the rewrite: there a full
-# audit finds block-hash and raw-block of node B, and node-agreement)
+FIRST_RULES = (continuity,)  # the first audit's: its findings are what the next one carries
+# What the incremental audit finds: the first audit's finding below the boundary; view 1's
+# record missing (a view named below, in a table exported whole: found anew); the rewrite;
+# the parent-hash lie and the fork across the boundary at 11; lies in 17 and checkpoint 20
 FOUND = {
-    ("block-hash", NODE_A, 3), ("raw-block", NODE_A, 3), ("node-agreement", None, 3),
-    ("view-change-missing", NODE_A, 7),
+    ("parent-hash", NODE_A, 3), ("view-change-missing", NODE_A, 7),
+    ("rewritten-block", NODE_B, 9),
     ("block-hash", NODE_A, 11), ("raw-block", NODE_A, 11), ("parent-hash", NODE_A, 11),
     ("block-hash", NODE_B, 11), ("raw-block", NODE_B, 11), ("node-agreement", None, 11),
     ("conflicting-certificates", None, 11), ("parent-hash", NODE_B, 12),
@@ -113,13 +122,19 @@ FOUND = {
 
 @dataclasses.dataclass(frozen=True)
 class Grown:
-    """The export audited at BOUNDARY (`first`), grown and audited again (`incremental`),
-    then with another trust anchor (`full`: the whole export; the counts, and one cheap rule)."""
+    """The first export audited (`first`: over the state of an audit with another trust
+    anchor), grown and audited again (`incremental`); what they were given."""
 
     first: Outcome
     incremental: Outcome
-    full: Outcome
     root: Path
+    exports: tuple[Tables, Tables]
+
+
+def foreign_state(validators: ValidatorSet) -> AuditState:
+    """The state an audit with `validators` leaves of an empty export."""
+    return AuditState(FORMAT, code_version(), anchor_of(validators, -1), -1,
+                      "2026-11-26T13:40:02+00:00", 0, [], {}, {}, {}, [], [])
 
 
 @pytest.fixture(scope="module")
@@ -133,50 +148,53 @@ def grown(spark: SparkSession, epoch_chain: ServedChain,
                 plant(tables, epoch_chain)
     root = tmp_path_factory.mktemp("incremental") / "out"
 
-    def audit(rules: tuple[Rule, ...] = RULES, **anchor: Any) -> Outcome:
+    def audit(rules: tuple[Rule, ...]) -> Outcome:
         whole = Dataset.read(spark, str(root))
         validators = resolve_validators(whole.export_manifest, None, GENESIS_SET, whole.epochs)
-        return audit_export(spark, str(root), whole, dataclasses.replace(validators, **anchor),
-                            rules)
+        return audit_export(spark, str(root), whole, validators, rules)
 
     write(first, root)
-    before = audit()
+    other_genesis = dataclasses.replace(GENESIS_SET, addresses=GENESIS_SET.addresses[1:])
+    assert write_state(spark, str(root), foreign_state(other_genesis)) is None
+    before = audit(FIRST_RULES)
     write(second, root)
-    # the last: another genesis setting (no override: no rule reads it) is another anchor
-    return Grown(before, audit(), audit((chain_id,), max_in_flight=3), root)
-
-
-def test_a_grown_export_is_audited_above_the_boundary(grown: Grown) -> None:
-    first, incremental, full = (o.result for o in (grown.first, grown.incremental, grown.full))
-    assert (grown.first.notes, grown.incremental.notes) == ((), ())
-    assert first.continued is None and full.continued is None
-    assert incremental.continued is not None and incremental.continued.boundary == BOUNDARY
-    # it recovered none of the blocks' up to the boundary, and counted them all
-    assert 0 < incremental.signatures < full.signatures
-    assert (incremental.blocks, incremental.transactions, incremental.figures) == (
-        full.blocks, full.transactions, full.figures)
-    assert full.blocks == {NODE_A: 23, NODE_B: 23}
-
-
-def test_lies_below_at_and_above_the_boundary_are_found_as_a_full_audit_finds_them(
-    grown: Grown,
-) -> None:
-    """Below: carried from the first audit; at 11, a parent-hash lie and a fork across the
-    boundary; above, lies in a block and a checkpoint; view-change-missing (a view named
-    below, its record gone from a table exported whole) found anew; block 9 as it was
-    audited, and said to have changed."""
-    first, incremental = grown.first.result, grown.incremental.result
-    assert {(v.rule, v.node, v.block_number) for v in first.violations} == {
-        f for f in FOUND if f[2] <= BOUNDARY}
-    assert {(v.rule, v.node, v.block_number) for v in incremental.violations} == FOUND | {
-        ("rewritten-block", NODE_B, 9)}
+    return Grown(before, audit(RULES), root, (first, second))
 
 
 def test_a_changed_trust_anchor_audits_the_whole_export_with_a_note(grown: Grown) -> None:
-    audited_at = grown.incremental.state.audited_at
-    assert grown.full.notes == (
-        f"a full audit: the trust anchor (genesis, validator set, or the epochs up to block "
-        f"23) differs from the audit of {audited_at}",)
+    assert grown.first.notes == (
+        "a full audit: the trust anchor (genesis, validator set, or the epochs up to block 0) "
+        "differs from the audit of 2026-11-26T13:40:02+00:00",)
+    assert grown.first.result.continued is None
+
+
+def test_lies_below_at_and_above_the_boundary_are_found(grown: Grown) -> None:
+    """Below: the first audit's finding, carried (its rules judged those blocks); at 11, a
+    parent-hash lie and a fork across the boundary; above, lies in a block and a checkpoint;
+    view-change-missing found anew; block 9 as it was audited, and said to have changed."""
+    first, incremental = grown.first.result, grown.incremental.result
+    assert grown.incremental.notes == ()
+    assert incremental.continued is not None and incremental.continued.boundary == BOUNDARY
+    found = {(v.rule, v.node, v.block_number) for v in incremental.violations}
+    assert found == FOUND
+    assert {(v.rule, v.node, v.block_number) for v in first.violations} == {
+        ("parent-hash", NODE_A, 3)}  # view-change-missing is not among its rules
+
+
+def test_the_tallies_are_the_whole_chain_s_though_the_blocks_below_were_not_read(
+    grown: Grown,
+) -> None:
+    """Each validator's blocks with its COMMIT: those up to the boundary carried, those above
+    counted now; the blocks and transactions counted over the whole export."""
+    first, second = grown.exports
+    commits = {(row["signer"], row["block_number"])
+               for tables in (first, second) for row in tables["commit_certificates"]}
+    result = grown.incremental.result
+    assert result.figures is not None
+    assert result.figures.commits == Counter(signer for signer, _ in commits)
+    assert result.blocks == {NODE_A: 23, NODE_B: 23}
+    assert result.transactions == len({(r["node"], r["hash"]) for tables in (first, second)
+                                       for r in tables["transactions"]})
 
 
 def test_a_state_that_does_not_match_is_not_continued(spark: SparkSession,
@@ -185,7 +203,6 @@ def test_a_state_that_does_not_match_is_not_continued(spark: SparkSession,
     assert isinstance(state, AuditState) and state.boundary == 22 and state.next_epoch == 2
     manifest = [row.asDict() for row in whole.export_manifest.collect()]
     validators = resolve_validators(whole.export_manifest, None, GENESIS_SET, whole.epochs)
-    validators = dataclasses.replace(validators, max_in_flight=3)  # the state's anchor
     assert why_full(state, validators, manifest) is None
     without_block_zero = dataclasses.replace(validators, genesis_hash="0x" + "00" * 32)
     assert "trust anchor" in str(why_full(state, without_block_zero, manifest))
@@ -205,7 +222,7 @@ def test_a_checkpoint_that_became_stable_is_judged_and_one_changed_is_a_rewrite(
 ) -> None:
     """An honest node serves a checkpoint up to the boundary anew once its votes came: not a
     rewrite, but rows no audit judged (a full audit); a stable checkpoint changed is one."""
-    state = grown.full.state  # boundary 22: checkpoint 20 stable, in the range fetched again
+    state = grown.incremental.state  # boundary 22: checkpoint 20 stable, in the range fetched again
     now = {node: {block: (digest, kept.stable.get(block))
                   for block, digest in kept.digests.items()}
            for node, kept in state.nodes.items()}
