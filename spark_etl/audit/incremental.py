@@ -4,13 +4,13 @@ Every audit of an export's directory (`pbft-etl audit` and `run`; not `run_audit
 an audit state into it (`audit_state`: one line of JSON, written by Spark, so on any storage
 the export is on), collected in the audit's one job beside its results. It holds the
 boundary B (the lowest of the nodes' highest exported blocks) and what the rules need of the
-blocks up to it: per node its last block at or below B (number, hash, state root), its last
-stable checkpoint, whether its blocks commit to a set in extraData, a digest of its manifest
-rows of the ranges below the one holding B (the export never writes those again) and, for
-each of its blocks from that range's start up to B (the export fetches that range again,
-whole), a digest of its rows and one of its stable checkpoint's; the epoch and set that
-decide B+1; the per-validator COMMIT and CHECKPOINT tallies up to B; the views the COMMITs
-up to B name; every violation; the trust anchor and the audit code's version.
+blocks up to it: per node its last block at or below B (number, hash, state root), whether
+its blocks commit to a set in extraData, a digest of its manifest rows of the ranges below
+the one holding B (the export never writes those again) and, for each of its blocks from
+that range's start up to B (the export fetches that range again, whole), a digest of its
+rows and one of its stable checkpoint's; the epoch and set that decide B+1; the
+per-validator COMMIT and CHECKPOINT tallies up to B; the views the COMMITs up to B name;
+every violation; the trust anchor and the audit code's version.
 
 The next audit of the directory checks that state against what it is given and what the
 directory holds (any difference: a full audit, with a note saying why), audits the blocks
@@ -70,7 +70,6 @@ class NodeState:
     last_block: int | None
     hash: str | None
     state_root: str | None
-    stable_checkpoint: int | None
     committing: bool
     open_range: int  # range_start of the range holding the boundary
     manifest: str  # SHA-256 of the node's manifest rows of the ranges below open_range
@@ -261,8 +260,6 @@ def state_parts(audit: Audit, boundary: int, low: int) -> dict[str, DataFrame]:
         "state_last": blocks.groupBy("node").agg(
             F.max(F.struct("number", "hash", "state_root")).alias("last"),
             F.max(F.when(F.col("number") > 0, committed)).alias("committing")),
-        "state_stable": checkpoints.where(F.col("stable")).groupBy("node").agg(
-            F.max("seq_no").alias("stable_seq_no")),
         "state_digest": block_digests(audit.exported, low, boundary),
     }
 
@@ -386,11 +383,10 @@ def new_state(before: AuditState | None, result: AuditResult, rows: dict[str, li
     """The state after this audit: the one before's, with what this one read up to the new
     boundary added."""
     last = {row["node"]: row for row in rows.get("state_last", [])}
-    stable = {row["node"]: row["stable_seq_no"] for row in rows.get("state_stable", [])}
     nodes = {}
     for node, start in opens.items():
         old = before.nodes.get(node) if before else None
-        kept = old or NodeState(None, None, None, None, False, start, "", {}, {})
+        kept = old or NodeState(None, None, None, False, start, "", {}, {})
         kept_digests = {b: d for b, d in digests.get(node, {}).items() if start <= b <= boundary}
         mine = last.get(node)
         top = mine["last"] if mine else None
@@ -398,7 +394,6 @@ def new_state(before: AuditState | None, result: AuditResult, rows: dict[str, li
             last_block=top["number"] if top else kept.last_block,
             hash=top["hash"] if top else kept.hash,
             state_root=top["state_root"] if top else kept.state_root,
-            stable_checkpoint=stable.get(node, kept.stable_checkpoint),
             committing=bool(mine and mine["committing"]) or kept.committing,
             open_range=start,
             manifest=closed_digest(manifest, node, start),
