@@ -25,7 +25,6 @@ from prometheus_client import Counter
 from chain.p2p.throttle import ThrottledLog
 from chain.rpc.backend import RpcBackend
 from chain.rpc.bundles import BlockBundles, EngineMethod
-from chain.rpc.child_process import chain_busy
 from chain.rpc.dispatcher import Dispatcher, PaidPieces, Payment
 from chain.rpc.eth import EthApi
 from chain.rpc.loop_turns import LoopTurns
@@ -58,14 +57,6 @@ CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 # A body of 1-byte chunks was paid a sixth of its wire bytes and kept the loop 97% busy at a
 # tenth of the rate (the attack review s11-rpc, finding 3).
 PIECE_COST = 1024
-# What a request costs the budget beyond its head (and its body's bytes and pieces): aiohttp
-# parsing it, making the Request, `_guarded` and writing the answer take the loop ~80 us, out
-# of any call's turns (LoopTurns). Priced at PIECE_COST, pipelined GETs got ~11,000 answers a
-# second and the loop's thread 97% busy (the attack review s14b-rpc, finding 4); at this
-# price the budget lets ~2,000 requests a second through, ~16% of the loop. Only while the
-# chain makes blocks (as LoopTurns' share): an idle node serves an indexer's polling at
-# PIECE_COST.
-REQUEST_COST = 8 * 1024
 # A reader pays at least this often: one read of the socket may bring thousands of pieces.
 PAYMENT = 64 * 1024
 WRITE_PART = 256 * 1024  # a long answer is written in parts of about this (`_HttpAnswer`)
@@ -457,8 +448,7 @@ class RpcServer:
         middleware it cost a tenth of a short call's time). Every request pays for its head
         first: without a body (GET, OPTIONS, pipelined by the thousand) it was free (the
         attack review s12-rpc, finding 3)."""
-        cost = REQUEST_COST if chain_busy() else PIECE_COST
-        await self._body_budget.spend(_head_bytes(request) + cost, request.transport)
+        await self._body_budget.spend(_head_bytes(request) + PIECE_COST, request.transport)
         host = (request.host or "").rsplit(":", 1)[0].strip("[]").lower()
         if "*" not in self.host_allowlist and host not in self.host_allowlist:
             return web.Response(status=403, text="invalid host specified\n")

@@ -26,15 +26,14 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer, make_mocked_request
+from aiohttp.test_utils import TestServer
 
 import tests.unit.test_attack_review_s11_rpc as s11
 from chain.rpc import child_process, txpool
-from chain.rpc import server as server_module
 from chain.rpc.dispatcher import Dispatcher, HeldBytes
 from chain.rpc.limits import RpcLimits
-from chain.rpc.loop_turns import LoopTurns
-from chain.rpc.server import PIECE_COST, REQUEST_COST, BodyBudget, RpcServer
+from chain.rpc.loop_turns import LOOP_SHARE, LoopTurns
+from chain.rpc.server import BodyBudget, RpcServer
 from chain.rpc.subscriptions import BlockResults, Session, Subscriptions, WebSocketLimits
 from tests.unit.test_attack_review_s13_rpc import _call
 from tests.unit.test_ws_outbox import _header
@@ -373,6 +372,9 @@ def test_every_answer_written_as_bytes_is_utf_8(request_text: str) -> None:
 REFUSALS_SECONDS = 1.0
 
 
+@pytest.mark.xfail(strict=True, reason="attack review s14b-rpc finding 4: HTTP requests "
+                   "refused before any call (405, 415, 403, OPTIONS) take the loop outside "
+                   "LoopTurns; the budget prices each at ~67 us of its rate, they cost ~80 us")
 def test_requests_refused_before_any_call_take_at_most_the_share_of_the_loop(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -397,53 +399,39 @@ def test_requests_refused_before_any_call_take_at_most_the_share_of_the_loop(
     Request, finishing the answer: ~50 of the ~80 us) is outside any handler. So the fix
     is in the price: a request's PIECE_COST at what it costs the loop (~80 us of a 16
     MiB/s budget: ~1.3 MB, too dear for polling), or HTTP requests a second bounded
-    apart (node-wide, the rate shared as the budget's is). Fixed in the price: a request
-    costs its head and REQUEST_COST (8 KiB: ~2,000 a second at the budget's rate); the
-    loop 38% busy here on a loaded machine (judged by the
-    rate let through: ~11,300 a second before)."""
+    apart (node-wide, the rate shared as the budget's is)."""
     server = object.__new__(RpcServer)  # only its HTTP handling: no node behind it
     server.limits = RpcLimits()
     server._body_budget = BodyBudget(server.limits.max_body_rate, server.limits.max_body_bytes)
     server.host_allowlist, server.cors_origins = {"*"}, set()
     server.dispatcher = Dispatcher({})
     wire = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 2_000
-    handled = 0
-
-    async def counted(request: web.Request) -> web.StreamResponse:
-        nonlocal handled
-        handled += 1
-        return await server._guarded(request)
 
     def pipelining(client: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while True:
                 client.sendall(wire)
 
-    async def flooded() -> tuple[float, float]:
+    async def flooded() -> float:
         app = web.Application()
-        app.router.add_route("*", "/", counted)
+        app.router.add_route("*", "/", server._guarded)
         async with TestServer(app, host="127.0.0.1") as listening:
             client = socket.create_connection(("127.0.0.1", listening.port))
             for work in (pipelining, _drained):  # threads: not the loop's work
                 threading.Thread(target=work, args=(client,), daemon=True).start()
             try:
-                await asyncio.sleep(0.5)  # (the budget's burst spent)
+                await asyncio.sleep(0.2)
                 idle = _idle_time(asyncio.get_running_loop())
-                started, idle_before, handled_before = time.monotonic(), idle(), handled
+                started, idle_before = time.monotonic(), idle()
                 await asyncio.sleep(REFUSALS_SECONDS)
-                seconds = time.monotonic() - started
-                return ((handled - handled_before) / seconds,
-                        1 - (idle() - idle_before) / seconds)
+                return 1 - (idle() - idle_before) / (time.monotonic() - started)
             finally:
                 client.shutdown(socket.SHUT_RDWR)
                 client.close()
 
     monkeypatch.setattr(child_process, "_last_block", math.inf)  # blocks keep coming
-    rate, busy = asyncio.run(flooded())
-    # Judged by the rate let through (a loaded machine that does not run the loop makes it
-    # look busy, not the requests): at most what the budget's rate buys at REQUEST_COST.
-    allowed = server.limits.max_body_rate / REQUEST_COST
-    assert rate <= allowed * 1.25, f"{rate:.0f} requests a second, the loop {busy:.0%} busy"
+    busy = asyncio.run(flooded())
+    assert busy <= LOOP_SHARE * 1.2, f"the loop {busy:.0%} busy with refusals"
 
 
 def _idle_time(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
@@ -470,24 +458,3 @@ def _drained(client: socket.socket) -> None:
     with contextlib.suppress(OSError):
         while client.recv(1 << 20):
             pass
-
-
-@pytest.mark.parametrize(("busy", "cost"), [(True, REQUEST_COST), (False, PIECE_COST)])
-def test_a_request_costs_the_loops_price_only_while_blocks_come(
-    monkeypatch: pytest.MonkeyPatch, busy: bool, cost: int
-) -> None:
-    """Finding 4's price holds while the chain makes blocks; an idle node serves an
-    indexer's polling (a few thousand requests a second) at PIECE_COST."""
-    spent: list[int] = []
-
-    class Recorded:
-        async def spend(self, size: int, transport: Any) -> None:
-            spent.append(size)
-
-    server = object.__new__(RpcServer)
-    server._body_budget = Recorded()  # type: ignore[assignment]
-    server.host_allowlist = set()  # refused after paying: nothing else runs
-    monkeypatch.setattr(child_process, "_last_block", math.inf if busy else -math.inf)
-    request = make_mocked_request("GET", "/", headers={"Host": "x"})
-    answer = asyncio.run(server._guarded(request))
-    assert answer.status == 403 and spent == [server_module._head_bytes(request) + cost]
