@@ -28,10 +28,9 @@ run: setup
 # process made it slower), phase two is not: the simulator's seeds (pure CPU on simulated
 # clocks) run through both at the lowest priority (nice 19), on the CPU time the others
 # leave. Every suite runs; the target fails if one failed.
-# (test_incremental_audit.py has no nodes: it runs with them to even out the two processes)
 ETL_WITH_NODES := $(addprefix tests/etl/,test_lying_node.py test_testnet_audit.py \
 	test_standalone_cluster.py test_state_audit.py test_class_archive.py \
-	test_validator_votes.py test_incremental_audit.py)
+	test_validator_votes.py)
 ETL_ON_TABLES := $(filter-out $(ETL_WITH_NODES),$(wildcard tests/etl/test_*.py))
 test: setup lint tools
 	@nice -n 19 $(PY) -m pytest -q -p no:cacheprovider tests/simulation > .sim-tests.log 2>&1 & \

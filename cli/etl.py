@@ -17,10 +17,9 @@ from typing import Any, NoReturn
 from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 
-from spark_etl.audit import RULES, Rule
+from spark_etl.audit import RULES, Rule, run_audit
 from spark_etl.audit.context import ValidatorSet
 from spark_etl.audit.html import write_html_report
-from spark_etl.audit.incremental import audit_export
 from spark_etl.audit.state_rules import state_root_rule
 from spark_etl.audit.validators import read_genesis, read_validators_file, resolve_validators
 from spark_etl.errors import EtlError, UsageError, from_spark_failure
@@ -116,10 +115,6 @@ def _audit_arguments(audit: argparse.ArgumentParser) -> None:
     audit.add_argument("--state", action="store_true",
                        help="also replay every block from the genesis allocation (needs "
                             "--genesis) and check each block's state root (one core)")
-    audit.add_argument("--full", action="store_true",
-                       help="audit every block, even those an audit of this directory before "
-                            "passed (default: only the blocks the export added since, the "
-                            "rest carried from that audit's state)")
     audit.add_argument("--report", type=Path, metavar="FILE", help="write the JSON report here")
     audit.add_argument("--html", type=Path, metavar="FILE",
                        help="write a self-contained HTML page (verdict, violations, plots)")
@@ -321,11 +316,7 @@ def _audit_data(args: argparse.Namespace, location: str, trust: Trust,
     data = Dataset.read(spark, location)
     validators = resolve_validators(data.export_manifest, trust.addresses, genesis,
                                     data.epochs)
-    full = "--full" if args.full else "--state replays every block" if state else None
-    outcome = audit_export(spark, location, data, validators, RULES + state, full)
-    for note in outcome.notes:
-        _stderr(f"note: {note}")
-    result = outcome.result
+    result = run_audit(data, validators, RULES + state)
     print(result.summary(), end="")
     if args.html is not None:
         write_html_report(data, result, args.html)

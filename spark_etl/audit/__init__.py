@@ -117,26 +117,17 @@ def _violations(rows: list[Row]) -> list[Violation]:
     return sorted(found, key=Violation.sort_key)
 
 
-Extra = Callable[[Audit], dict[str, DataFrame]]
-
-
-def no_extra(audit: Audit) -> dict[str, DataFrame]:
-    return {}
-
-
-def _results(audit: Audit, rules: tuple[Rule, ...], extra: Extra = no_extra) -> DataFrame:
+def _results(audit: Audit, rules: tuple[Rule, ...]) -> DataFrame:
     """Everything the report needs, as rows of one query (`result` says what each is): the
-    violations of every rule, the counts (of the whole export), the consensus figures, and
-    the `extra` parts. Collected at once, it is one Spark job (in one partition: of one
-    stage) instead of one per count."""
-    data = audit.exported
+    violations of every rule, the counts, and the consensus figures. Collected at once, it
+    is one Spark job (in one partition: of one stage) instead of one per count."""
+    data = audit.data
     parts = {
         "violation": union_all(*_built(audit, rules)),
         "blocks": data.blocks.groupBy("node").agg(F.count("*").alias("count")),
         "transactions": data.transactions.agg(F.count("*").alias("count")),
         "signatures": signatures(audit).agg(F.count("*").alias("count")),
         "figure": figure_rows(audit),
-        **extra(audit),
     }
     return tagged_union("result", parts)
 
@@ -145,18 +136,13 @@ def run_audit(data: Dataset, validators: ValidatorSet, rules: tuple[Rule, ...] =
               one_partition: bool | None = None, on_driver: bool | None = None) -> AuditResult:
     """Every rule over `data`; `one_partition` and `on_driver` as `Audit` takes them (None:
     by the size)."""
-    return audit_with(Audit(data, validators, one_partition, on_driver), rules)[0]
-
-
-def audit_with(audit: Audit, rules: tuple[Rule, ...] = RULES,
-               extra: Extra = no_extra) -> tuple[AuditResult, dict[str, list[Row]]]:
-    """Every rule of `audit`, and the rows of each `extra` part (collected in the same job)."""
     started = time.monotonic()
+    audit = Audit(data, validators, one_partition, on_driver)
     try:
         if not audit.one_partition:
             signatures(audit)  # recovered first, in parallel: the step's wall time is its own
         recovery_seconds = time.monotonic() - started
-        rows = audit.collect(_results(audit, rules, extra))
+        rows = audit.collect(_results(audit, rules))
     finally:
         audit.release()
     if audit.one_partition:  # recovered in the one task (or on the driver): its CPU time
@@ -166,8 +152,8 @@ def audit_with(audit: Audit, rules: tuple[Rule, ...] = RULES,
         kinds.setdefault(row["result"], []).append(row)
     counts = {kind: sum(row["count"] for row in kinds.get(kind, []))
               for kind in ("transactions", "signatures")}
-    result = AuditResult(
-        validators=audit.validators,
+    return AuditResult(
+        validators=validators,
         blocks={row["node"]: row["count"] for row in kinds.get("blocks", [])},
         transactions=counts["transactions"],
         signatures=counts["signatures"],
@@ -177,8 +163,7 @@ def audit_with(audit: Audit, rules: tuple[Rule, ...] = RULES,
         violations=_violations(kinds.get("violation", [])),
         figures=figures_of(kinds.get("figure", [])),
     )
-    return result, kinds
 
 
-__all__ = ["RULES", "Audit", "AuditResult", "Rule", "ValidatorSet", "Violation", "audit_with",
+__all__ = ["RULES", "Audit", "AuditResult", "Rule", "ValidatorSet", "Violation",
            "find_violations", "run_audit"]

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_etl.audit.context import Audit, union_all, violations
 from spark_etl.audit.signatures import signatures
-from spark_etl.tables import local_frame
 
 
 def genesis_block(audit: Audit) -> DataFrame:
@@ -18,7 +16,7 @@ def genesis_block(audit: Audit) -> DataFrame:
     trusted = audit.validators.genesis_hash
     if trusted is None:  # --trust-node: block 0 is whatever the node says
         return _none(audit)
-    block_zero = audit.exported.blocks.where(F.col("number") == 0).where(F.col("hash") != trusted)
+    block_zero = audit.data.blocks.where(F.col("number") == 0).where(F.col("hash") != trusted)
     exported = violations(
         block_zero,
         "genesis-block",
@@ -85,9 +83,8 @@ def _asked(audit: Audit) -> DataFrame:
 def block_range(audit: Audit) -> DataFrame:
     """block-range: each node's blocks are exactly the blocks the export asked of it: none
     missing at the start or the end (a lost first or last range leaves no gap), none
-    outside, as many as asked. It reads every block's number, even in an incremental audit
-    (no Python, no signature: cheap)."""
-    held = audit.exported.blocks.groupBy("node").agg(
+    outside, as many as asked."""
+    held = audit.data.blocks.groupBy("node").agg(
         F.min("number").alias("low"),
         F.max("number").alias("high"),
         F.countDistinct("number").alias("held"),
@@ -149,16 +146,7 @@ def certified_blocks(audit: Audit) -> DataFrame:
     certified = quorum_commits(audit)
     blocks = audit.data.blocks.select("node", "number", "hash")
     on = (blocks["number"] == certified["seq_no"]) & (blocks["hash"] == certified["digest"])
-    served = blocks.join(certified, on).select("node", "number")
-    if audit.carried is None:
-        return served
-    # below the boundary, each node's last block as the audit before passed it (a
-    # certificate it lacked is among the findings carried)
-    carried = [(node, number) for node, number, _ in audit.carried.last_blocks]
-    return audit.union(served, local_frame(blocks.sparkSession, carried, NODE_BLOCK))
-
-
-NODE_BLOCK = StructType([StructField("node", StringType()), StructField("number", LongType())])
+    return blocks.join(certified, on).select("node", "number")
 
 
 def node_behind(audit: Audit) -> DataFrame:

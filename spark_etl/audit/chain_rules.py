@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_etl.audit.column_rules import BLOCK_HASH, rule_of
 from spark_etl.audit.context import Audit, union_all, violations
@@ -16,12 +15,6 @@ from spark_etl.audit.row_rules import (
     RECEIPT_PER_TRANSACTION,
     TRANSACTION_COUNT,
 )
-from spark_etl.tables import local_frame
-
-# A node's last block audited before the boundary, as continuity reads blocks
-CARRIED_BLOCK = StructType([StructField("node", StringType()), StructField("number", LongType()),
-                            StructField("hash", StringType()),
-                            StructField("parent_hash", StringType())])
 
 # block-hash runs in the column rules' pass over each block, beside raw-block
 block_hashes = rule_of(BLOCK_HASH)
@@ -29,17 +22,9 @@ block_hashes = rule_of(BLOCK_HASH)
 
 def continuity(audit: Audit) -> DataFrame:
     """block-duplicate, block-gap, parent-hash: each node's blocks numbered without gaps or
-    repeats from the first exported block, each one's parent the block before it (in an
-    incremental audit, the first block above the boundary's: the node's last block audited
-    before, as carried)."""
+    repeats from the first exported block, each one's parent the block before it."""
     order = Window.partitionBy("node").orderBy("number", "hash")
-    exported = audit.data.blocks.select("node", "number", "hash", "parent_hash")
-    if audit.carried is not None:
-        carried = local_frame(exported.sparkSession, [
-            (node, number, block_hash, None)
-            for node, number, block_hash in audit.carried.last_blocks], CARRIED_BLOCK)
-        exported = audit.union(exported, carried)
-    blocks = exported.select(
+    blocks = audit.data.blocks.select(
         "node",
         F.col("number").alias("block_number"),
         "parent_hash",

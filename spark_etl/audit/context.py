@@ -241,38 +241,18 @@ class Tables:
         return frame.coalesce(1) if self.one_partition else frame
 
 
-@dataclass(frozen=True)
-class Carried:
-    """What an incremental audit takes from the audit before it (`audit.incremental`): every
-    block up to `boundary` was audited then. Per node, its last block at or below the
-    boundary (node, number, hash), whose hash the next block's parent must be; the views its
-    valid COMMITs up to the boundary named (node, view, first block), which
-    view-change-missing asks a record of; the nodes whose blocks up to it commit to a set in
-    extraData (a node never mixes commitments and 0x)."""
-
-    boundary: int
-    last_blocks: tuple[tuple[str, int, str], ...]
-    named_views: tuple[tuple[str, int, int], ...]
-    committing: tuple[str, ...]
-
-
 @dataclass
 class Audit:
     """One audit run: rules read `data` (every table in one partition) and share what
     `cached` keeps (the recovered `signatures`, the column checks, the row digests).
     `one_partition` (None: decided from the data's size) runs the cached passes in one
     partition as well; else each is a parallel job of its own before the rules'.
-    `on_driver` (None: by the size; only in one partition) runs their Python on the driver.
-    An incremental audit's `data` holds only the blocks above `carried.boundary`; the few
-    rules that read a whole table cheaply (no signature, no Python: block numbers, row
-    counts, block 0) read `whole`, the export as it is (None: `data`)."""
+    `on_driver` (None: by the size; only in one partition) runs their Python on the driver."""
 
     data: Dataset
     validators: ValidatorSet
     one_partition: bool | None = None
     on_driver: bool | None = None
-    whole: Dataset | None = None
-    carried: Carried | None = None
     _cache: dict[str, DataFrame] = field(default_factory=dict)
     _building: RLock = field(default_factory=RLock)  # rules are built on several threads
     # CPU time the Python workers (or the driver) spent recovering signatures (the per-core
@@ -295,14 +275,6 @@ class Audit:
         self.data = self.data.in_one_partition()
         self.tables = Tables(self.data if self.one_partition else parallel, self.one_partition,
                              self.on_driver)
-        # a full audit's rules read the same frames
-        self.whole = self.whole.in_one_partition() if self.whole else self.data
-
-    @property
-    def exported(self) -> Dataset:
-        """The whole export (`whole`, set once the audit is made)."""
-        assert self.whole is not None
-        return self.whole
 
     def cached(self, name: str, build: Callable[[Tables], DataFrame]) -> DataFrame:
         """`build(self.tables)` computed once per audit and kept for every rule: in one

@@ -33,10 +33,8 @@ def extra_data(audit: Audit) -> DataFrame:
         old = F.lit(validators_hash(validators.set_at(first - 1)))
         wrong = wrong & ~(carried & F.col("extra_data").eqNullSafe(old))
     if not audit.validators.changes:
-        committed = ~F.col("extra_data").eqNullSafe(NO_COMMITMENT)
-        if audit.carried is not None:  # its blocks below the boundary, as the audit before saw
-            committed = committed | F.col("node").isin(list(audit.carried.committing))
-        committing = blocks.groupBy("node").agg(F.max(committed).alias("committing"))
+        committing = blocks.groupBy("node").agg(
+            F.max(~F.col("extra_data").eqNullSafe(NO_COMMITMENT)).alias("committing"))
         blocks = blocks.join(committing, "node")
         wrong = wrong & (F.col("committing") | ~F.col("extra_data").eqNullSafe(NO_COMMITMENT))
     return violations(

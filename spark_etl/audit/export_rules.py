@@ -68,9 +68,8 @@ def node_agreement(audit: Audit) -> DataFrame:
 def export_manifest(audit: Audit) -> DataFrame:
     """export-manifest: every (node, block range) with rows is in the manifest, holds
     first_block..last_block, and has the row counts the manifest recorded (a range an
-    interrupted export left behind, or a lost file, shows here). It counts the rows of the
-    whole export, even in an incremental audit (row counts only: cheap)."""
-    data = audit.exported
+    interrupted export left behind, or a lost file, shows here)."""
+    data = audit.data
     counted = [
         getattr(data, t.name).groupBy(*RANGE_KEYS).agg(F.count("*").alias(f"{t.name}_rows"))
         for t in schemas.BLOCK_TABLES

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from spark_etl import schemas
 from spark_etl.audit.anchor_rules import quorum_commits
 from spark_etl.audit.context import Audit, tagged_union, union_all, violations
 from spark_etl.audit.report import ConsensusFigures, InstalledView
 from spark_etl.audit.signatures import checked, recovered, signatures
-from spark_etl.tables import local_frame
 
 VIEW_MESSAGES = ("view-change", "new-view")  # signed for a view, with no seqNo
 
@@ -84,29 +82,6 @@ def installed_views(audit: Audit) -> DataFrame:
     )
 
 
-def commit_views(audit: Audit) -> DataFrame:
-    """(node, view, block_number) of the node's valid COMMITs that view-change-missing asks
-    a record of (see there): with those an incremental audit carried from below its
-    boundary."""
-    named_address = audit.data.export_manifest.where(
-        F.col("validator").isNotNull()).select("node", "validator").distinct()
-    commits = audit.data.commit_certificates.join(recovered(audit, "c"), "message").where(
-        F.col("c_valid") & (F.col("c_type") == "commit")
-    ).join(named_address, "node", "left").where(
-        F.col("validator").isNull()
-        | audit.validators.contains(F.col("validator"), F.col("block_number")))
-    views = commits.select("node", F.col("c_view").alias("view"), "block_number")
-    if audit.carried is None:
-        return views
-    carried = local_frame(views.sparkSession, list(audit.carried.named_views), VIEW_AT)
-    return audit.union(views, carried)
-
-
-# (node, view, block_number): a view named by COMMITs, and where
-VIEW_AT = StructType([StructField("node", StringType()), StructField("view", LongType()),
-                      StructField("block_number", LongType())])
-
-
 def view_change_missing(audit: Audit) -> DataFrame:
     """view-change-missing: every view above 0 that the node's valid COMMITs or its view
     changes name has an installed-view record there (a valid NEW-VIEW from the view's primary
@@ -117,8 +92,16 @@ def view_change_missing(audit: Audit) -> DataFrame:
     certificates and installs no view (the node's word, as in `_joined`: one that names
     another address escapes this rule for the views of its certificates, not the check of
     the certificates themselves). A node that named none (an older export) is asked all."""
+    named_address = audit.data.export_manifest.where(
+        F.col("validator").isNotNull()).select("node", "validator").distinct()
+    commits = audit.data.commit_certificates.join(recovered(audit, "c"), "message").where(
+        F.col("c_valid") & (F.col("c_type") == "commit")
+    ).join(named_address, "node", "left").where(
+        F.col("validator").isNull()
+        | audit.validators.contains(F.col("validator"), F.col("block_number")))
     named = audit.union(
-        commit_views(audit).select("*", F.lit("its commit certificates").alias("source")),
+        commits.select("node", F.col("c_view").alias("view"), "block_number",
+                       F.lit("its commit certificates").alias("source")),
         audit.data.view_changes.select(
             "node", "view", F.lit(None).cast("long").alias("block_number"),
             F.lit("its view changes").alias("source"),
@@ -397,10 +380,6 @@ def verified_evidence(audit: Audit) -> DataFrame:
     null when `problem` is set."""
     certified = quorum_commits(audit).select(
         F.col("seq_no").alias("q_seq_no"), F.col("digest").alias("q_digest"))
-    if audit.carried is not None:  # below the boundary: the blocks the audit before passed
-        audited = audit.exported.blocks.where(F.col("number") <= audit.carried.boundary)
-        certified = audit.union(certified, audited.select(
-            F.col("number").alias("q_seq_no"), F.col("hash").alias("q_digest"))).distinct()
     rows = (
         audit.data.evidence.join(recovered(audit, "a", "first"), "first", "left")
         .join(recovered(audit, "b", "second"), "second", "left")
@@ -513,7 +492,7 @@ def malformed_records(audit: Audit) -> DataFrame:
 
 # --- figures -----------------------------------------------------------------------------
 
-def per_signer(audit: Audit, frame: DataFrame, kind: str, key: str) -> DataFrame:
+def _per_signer(audit: Audit, frame: DataFrame, kind: str, key: str) -> DataFrame:
     """(key, count) per recovered validator: distinct `key`s of its valid `kind` messages in
     `frame`."""
     valid = signatures(audit).where(F.col("valid") & (F.col("type") == kind))
@@ -528,9 +507,9 @@ def figure_rows(audit: Audit) -> DataFrame:
     evidence = verified_evidence(audit)
     slot = F.concat_ws("/", "type", "view", "seq_no")
     parts = {
-        "commits": per_signer(audit, data.commit_certificates, "commit", "seq_no"),
-        "checkpoints": per_signer(audit, data.checkpoints, "checkpoint", "seq_no"),
-        "view_changes": per_signer(audit, data.view_changes, "view-change", "view"),
+        "commits": _per_signer(audit, data.commit_certificates, "commit", "seq_no"),
+        "checkpoints": _per_signer(audit, data.checkpoints, "checkpoint", "seq_no"),
+        "view_changes": _per_signer(audit, data.view_changes, "view-change", "view"),
         "equivocations": evidence.where(F.col("proof") == "equivocation")
         .groupBy(F.col("a_signer").alias("key")).agg(F.countDistinct(slot).alias("count")),
         "proofs": evidence.groupBy(F.col("proof").alias("key")).agg(F.count("*").alias("count")),

@@ -78,15 +78,6 @@ def epochs_note(validators: ValidatorSet) -> str:
 
 
 @dataclass(frozen=True)
-class Continued:
-    """An incremental audit's link to the audit it continues: every block up to `boundary`
-    was audited then (at `audited_at`), and its findings there are carried."""
-
-    boundary: int
-    audited_at: str
-
-
-@dataclass(frozen=True)
 class AuditResult:
     validators: ValidatorSet
     blocks: dict[str, int]  # node -> blocks audited
@@ -98,7 +89,6 @@ class AuditResult:
     seconds: float
     violations: list[Violation]
     figures: ConsensusFigures | None = None  # the consensus records, by recovered signer
-    continued: Continued | None = None  # an incremental audit's carried part; None: full
 
     @property
     def ok(self) -> bool:
@@ -124,7 +114,6 @@ class AuditResult:
             "signatures_per_cpu_second":
                 round(self.signatures / max(self.recovery_cpu_seconds, 1e-9)),
             "seconds": round(self.seconds, 3),
-            "incremental": asdict(self.continued) if self.continued else None,
             **({"consensus": self.figures.to_json(self.validators.members())}
                if self.figures else {}),
             "violations_by_rule": self.by_rule(),
@@ -142,11 +131,6 @@ class AuditResult:
             f"(N = {v.size}, f = {v.max_faulty}, Q = {v.quorum}, chain id {v.chain_id}"
             f"{epochs_note(v)}) in {self.seconds:.1f} s",
         ]
-        if self.continued is not None:
-            c = self.continued
-            lines.append(f"incremental: blocks 0..{c.boundary} as audited at {c.audited_at} "
-                         f"(their findings carried), the blocks above audited now; the "
-                         "signed messages counted are this run's")
         if self.ok:
             lines.append("no violations: the chain and its certificates are sound")
             return "\n".join(lines) + "\n"

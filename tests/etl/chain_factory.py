@@ -199,14 +199,6 @@ def view_change_json(validators: Validators, proof: list[Signed[Checkpoint]]) ->
 
 Schedule = list[tuple[int, Validators]]  # (first block, set) of each epoch, genesis first
 
-# The epoch chain's (tests/etl/conftest.py `epoch_chain`): a fifth member voted in (it
-# decides from block 11), then a genesis member voted out (from block 16)
-GENESIS = Validators()
-ADDED = KeySigner(b"\x05" * 32)
-SECOND = Validators([*GENESIS.signers, ADDED], epoch=1)  # N = 5: f = 1, Q = 4
-THIRD = Validators([*GENESIS.signers[1:], ADDED], epoch=2)  # validator 0 voted out
-SCHEDULE = [(1, GENESIS), (11, SECOND), (16, THIRD)]
-
 
 @dataclass
 class ServedChain:

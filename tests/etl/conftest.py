@@ -25,7 +25,7 @@ from spark_etl.export import NodeInfo, manifest_rows
 from spark_etl.rows import bundle_row, evidence_row, view_change_rows
 from spark_etl.session import spark_session
 from spark_etl.tables import Dataset, to_record_batch
-from tests.etl.chain_factory import CHAIN_ID, SCHEDULE, ServedChain, build_chain, epoch_rows
+from tests.etl.chain_factory import CHAIN_ID, ServedChain, build_chain, epoch_rows
 
 NODE_A = "http://node-a:8545"
 NODE_B = "http://node-b:8545"
@@ -48,28 +48,18 @@ def test_chain(tmp_path_factory: pytest.TempPathFactory) -> ServedChain:
     return build_chain(tmp_path_factory.mktemp("chain"))
 
 
-@pytest.fixture(scope="session")
-def epoch_chain(tmp_path_factory: pytest.TempPathFactory) -> ServedChain:
-    """Blocks 1..22 of `chain_factory.SCHEDULE`'s sets: stable checkpoints at 5 and 10 (the
-    genesis set's), 15 (the second set's: the added validator's first) and 20."""
-    return build_chain(tmp_path_factory.mktemp("epochs"), SCHEDULE, empty_blocks=12)
-
-
-def node_info(chain: ServedChain, url: str, head: int | None = None) -> NodeInfo:
-    head = chain.head if head is None else head
+def node_info(chain: ServedChain, url: str) -> NodeInfo:
     return NodeInfo(url, CHAIN_ID, chain.genesis_hash,
-                    tuple(chain.set_at(head + 1).addresses), head, view=1)
+                    tuple(chain.set_at(chain.head + 1).addresses), chain.head, view=1)
 
 
-def export_rows(chain: ServedChain, nodes: tuple[str, ...], head: int | None = None) -> Tables:
-    """What `pbft-etl export` writes for these nodes of `chain` (up to `head`, default its
-    head), as rows of dicts (the bundles split as `spark_etl.tables.split_bundle` does,
-    without Spark)."""
-    head = chain.head if head is None else head
+def export_rows(chain: ServedChain, nodes: tuple[str, ...]) -> Tables:
+    """What `pbft-etl export` writes for these nodes of `chain`, as rows of dicts (the
+    bundles split as `spark_etl.tables.split_bundle` does, without Spark)."""
     tables: Tables = {t.name: [] for t in schemas.TABLES}
     counts: dict[tuple[str, int], dict[str, Any]] = {}
     for node in nodes:
-        for number, payload in enumerate(chain.payloads[:head + 1]):
+        for number, payload in enumerate(chain.payloads):
             start = number - number % RANGE_SIZE
             _, _, block, *nested = bundle_row(node, start, payload)
             tables["blocks"] += as_dicts(schemas.BLOCKS, [(*block, node, start)])
@@ -87,7 +77,7 @@ def export_rows(chain: ServedChain, nodes: tuple[str, ...], head: int | None = N
             schemas.EVIDENCE, [evidence_row(node, e) for e in chain.evidence]
         )
         tables["epochs"] += as_dicts(schemas.EPOCHS, epoch_rows(chain, node))
-    infos = {node: node_info(chain, node, head) for node in nodes}
+    infos = {node: node_info(chain, node) for node in nodes}
     tables["export_manifest"] = as_dicts(
         schemas.EXPORT_MANIFEST, manifest_rows(list(counts.values()), infos, RANGE_SIZE)
     )

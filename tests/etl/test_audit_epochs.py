@@ -30,13 +30,11 @@ from spark_etl.audit.records_rules import checkpoint_missing
 from spark_etl.audit.validators import resolve_validators
 from spark_etl.tables import Dataset
 from tests.etl.chain_factory import (
-    ADDED,
     CHAIN_ID,
     CHECKPOINT_INTERVAL,
-    GENESIS,
-    THIRD,
     ServedChain,
     Validators,
+    build_chain,
     certificate_json,
     commits_for,
 )
@@ -44,12 +42,24 @@ from tests.etl.conftest import NODE_A, NODE_B, Tables, dataset, export_rows
 from tests.etl.fake_node import serving
 from tests.etl.test_audit_anchor import write_genesis
 
+GENESIS = Validators()
+ADDED = KeySigner(b"\x05" * 32)
+SECOND = Validators([*GENESIS.signers, ADDED], epoch=1)  # N = 5: f = 1, Q = 4
+THIRD = Validators([*GENESIS.signers[1:], ADDED], epoch=2)  # validator 0 voted out
+SCHEDULE = [(1, GENESIS), (11, SECOND), (16, THIRD)]
 OUTSIDERS = Validators([KeySigner(bytes([0x70 + i]) * 32) for i in range(5)])
 GENESIS_SET = ValidatorSet(tuple(GENESIS.addresses), CHAIN_ID, CHECKPOINT_INTERVAL)
 ADDED_ADDRESS = "0x" + ADDED.address.hex()
 # pbft_status of an observer (pbft_engine.engine: no view, no validator address)
 OBSERVER_STATUS = {"engine": "pbft", "role": "observer", "epoch": 2, "lastExecuted": 22,
                    "mode": "following", "checkpointInterval": CHECKPOINT_INTERVAL}
+
+
+@pytest.fixture(scope="module")
+def epoch_chain(tmp_path_factory: pytest.TempPathFactory) -> ServedChain:
+    """Blocks 1..22: stable checkpoints at 5 and 10 (the genesis set's), 15 (the second
+    set's: the added validator's first) and 20."""
+    return build_chain(tmp_path_factory.mktemp("epochs"), SCHEDULE, empty_blocks=12)
 
 
 def without_checkpoints(chain: ServedChain, *numbers: int) -> ServedChain:
