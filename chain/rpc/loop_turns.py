@@ -12,7 +12,8 @@ and a WebSocket connection's writer (chain/rpc/server.py `_ws_writer`). And its 
 loop are timed: while the chain makes blocks, client calls take at most LOOP_SHARE of the
 loop's time (a token bucket in seconds; a call admitted in debt waits until it is paid off),
 so what is left of the interpreter for the loop and the block execution threads does not
-depend on what clients send. On an idle chain they take what they like.
+depend on what clients send. So does the handling of an HTTP request around its calls
+(`handled`), which no step of a call can time. On an idle chain they take what they like.
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ class LoopTurns:
                 self._tokens, self._refilled = self._burst, time.monotonic()
             self._admitted = True
             loop.call_soon(self._next_turn)
+
+    async def handled(self, seconds: float) -> None:
+        """Work the loop does for a client outside any call's steps (`seconds` of it:
+        aiohttp parsing an HTTP request, making the Request and finishing its answer),
+        admitted and charged as a step is."""
+        await self._admit()
+        self.spent(seconds)
 
     def _next_turn(self) -> None:
         self._admitted = False

@@ -57,6 +57,11 @@ CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 # A body of 1-byte chunks was paid a sixth of its wire bytes and kept the loop 97% busy at a
 # tenth of the rate (the attack review s11-rpc, finding 3).
 PIECE_COST = 1024
+# What the loop spends on an HTTP request outside its calls' steps (aiohttp parsing it, making
+# the Request, `_guarded`, finishing the answer), which LoopTurns cannot time: ~80 us here. A
+# request answered before any call (a GET's 405, OPTIONS) is nothing else, and pipelined GETs
+# kept the loop's thread 97% busy (the attack review s14b-rpc, finding 4).
+HTTP_HANDLING_SECONDS = 80e-6
 # A reader pays at least this often: one read of the socket may bring thousands of pieces.
 PAYMENT = 64 * 1024
 WRITE_PART = 256 * 1024  # a long answer is written in parts of about this (`_HttpAnswer`)
@@ -447,8 +452,10 @@ class RpcServer:
         """The Host allowlist and CORS around every request (a plain call: as an aiohttp
         middleware it cost a tenth of a short call's time). Every request pays for its head
         first: without a body (GET, OPTIONS, pipelined by the thousand) it was free (the
-        attack review s12-rpc, finding 3)."""
+        attack review s12-rpc, finding 3); and its handling takes a turn of the loop and
+        its share, as a call does (`HTTP_HANDLING_SECONDS`)."""
         await self._body_budget.spend(_head_bytes(request) + PIECE_COST, request.transport)
+        await self.dispatcher.turns.handled(HTTP_HANDLING_SECONDS)
         host = (request.host or "").rsplit(":", 1)[0].strip("[]").lower()
         if "*" not in self.host_allowlist and host not in self.host_allowlist:
             return web.Response(status=403, text="invalid host specified\n")

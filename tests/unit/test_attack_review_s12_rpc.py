@@ -138,6 +138,7 @@ def test_pipelined_requests_without_a_body_pay_the_budget_for_what_the_loop_pars
     server.limits = RpcLimits()
     server._body_budget = budget
     server.host_allowlist, server.cors_origins = {"*"}, set()
+    server.dispatcher = Dispatcher({})
     wire = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * requests
 
     async def pipelined() -> None:
