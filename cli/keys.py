@@ -16,6 +16,10 @@ from cli.errors import CliError
 
 DEV_ACCOUNT_SEED = b"pbft-chain dev account "
 DEV_VALIDATOR_SEED = b"pbft-chain validator "  # the validator keys of a local testnet
+# scrypt's N for a key whose password lies beside it (a local testnet's well-known keys): geth's
+# `--lightkdf` (LightScryptN). The standard N (2**18) costs ~0.6 s of a core to write and as
+# much at every start of the node that unlocks it, and protects nothing there.
+LIGHT_SCRYPT_N = 1 << 12
 
 
 def dev_private_key(index: int, seed: bytes = DEV_ACCOUNT_SEED) -> keys.PrivateKey:
@@ -37,9 +41,13 @@ def read_password(password_file: str | None, *, confirm: bool = False) -> str:
     return password
 
 
-def write_keyfile(keystore: Path, private_key: keys.PrivateKey, password: str) -> Path:
+def write_keyfile(keystore: Path, private_key: keys.PrivateKey, password: str,
+                  scrypt_n: int | None = None) -> Path:
+    """A V3 keystore file for `private_key`; scrypt's N is eth-keyfile's standard (2**18)
+    unless given."""
     keystore.mkdir(parents=True, exist_ok=True)
-    document = create_keyfile_json(private_key.to_bytes(), password.encode(), kdf="scrypt")
+    document = create_keyfile_json(private_key.to_bytes(), password.encode(), kdf="scrypt",
+                                   iterations=scrypt_n)
     stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime())
     path = keystore / f"UTC--{stamp}Z--{document['address']}"
     path.write_text(json.dumps(document))

@@ -25,7 +25,7 @@ from chain.genesis import DEFAULT_BASE_FEE, DEFAULT_GAS_LIMIT, parse_genesis
 from chain.node import initialize_datadir, write_node_key
 from chain.registry import available_engines, load_engine_class
 from cli.errors import CliError
-from cli.keys import DEV_VALIDATOR_SEED, dev_private_key, write_keyfile
+from cli.keys import DEV_VALIDATOR_SEED, LIGHT_SCRYPT_N, dev_private_key, write_keyfile
 from cli.monitoring import write_monitoring
 
 DEV_ACCOUNTS = 10
@@ -128,7 +128,7 @@ def init_testnet(
         if observer:
             write_node_key(node_dir, key)
         else:
-            write_keyfile(node_dir / "keystore", key, TESTNET_PASSWORD)
+            write_keyfile(node_dir / "keystore", key, TESTNET_PASSWORD, LIGHT_SCRYPT_N)
             (node_dir / "password.txt").write_text(TESTNET_PASSWORD + "\n")
         http_port = base_http_port + index
         p2p_port = base_p2p_port + index

@@ -4,6 +4,7 @@ waiting on a condition with a deadline (for the integration tests and the benchm
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import random
 import re
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from web3 import Web3
+
+from cli.node import main as pbft_node_main
 
 T = TypeVar("T")
 STARTUP_DEADLINE = 60.0
@@ -70,6 +73,16 @@ def pbft_node(*args: str, check: bool = True) -> subprocess.CompletedProcess[str
     if check and result.returncode != 0:
         raise AssertionError(f"pbft-node {' '.join(args)} failed: {result.stderr}")
     return result
+
+
+def _in_process(*args: str) -> None:
+    """`pbft-node` run in this process: what a subprocess would do without its interpreter's
+    start (~1 s of a core: tests make a testnet dozens of times)."""
+    errors = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(errors):
+        code = pbft_node_main(list(args))
+    if code != 0:
+        raise AssertionError(f"pbft-node {' '.join(args)} failed: {errors.getvalue()}")
 
 
 @dataclass
@@ -137,7 +150,7 @@ def make_testnet(directory: Path, validators: int = 1, *pbft_flags: str, observe
     p2p = free_port_range(count, avoid=range(http, http + count))
     metrics = free_port_range(
         count, avoid={*range(http, http + count), *range(p2p, p2p + count)})
-    pbft_node(
+    _in_process(
         "testnet",
         "init",
         "--validators",
