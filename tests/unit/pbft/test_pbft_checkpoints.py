@@ -7,8 +7,15 @@ from __future__ import annotations
 from eth_hash.auto import keccak
 
 from pbft_engine.core import FetchCommitted, MessageReceived, StoreName
-from pbft_engine.core.records import read_u64
-from pbft_engine.messages import Authenticator, Checkpoint, MessageType, WireMessage
+from pbft_engine.core.records import read_u64, u64
+from pbft_engine.messages import (
+    Authenticator,
+    Checkpoint,
+    MessageType,
+    WireMessage,
+    decode_commit_certificate,
+)
+from pbft_engine.rpc_records import ConsensusRecords
 from tests.simulation.cluster import Cluster
 from tests.unit.pbft.helpers import commit, drop_type, tx_hashes
 
@@ -97,3 +104,48 @@ def test_fall_behind_detected_from_f_plus_1_high_checkpoints() -> None:
     assert cluster.heights()[3] == cluster.heights()[0]
     assert lagging.replica.low_watermark >= fetches[0].target_seq_no
     assert lagging.replica.log.block_store == {} or min(lagging.replica.log.block_store) > 4
+
+
+def test_a_replica_killed_before_the_checkpoints_at_m_reached_it_never_holds_m_stable() -> None:
+    """Replica 3 executes checkpoint 4 (sending its CHECKPOINT) and commits block 5 (its
+    COMMITs at 4 and 5 are in its own certificates), and is killed before the others'
+    CHECKPOINTs at 4 reach it. Restarted after the others went on, it fetches the blocks it
+    missed and holds a later checkpoint stable, but never 4: nobody sends a CHECKPOINT
+    again, and its fetch moves h past 4 (a CHECKPOINT below h is dropped). What it serves
+    (pbft_getCheckpoints) names a stable checkpoint above 4 and nothing at 4, while the
+    others hold 4 stable with Q CHECKPOINTs: the audit's checkpoint-missing must not ask
+    4 of it (the protocol makes stable checkpoints advance, not every multiple stable at
+    every replica)."""
+    cluster = Cluster(4, checkpoint_interval=4, log_multiplier=2)
+    grow(cluster, 3, "before")
+
+    def late(src: int, dst: int, wire: WireMessage) -> bool:  # (they come after the kill)
+        body = wire.signed.body
+        return not (dst == 3 and body.TYPE is MessageType.CHECKPOINT and body.seq_no == 4)
+
+    cluster.filters.append(late)
+    grow(cluster, 2, "around 4")
+    victim = cluster.nodes[3]
+    assert victim.replica is not None and victim.replica.last_exec == 5
+    assert victim.replica.stable_checkpoint == 0 and victim.replica.checkpoints.mine(4)
+    cluster.crash(3)
+    cluster.filters.remove(late)
+    grow(cluster, 8, "while down", nodes=cluster.nodes[:3])
+    cluster.restart(3)
+    for i in range(8):
+        commit(cluster, tx_hashes(1, f"after {i}"))
+        if victim.replica.stable_checkpoint > 4 and victim.replica.last_exec >= 16:
+            break
+    replica = victim.replica
+    assert replica.stable_checkpoint > 4 and replica.low_watermark > 4
+    served = {read_u64(k) for k, _ in victim.store.items(StoreName.STABLE_CHECKPOINTS)}
+    assert 4 not in served and replica.stable_checkpoint in served
+    assert all(read_u64(k) > 4 for k, _ in victim.store.items(StoreName.CHECKPOINTS))
+    records = ConsensusRecords(victim.store, lambda: cluster.epochs.schedule)
+    assert [(int(e["seqNo"], 16), e["stable"]) for e in records.checkpoints(1, 4)] == []
+    assert all(4 in {read_u64(k) for k, _ in node.store.items(StoreName.STABLE_CHECKPOINTS)}
+               for node in cluster.nodes[:3])
+    for block in (4, 5):  # live and voting around 4 (`_voting_around` asks 4 of it today)
+        certificate = victim.store.get(StoreName.COMMIT_CERTIFICATES, u64(block))
+        assert certificate is not None
+        assert 3 in {c.body.replica for c in decode_commit_certificate(certificate)}
