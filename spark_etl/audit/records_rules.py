@@ -162,9 +162,11 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
     blocks past it) is stable nowhere, and is not required. A validator voted in is asked
     only for the multiples from the first block of its first epoch on (`_joined`): as an
     observer it collected no CHECKPOINTs, and the handover checkpoint is the old set's.
-    Nor is a multiple m required of a node whose own validator was not voting around it
-    (`_voting_around`): one down across checkpoints catches up by fetching certified
-    blocks (DESIGN.md section 4) and never holds those in between. Skipped without K."""
+    Nor is a multiple m required of a node whose own validator was not live throughout its
+    interval (`_live_throughout`): one down across checkpoints catches up by fetching
+    certified blocks (DESIGN.md section 4) and never holds those in between, and one killed
+    after executing m, before Q CHECKPOINTs at m reached it, never holds m: nobody sends
+    them again, and its fetch moves h past m. Skipped without K."""
     interval = audit.validators.checkpoint_interval
     if interval is None:
         return no_violations(audit)
@@ -191,7 +193,7 @@ def checkpoint_missing(audit: Audit) -> DataFrame:
         F.explode(F.when(start <= stop, F.sequence(start, stop, k))).alias("block_number"),
     )
     missing = _named_only_where(audit, expected.join(
-        proven_stable(audit), "block_number", "left_semi"), _voting_around(audit, interval)
+        proven_stable(audit), "block_number", "left_semi"), _live_throughout(audit, interval)
     ).join(stable, ["node", "block_number"], "left_anti")
     # (Q others' CHECKPOINTs do not make m stable on a replica that has not executed m: its
     # own must be among them, pbft_engine.core.log `stable`; killed before, it holds them)
@@ -230,22 +232,23 @@ def _named_only_where(audit: Audit, required: DataFrame, where: DataFrame) -> Da
             where, ["node", "block_number"], "left_semi"))
 
 
-def _voting_around(audit: Audit, interval: int) -> DataFrame:
-    """(node, block_number): the multiples m of K around which the address a node names was
-    voting: its valid COMMITs for block m and for a block after m, up to m + K, are in the
-    export. A replica that committed both through consensus was live when the CHECKPOINTs
-    at m came (each replica sends its own on executing m). One that leaves its own COMMITs
-    out of its certificates is asked for fewer; its blocks, certificates and checkpoints
-    are checked all the same."""
+def _live_throughout(audit: Audit, interval: int) -> DataFrame:
+    """(node, block_number): the multiples m of K throughout whose interval the address a
+    node names was live: its valid COMMIT for every block from m to m + K - 1 is in the
+    export (in any node's certificates). Each replica sends its CHECKPOINT at m once, on
+    executing m, so one that went on voting that long was up when they came; one killed in
+    between (its COMMITs at m and m + 1 sent, the blocks after committed without it) may
+    never hold m stable: nobody sends them again (issue 31's script, now and then). A
+    replica that leaves its own COMMIT for one block of the interval out of its certificates
+    (it holds the others' to put in its place) is asked for fewer unless another exported
+    node's certificates hold that COMMIT; its blocks, certificates and checkpoints are
+    checked all the same."""
     commits = signatures(audit).where(F.col("valid") & (F.col("type") == "commit")).select(
         F.col("signer").alias("validator"), "seq_no").distinct()
-    voted = _own_addresses(audit).join(commits, "validator").select("node", "seq_no")
-    seq_no = F.col("seq_no")
-    at = voted.where(seq_no % interval == 0).select("node", seq_no.alias("block_number"))
-    # each later COMMIT names the multiple below it: m < n <= m + K
-    after = voted.where(seq_no > interval).select(
-        "node", (F.floor((seq_no - 1) / interval) * interval).alias("block_number"))
-    return at.join(after, ["node", "block_number"], "left_semi")
+    voted = _own_addresses(audit).join(commits, "validator").select("node", "seq_no").distinct()
+    multiple = F.floor(F.col("seq_no") / interval) * interval
+    return voted.groupBy("node", multiple.alias("block_number")).count().where(
+        F.col("count") == interval).select("node", "block_number")
 
 
 def _executed_here(audit: Audit) -> DataFrame:

@@ -145,7 +145,7 @@ def test_a_replica_killed_before_the_checkpoints_at_m_reached_it_never_holds_m_s
     assert [(int(e["seqNo"], 16), e["stable"]) for e in records.checkpoints(1, 4)] == []
     assert all(4 in {read_u64(k) for k, _ in node.store.items(StoreName.STABLE_CHECKPOINTS)}
                for node in cluster.nodes[:3])
-    for block in (4, 5):  # live and voting around 4 (`_voting_around` asks 4 of it today)
+    for block in (4, 5):  # (session 14's audit asked 4 of it: COMMITs at 4 and after it)
         certificate = victim.store.get(StoreName.COMMIT_CERTIFICATES, u64(block))
         assert certificate is not None
         assert 3 in {c.body.replica for c in decode_commit_certificate(certificate)}
