@@ -12,8 +12,9 @@ and a WebSocket connection's writer (chain/rpc/server.py `_ws_writer`). And its 
 loop are timed: while the chain makes blocks, client calls take at most LOOP_SHARE of the
 loop's time (a token bucket in seconds; a call admitted in debt waits until it is paid off),
 so what is left of the interpreter for the loop and the block execution threads does not
-depend on what clients send. So does the handling of an HTTP request around its calls
-(`handled`), which no step of a call can time. On an idle chain they take what they like.
+depend on what clients send. So is the handling of an HTTP request around its calls,
+which no step of a call can time (a refusal, with no call, waits out the share's debt).
+On an idle chain they take what they like.
 """
 
 from __future__ import annotations
@@ -78,12 +79,15 @@ class LoopTurns:
             self._admitted = True
             loop.call_soon(self._next_turn)
 
-    async def handled(self, seconds: float) -> None:
-        """Work the loop does for a client outside any call's steps (`seconds` of it:
-        aiohttp parsing an HTTP request, making the Request and finishing its answer),
-        admitted and charged as a step is."""
-        await self._admit()
-        self.spent(seconds)
+    async def settled(self) -> None:
+        """While blocks come, the share's debt waited out: by a request answered without a
+        call (a refusal), whose handling was charged (`spent`) but which no admission
+        holds back. A request with calls waits at their admissions: a wait here as well
+        (or a turn of its own) doubled an honest request's wait behind a flood."""
+        if self._busy():
+            self._refill()
+            if self._tokens < 0:
+                await asyncio.sleep(-self._tokens / self._share)
 
     def _next_turn(self) -> None:
         self._admitted = False

@@ -58,10 +58,11 @@ CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 # tenth of the rate (the attack review s11-rpc, finding 3).
 PIECE_COST = 1024
 # What the loop spends on an HTTP request outside its calls' steps (aiohttp parsing it, making
-# the Request, `_guarded`, finishing the answer), which LoopTurns cannot time: ~80 us here. A
-# request answered before any call (a GET's 405, OPTIONS) is nothing else, and pipelined GETs
-# kept the loop's thread 97% busy (the attack review s14b-rpc, finding 4).
-HTTP_HANDLING_SECONDS = 80e-6
+# the Request, `_guarded`, finishing the answer), which LoopTurns cannot time: 77-91 us here,
+# charged a little above. A request answered before any call (a GET's 405, OPTIONS) is nothing
+# else, and pipelined GETs kept the loop's thread 97% busy (the attack review s14b-rpc,
+# finding 4).
+HTTP_HANDLING_SECONDS = 100e-6
 # A reader pays at least this often: one read of the socket may bring thousands of pieces.
 PAYMENT = 64 * 1024
 WRITE_PART = 256 * 1024  # a long answer is written in parts of about this (`_HttpAnswer`)
@@ -452,16 +453,16 @@ class RpcServer:
         """The Host allowlist and CORS around every request (a plain call: as an aiohttp
         middleware it cost a tenth of a short call's time). Every request pays for its head
         first: without a body (GET, OPTIONS, pipelined by the thousand) it was free (the
-        attack review s12-rpc, finding 3); and its handling takes a turn of the loop and
-        its share, as a call does (`HTTP_HANDLING_SECONDS`)."""
+        attack review s12-rpc, finding 3); and its handling is charged to the calls' share
+        of the loop (`HTTP_HANDLING_SECONDS`; a refusal waits out the debt, `_refused`)."""
         await self._body_budget.spend(_head_bytes(request) + PIECE_COST, request.transport)
-        await self.dispatcher.turns.handled(HTTP_HANDLING_SECONDS)
+        self.dispatcher.turns.spent(HTTP_HANDLING_SECONDS)
         host = (request.host or "").rsplit(":", 1)[0].strip("[]").lower()
         if "*" not in self.host_allowlist and host not in self.host_allowlist:
-            return web.Response(status=403, text="invalid host specified\n")
+            return await self._refused(web.Response(status=403, text="invalid host specified\n"))
         origin = request.headers.get("Origin")
         if origin and "*" not in self.cors_origins and origin not in self.cors_origins:
-            return web.Response(status=403, text="origin not allowed\n")
+            return await self._refused(web.Response(status=403, text="origin not allowed\n"))
         response = await self._handle(request)
         if not response.prepared:
             if origin:
@@ -542,10 +543,10 @@ class RpcServer:
             return await self._websocket(request)
         refusal = self._refusal(request)
         if refusal is not None:
-            return refusal
+            return await self._refused(refusal)
         body = await self._read_body(request)
         if isinstance(body, web.Response):
-            return body
+            return await self._refused(body)
         answer = _HttpAnswer(request, self._payment(request), self.limits.read_timeout)
         try:
             await self.dispatcher.answer_into(body, answer)
@@ -553,6 +554,13 @@ class RpcServer:
         except _ClientGone:
             self._http_cuts.cut(request, self.limits.read_timeout)
             return answer.stream
+
+    async def _refused(self, response: web.Response) -> web.Response:
+        """A request answered without a call: its handling was charged to the calls' share
+        of the loop, and no call's admission waits out the debt for it (pipelined GETs kept
+        the loop's thread 97% busy: the attack review s14b-rpc, finding 4)."""
+        await self.dispatcher.turns.settled()
+        return response
 
     def _payment(self, request: web.Request | None) -> Payment:
         """Paying for answer bytes from the node's answers' budget; meanwhile the request's
