@@ -540,6 +540,7 @@ class RpcServer:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket":
+            await self.dispatcher.turns.settled()  # (no call's admission holds a handshake)
             return await self._websocket(request)
         refusal = self._refusal(request)
         if refusal is not None:
