@@ -13,7 +13,7 @@ loop are timed: while the chain makes blocks, client calls take at most LOOP_SHA
 loop's time (a token bucket in seconds; a call admitted in debt waits until it is paid off),
 so what is left of the interpreter for the loop and the block execution threads does not
 depend on what clients send. So is the handling of an HTTP request around its calls,
-which no step of a call can time (a refusal, with no call, waits out the share's debt).
+which no step of a call can time (a refusal, with no call, takes a turn as a call does).
 On an idle chain they take what they like.
 """
 
@@ -79,15 +79,14 @@ class LoopTurns:
             self._admitted = True
             loop.call_soon(self._next_turn)
 
-    async def settled(self) -> None:
-        """While blocks come, the share's debt waited out: by a request answered without a
-        call (a refusal), whose handling was charged (`spent`) but which no admission
-        holds back. A request with calls waits at their admissions: a wait here as well
-        (or a turn of its own) doubled an honest request's wait behind a flood."""
-        if self._busy():
-            self._refill()
-            if self._tokens < 0:
-                await asyncio.sleep(-self._tokens / self._share)
+    async def admitted(self) -> None:
+        """A turn of the loop and the share's debt waited out, as a call's admission: for
+        a request answered without a call (a refusal, a WebSocket handshake), whose handling
+        was charged (`spent`) but which no call's admission holds back. Waiting out the debt
+        alone let 256 connections' refusals run in one turn of the loop. A request with calls
+        waits at their admissions only: a turn here as well doubled an honest request's wait
+        behind a flood."""
+        await self._admit()
 
     def _next_turn(self) -> None:
         self._admitted = False

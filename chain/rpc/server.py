@@ -454,7 +454,7 @@ class RpcServer:
         middleware it cost a tenth of a short call's time). Every request pays for its head
         first: without a body (GET, OPTIONS, pipelined by the thousand) it was free (the
         attack review s12-rpc, finding 3); and its handling is charged to the calls' share
-        of the loop (`HTTP_HANDLING_SECONDS`; a refusal waits out the debt, `_refused`)."""
+        of the loop (`HTTP_HANDLING_SECONDS`; a refusal takes a turn, `_refused`)."""
         await self._body_budget.spend(_head_bytes(request) + PIECE_COST, request.transport)
         self.dispatcher.turns.spent(HTTP_HANDLING_SECONDS)
         host = (request.host or "").rsplit(":", 1)[0].strip("[]").lower()
@@ -540,7 +540,7 @@ class RpcServer:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket":
-            await self.dispatcher.turns.settled()  # (no call's admission holds a handshake)
+            await self.dispatcher.turns.admitted()  # (no call's admission holds a handshake)
             return await self._websocket(request)
         refusal = self._refusal(request)
         if refusal is not None:
@@ -558,9 +558,9 @@ class RpcServer:
 
     async def _refused(self, response: web.Response) -> web.Response:
         """A request answered without a call: its handling was charged to the calls' share
-        of the loop, and no call's admission waits out the debt for it (pipelined GETs kept
-        the loop's thread 97% busy: the attack review s14b-rpc, finding 4)."""
-        await self.dispatcher.turns.settled()
+        of the loop, and it takes a turn as a call would (pipelined GETs kept the loop's
+        thread 97% busy: the attack review s14b-rpc, finding 4)."""
+        await self.dispatcher.turns.admitted()
         return response
 
     def _payment(self, request: web.Request | None) -> Payment:

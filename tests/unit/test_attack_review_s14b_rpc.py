@@ -10,7 +10,7 @@ k clients' in one turn) and 3 (one client holding the node's bound on WebSocket 
 starved every other WebSocket client) are fixed in this review; 4 (HTTP requests refused
 before any call kept the loop's thread ~90% busy, outside LoopTurns) was fixed in session
 15: each request's handling is charged to the calls' share of the loop, and one refused
-before any call waits out its debt."""
+before any call takes a turn as a call does."""
 
 from __future__ import annotations
 
@@ -408,8 +408,8 @@ def test_requests_refused_before_any_call_take_at_most_the_share_of_the_loop(
     steps was not enough (GETs still 98%: ~50 of the ~80 us are aiohttp's, outside any
     handler), and a price in the request budget (8 KiB a request, session 14) bounded them
     apart from the calls' share. Now each request's handling is charged HTTP_HANDLING_SECONDS
-    of the calls' share, and one refused before any call waits out its debt
-    (`RpcServer._refused`, `LoopTurns.settled`). Here the chain makes
+    of the calls' share, and one refused before any call takes a turn as a call does
+    (`RpcServer._refused`, `LoopTurns.admitted`). Here the chain makes
     blocks and one connection pipelines GETs for 1 s: the loop thread's CPU time over that
     second (a loaded machine that does not run the thread counts as idle, not busy)."""
     server = object.__new__(RpcServer)  # only its HTTP handling: no node behind it
