@@ -59,10 +59,10 @@ CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 PIECE_COST = 1024
 # What the loop spends on an HTTP request outside its calls' steps (aiohttp parsing it, making
 # the Request, `_guarded`, finishing the answer), which LoopTurns cannot time: 77-91 us here,
-# charged a little above. A request answered before any call (a GET's 405, OPTIONS) is nothing
-# else, and pipelined GETs kept the loop's thread 97% busy (the attack review s14b-rpc,
-# finding 4).
-HTTP_HANDLING_SECONDS = 100e-6
+# 110-125 us with a refusal's turn (`_refused`), charged a little above. A request answered
+# before any call (a GET's 405, OPTIONS) is nothing else, and pipelined GETs kept the loop's
+# thread 97% busy (the attack review s14b-rpc, finding 4).
+HTTP_HANDLING_SECONDS = 150e-6
 # A reader pays at least this often: one read of the socket may bring thousands of pieces.
 PAYMENT = 64 * 1024
 WRITE_PART = 256 * 1024  # a long answer is written in parts of about this (`_HttpAnswer`)
