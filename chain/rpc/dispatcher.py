@@ -33,7 +33,7 @@ from chain.rpc.errors import (
 )
 from chain.rpc.eth import Method
 from chain.rpc.limits import BatchLimits
-from chain.rpc.loop_turns import LoopTurns
+from chain.rpc.loop_turns import FIRST, LATER, LoopTurns
 from chain.rpc.served import WorkerPool
 from chain.rpc.subscriptions import Subscriptions
 from encoding.json_bounds import nesting_within, without_strings
@@ -279,13 +279,14 @@ class Dispatcher:
             return decode_json(body)
         return await self._decoder.run(_decode_paced, body)
 
-    async def call(self, request: Any, session: Any = None) -> dict | None:
-        """One request object; None for a notification (a valid request without an id)."""
+    async def call(self, request: Any, session: Any = None, kind: int = FIRST) -> dict | None:
+        """One request object; None for a notification (a valid request without an id).
+        `kind`: a request's FIRST call, or a batch's LATER one (admitted as such)."""
         invalid = request_error(request)
         if invalid is not None:
             return _response(_answer_id(request), error=invalid)
         try:
-            result = await self.turns.run(self._invoke(request, session))
+            result = await self.turns.run(self._invoke(request, session), kind)
         except RpcError as exc:
             outcome = _response(request.get("id"), error=exc)
         except Exception as exc:
@@ -380,7 +381,7 @@ class Dispatcher:
                 if refused := _refused(payload[at:], opening):
                     await sink.put(refused)
                 break
-            response = await self.call(item, session)
+            response = await self.call(item, session, LATER if at else FIRST)
             await asyncio.sleep(0)  # a long batch never holds the loop from consensus
             if response is None:
                 continue

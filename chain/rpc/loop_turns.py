@@ -8,7 +8,10 @@ transfers' p90 went from 354 ms to 2 s (the attack review s14-rpc, finding 7); t
 budget counts their bytes, not their work. So every call on the loop is admitted by
 `LoopTurns`, one per turn of the loop, whatever the number of clients (first come, first
 served): a consensus message waits behind one call at most. So is each later step of a call,
-and a WebSocket connection's writer (chain/rpc/server.py `_ws_writer`). And its steps on the
+and a WebSocket connection's writer (chain/rpc/server.py `_ws_writer`). A request's first call
+is not queued behind other requests' later ones: while both wait they go in turn (`_Gate`),
+so 64 clients' batches of balance reads, each with its next call always waiting, put an
+honest transaction or receipt lookup two turns back, not 64. And its steps on the
 loop are timed: while the chain makes blocks, client calls take at most LOOP_SHARE of the
 loop's time (a token bucket in seconds; a call admitted in debt waits until it is paid off),
 so what is left of the interpreter for the loop and the block execution threads does not
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
@@ -30,6 +34,53 @@ LOOP_SHARE = 0.5  # of the event loop's time, at most, for client calls while bl
 BURST_SECONDS = 0.01  # of client calls' loop time that may run at once before the share holds
 
 T = TypeVar("T")
+
+FIRST, LATER = 0, 1  # a request's first call (a refusal, a handshake); a batch's later calls,
+# a call's later steps
+
+
+class _Gate:
+    """Who is admitted next, one at a time: first come, first served within a class, and
+    while both classes wait, FIRST and LATER in turn (so a flood of single requests never
+    starves a batch's later calls either)."""
+
+    def __init__(self) -> None:
+        self._waiting: tuple[deque[asyncio.Future[None]], ...] = (deque(), deque())
+        self._held = False
+        self._last = LATER
+
+    async def enter(self, kind: int) -> None:
+        if not self._held:
+            self._held = True
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting[kind].append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if not waiter.cancelled():  # (handed the gate as it was cancelled: passed on)
+                self.leave()
+            raise
+
+    def leave(self) -> None:
+        waiter = self._next()
+        if waiter is None:
+            self._held = False
+        else:
+            waiter.set_result(None)
+
+    def _next(self) -> asyncio.Future[None] | None:
+        for queue in self._waiting:
+            while queue and queue[0].cancelled():
+                queue.popleft()
+        first, later = self._waiting
+        if first and (not later or self._last == LATER):
+            self._last = FIRST
+            return first.popleft()
+        if later:
+            self._last = LATER
+            return later.popleft()
+        return None
 
 
 class LoopTurns:
@@ -42,30 +93,32 @@ class LoopTurns:
         self._busy = busy
         self._tokens = burst  # seconds of the loop client calls may still take now
         self._refilled = time.monotonic()
-        self._lock = asyncio.Lock()  # FIFO: calls are admitted in the order they came
-        self._loop: asyncio.AbstractEventLoop | None = None  # the lock's
+        self._gate = _Gate()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the gate's
         self._admitted = False  # a call was admitted in this turn of the loop
         self._stepping = False  # a call's step runs now
         self.rests = 0  # how often a call waited for the share (while blocks came)
 
-    async def run(self, call: Coroutine[Any, Any, T]) -> T:
-        """`call`'s result, once admitted, its steps on the loop timed and charged. Run
-        within a call's step, its steps are that call's (admitted and timed with them: its
-        own admission would wait for the turn that step holds, for ever)."""
+    async def run(self, call: Coroutine[Any, Any, T], kind: int = FIRST) -> T:
+        """`call`'s result, once admitted (as a request's FIRST call or a LATER one), its
+        steps on the loop timed and charged. Run within a call's step, its steps are that
+        call's (admitted and timed with them: its own admission would wait for the turn that
+        step holds, for ever)."""
         if self._stepping:
             return await call
         try:
-            await self._admit()
+            await self._admit(kind)
         except BaseException:
             call.close()  # (cancelled while waiting: never started)
             raise
         return await _Timed(call, self)
 
-    async def _admit(self) -> None:
+    async def _admit(self, kind: int) -> None:
         loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # (a test's new loop: an asyncio lock is bound to one)
-            self._lock, self._loop, self._admitted = asyncio.Lock(), loop, False
-        async with self._lock:
+        if loop is not self._loop:  # (a test's new loop: the gate's futures are bound to one)
+            self._gate, self._loop, self._admitted = _Gate(), loop, False
+        await self._gate.enter(kind)
+        try:
             while self._admitted:
                 await asyncio.sleep(0)
             if self._busy():
@@ -78,6 +131,8 @@ class LoopTurns:
                 self._tokens, self._refilled = self._burst, time.monotonic()
             self._admitted = True
             loop.call_soon(self._next_turn)
+        finally:
+            self._gate.leave()
 
     async def admitted(self) -> None:
         """A turn of the loop and the share's debt waited out, as a call's admission: for
@@ -86,7 +141,7 @@ class LoopTurns:
         alone let 256 connections' refusals run in one turn of the loop. A request with calls
         waits at their admissions only: a turn here as well doubled an honest request's wait
         behind a flood."""
-        await self._admit()
+        await self._admit(FIRST)
 
     def _next_turn(self) -> None:
         self._admitted = False
@@ -129,7 +184,7 @@ class _Timed:
             value, error = None, None
             try:
                 value = yield waiting_on
-                yield from turns._admit().__await__()
+                yield from turns._admit(LATER).__await__()
             except GeneratorExit:
                 call.close()
                 raise

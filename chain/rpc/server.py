@@ -58,11 +58,16 @@ CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 # tenth of the rate (the attack review s11-rpc, finding 3).
 PIECE_COST = 1024
 # What the loop spends on an HTTP request outside its calls' steps (aiohttp parsing it, making
-# the Request, `_guarded`, finishing the answer), which LoopTurns cannot time: 77-91 us here,
-# 110-125 us with a refusal's turn (`_refused`), charged a little above. A request answered
-# before any call (a GET's 405, OPTIONS) is nothing else, and pipelined GETs kept the loop's
-# thread 97% busy (the attack review s14b-rpc, finding 4).
-HTTP_HANDLING_SECONDS = 150e-6
+# the Request, `_guarded`, finishing the answer), which LoopTurns cannot time: with a refusal's
+# turn (`_refused`) 110-125 us on session 15's quiet machine, 190-213 us on session 16's, 1.6 x
+# slower. A request answered before any call (a GET's 405, OPTIONS) is nothing else, and
+# pipelined GETs kept the loop's thread 97% busy (the attack review s14b-rpc, finding 4). So
+# each request is charged a price above the slowest machine's cost: at 150 us the same flood
+# took the loop 40-49% on the quiet machine but 64-71% on the slower one, over LOOP_SHARE.
+# (Measuring the machine's pace instead, a fixed piece of Python, varied 2 x between processes
+# on one machine.) What it costs: while blocks come, at most 2,000 requests a second share the
+# loop's half (a batch is one request).
+HTTP_HANDLING_SECONDS = 250e-6
 # A reader pays at least this often: one read of the socket may bring thousands of pieces.
 PAYMENT = 64 * 1024
 WRITE_PART = 256 * 1024  # a long answer is written in parts of about this (`_HttpAnswer`)
