@@ -35,8 +35,8 @@ BURST_SECONDS = 0.01  # of client calls' loop time that may run at once before t
 
 T = TypeVar("T")
 
-FIRST, LATER = 0, 1  # a request's first call (a refusal, a handshake); a batch's later calls,
-# a call's later steps
+FIRST, LATER = 0, 1  # a request's first call (a refusal, a handshake); a batch's later calls
+# (each step of a call is admitted in its call's class)
 
 
 class _Gate:
@@ -111,7 +111,7 @@ class LoopTurns:
         except BaseException:
             call.close()  # (cancelled while waiting: never started)
             raise
-        return await _Timed(call, self)
+        return await _Timed(call, self, kind)
 
     async def _admit(self, kind: int) -> None:
         loop = asyncio.get_running_loop()
@@ -161,16 +161,19 @@ class _Timed:
     after the first admitted too: a call that yields and goes on (txpool's listing, a slice
     at a time) ran its next step in the same turn as every other such call's, k clients'
     txpool_content holding the loop k slices at once (the attack review s14b-rpc, finding
-    2). What the admission raises (a cancellation) goes to the call where it waits."""
+    2). Each step is admitted in the call's class (an honest single request's later steps,
+    after a read on a thread, are not queued behind batches' calls). What the admission
+    raises (a cancellation) goes to the call where it waits."""
 
-    __slots__ = ("_call", "_turns")
+    __slots__ = ("_call", "_kind", "_turns")
 
-    def __init__(self, call: Coroutine[Any, Any, T], turns: LoopTurns) -> None:
+    def __init__(self, call: Coroutine[Any, Any, T], turns: LoopTurns, kind: int) -> None:
         self._call = call
         self._turns = turns
+        self._kind = kind
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        call, turns, value, error = self._call, self._turns, None, None
+        call, turns, kind, value, error = self._call, self._turns, self._kind, None, None
         while True:
             started = time.perf_counter()
             turns._stepping = True
@@ -184,7 +187,7 @@ class _Timed:
             value, error = None, None
             try:
                 value = yield waiting_on
-                yield from turns._admit(LATER).__await__()
+                yield from turns._admit(kind).__await__()
             except GeneratorExit:
                 call.close()
                 raise

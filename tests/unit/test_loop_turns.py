@@ -122,9 +122,10 @@ def test_a_call_run_within_a_call_takes_its_turns_with_it() -> None:
     assert asyncio.run(body()) == 2
 
 
-async def _turns_waited(kind: int, flooded_by: int, clients: int = 64) -> int:
-    """Turns of the loop a call of `kind` waits for its admission while `clients` flood the
-    other class back to back (each with its next call always waiting, as a batch's)."""
+async def _turns_waited(kind: int, flooded_by: int, clients: int = 64, steps: int = 1) -> int:
+    """Turns of the loop a call of `kind` and `steps` steps waits for its admissions while
+    `clients` flood the other class back to back (each with its next call always waiting,
+    as a batch's)."""
     turns = LoopTurns(busy=lambda: False)
     loop = asyncio.get_running_loop()
     turn = 0
@@ -143,6 +144,8 @@ async def _turns_waited(kind: int, flooded_by: int, clients: int = 64) -> int:
             await turns.run(nothing(), flooded_by)
 
     async def admitted_at() -> int:
+        for _ in range(steps - 1):
+            await asyncio.sleep(0)  # (a read on a thread, say)
         return turn
 
     loop.call_soon(tick)
@@ -161,6 +164,12 @@ def test_a_request_s_first_call_is_not_queued_behind_batches_later_calls() -> No
     honest transaction, a receipt lookup) two turns or so back, not 64 (FIFO: the hostile
     benchmark's "64 batches of 1,000 balance reads" row missed 1.39-3.4 x)."""
     assert asyncio.run(_turns_waited(FIRST, flooded_by=LATER)) <= 4
+
+
+def test_a_call_s_later_steps_are_admitted_in_its_class() -> None:
+    """An honest single request whose call waits on a thread between steps is not queued
+    behind the batches at each step."""
+    assert asyncio.run(_turns_waited(FIRST, flooded_by=LATER, steps=3)) <= 3 * 4
 
 
 def test_a_flood_of_single_requests_never_starves_a_batch_s_later_call() -> None:
