@@ -23,6 +23,7 @@ On an idle chain they take what they like.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
@@ -58,7 +59,10 @@ class _Gate:
         try:
             await waiter
         except asyncio.CancelledError:
-            if not waiter.cancelled():  # (handed the gate as it was cancelled: passed on)
+            if waiter.cancelled():  # (asyncio.Lock's way: none pile up)
+                with contextlib.suppress(ValueError):  # (`_next` passed over it)
+                    self._waiting[kind].remove(waiter)
+            else:  # (handed the gate as it was cancelled: passed on)
                 self.leave()
             raise
 
@@ -70,7 +74,7 @@ class _Gate:
             waiter.set_result(None)
 
     def _next(self) -> asyncio.Future[None] | None:
-        for queue in self._waiting:
+        for queue in self._waiting:  # (cancelled, their tasks not yet run)
             while queue and queue[0].cancelled():
                 queue.popleft()
         first, later = self._waiting

@@ -199,3 +199,32 @@ def test_a_call_cancelled_as_it_is_handed_the_turn_passes_it_on() -> None:
             await handed
 
     asyncio.run(body())
+
+
+def test_waiters_cancelled_before_their_tasks_run_are_passed_over() -> None:
+    """The waiter handed the gate and the next one are cancelled in one step: the first
+    hands the gate on before the second's task runs, and the gate passes over the second's
+    cancelled future to the live one after it (handing it on raised InvalidStateError)."""
+    async def body() -> None:
+        turns = LoopTurns(share=0.5, busy=lambda: True)
+        turns.spent(0.03)  # in debt: the first admission holds the gate ~40 ms
+
+        async def cancelling() -> None:  # runs as the gate was just handed to cancelled[0]
+            for task in cancelled:
+                task.cancel()
+
+        async def nothing() -> int:
+            return 1
+
+        holder = asyncio.create_task(turns.run(cancelling()))
+        await asyncio.sleep(0)
+        cancelled = [asyncio.create_task(turns.run(nothing())) for _ in range(2)]
+        live = asyncio.create_task(turns.run(nothing()))
+        await holder
+        assert await asyncio.wait_for(live, 2) == 1
+        assert not any(turns._gate._waiting)
+        for task in cancelled:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(body())
