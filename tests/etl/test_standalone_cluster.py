@@ -84,6 +84,7 @@ def _rows(spark: SparkSession, out: Path) -> dict[str, list[str]]:
             for t in schemas.TABLES if t.name != "export_manifest"}
 
 
+@pytest.mark.timeout(900)  # four JVMs and two runs: 300 s was passed beside make test's others
 def test_export_and_audit_on_a_standalone_cluster_equal_local_mode(
     spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path,
     test_chain: ServedChain, standalone: str,
