@@ -21,7 +21,9 @@ from eth_bloom import BloomFilter
 from chain.blockchain import Blockchain
 from chain.genesis import Genesis, GenesisAccount
 from chain.read_store import StoredLog, TxRecord
+from chain.rpc import dispatcher as dispatcher_module
 from chain.rpc.dispatcher import (
+    INLINE_DECODE_BYTES,
     MAX_DIGITS,
     MAX_JSON_VALUES,
     MAX_NUMBER_DIGITS,
@@ -138,6 +140,32 @@ def test_large_bodies_within_the_bounds_are_decoded_off_the_loop(unit: bytes, co
     answer, held = _dispatch(body)
     assert answer["result"] == count, answer
     assert held < LOOP_HELD_AT_MOST
+
+
+@pytest.mark.parametrize(("character", "inline"), [("a", True), ("\u00e9", False),
+                                                  ("\U0001f600", False)])
+def test_text_is_decoded_on_the_loop_by_its_utf_8_size(
+    monkeypatch: pytest.MonkeyPatch, character: str, inline: bool
+) -> None:
+    """A WebSocket text frame comes as text: INLINE_DECODE_BYTES bounds its UTF-8 bytes, not
+    its characters (2 or 4 bytes each here: twice or four times the bound on the loop)."""
+    decoded_on: list[bool] = []  # whether each decoding ran on the loop's thread
+
+    def recorded(body: bytes | str) -> Any:
+        decoded_on.append(threading.current_thread() is threading.main_thread())
+        return decode_json(body)
+
+    monkeypatch.setattr(dispatcher_module, "decode_json", recorded)
+    head, tail = '{"jsonrpc":"2.0","id":1,"method":"test_count","params":["', '"]}'
+    characters = INLINE_DECODE_BYTES - len(head) - len(tail)
+    text = head + character * characters + tail  # INLINE_DECODE_BYTES characters
+
+    async def length(value: str) -> int:
+        return len(value)
+
+    answer = asyncio.run(Dispatcher({"test_count": length}).handle_payload(text))
+    assert answer is not None and json.loads(answer)["result"] == characters
+    assert decoded_on == [inline]
 
 
 def test_a_batch_of_a_thousand_calls_is_within_the_value_bound() -> None:
