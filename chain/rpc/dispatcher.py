@@ -35,7 +35,7 @@ from chain.rpc.eth import Method
 from chain.rpc.limits import BatchLimits
 from chain.rpc.loop_turns import FIRST, LATER, LoopTurns
 from chain.rpc.served import WorkerPool
-from chain.rpc.subscriptions import Subscriptions
+from chain.rpc.subscriptions import Session, Subscriptions
 from encoding.json_bounds import nesting_within, without_strings
 from storage import StorageFailure
 
@@ -88,7 +88,8 @@ ANSWER_PAYMENT = 64 * 1024  # answer bytes owed before they are paid (PaidPieces
 # HELD_FLOOR_BYTES of every answer are held whatever is held (256 connections: 16 MiB more):
 # the bound is the node's, so three connections' batches holding it with slow calls at their
 # ends had every other client's eth_chainId answered "server busy" for as long as they ran
-# (the attack review s14b-rpc, finding 3).
+# (the attack review s14b-rpc, finding 3). An answer is held until it is written (the
+# connection's `Outbox`), and the floor is a connection's: its answers queued count in it.
 MAX_HELD_ANSWER_BYTES = 64 * 1024 * 1024
 HELD_FLOOR_BYTES = 64 * 1024
 BUSY_ANSWERS = RpcError(LIMIT_EXCEEDED, f"server busy: {MAX_HELD_ANSWER_BYTES >> 20} MiB of "
@@ -272,7 +273,12 @@ class Dispatcher:
         self.turns = turns or LoopTurns()  # every call and decoding on the loop: its turns
         self._decoder = WorkerPool(1, MAX_PENDING_DECODES, "large-request")
         self._answers = WorkerPool(1, MAX_PENDING_ANSWERS, "large-answer")
-        self._held_answers = HeldBytes(MAX_HELD_ANSWER_BYTES)  # WebSocket answers being made
+        self._held_answers = HeldBytes(MAX_HELD_ANSWER_BYTES)  # WebSocket answers, until written
+
+    @property
+    def held_answers(self) -> HeldBytes:
+        """The node's bound on WebSocket answers, made or waiting to be written."""
+        return self._held_answers
 
     async def _decode(self, body: bytes | str) -> Any:
         """Decoded on the loop up to INLINE_DECODE_BYTES of UTF-8, else on the decoding
@@ -332,8 +338,9 @@ class Dispatcher:
                              pay: Payment = _free) -> bytes | None:
         """A whole body, a single request or a batch, to the encoded answer, UTF-8 JSON
         (None: nothing to answer), each piece paid for (`pay`) as it is made; a large
-        batch's answer is joined on a worker."""
-        collected = _Collected(pay, self._held_answers)
+        batch's answer is joined on a worker. A session's answers waiting to be written
+        count in its answer's floor (HELD_FLOOR_BYTES)."""
+        collected = _Collected(pay, self._held_answers, _queued(session))
         try:
             await self.answer_into(body, collected, session)
             await collected.settle()
@@ -406,6 +413,15 @@ class Dispatcher:
                 await sink.put(b"]")
 
 
+def _queued(session: Any) -> Callable[[], int]:
+    """How many bytes of answers `session` has waiting to be written (none: not a
+    WebSocket's)."""
+    if isinstance(session, Session):
+        outbox = session.outbox
+        return lambda: outbox.answer_bytes
+    return lambda: 0
+
+
 def _held(response: dict, sink: AnswerSink, text: bytes | None = None) -> bytes:
     """A call's encoded answer if the sink holds it, else its BUSY_ANSWERS error."""
     text = _encode(response) if text is None else text
@@ -445,17 +461,21 @@ class PaidPieces:
 
 
 class _Collected(PaidPieces):
-    """An answer's pieces, paid for as they come, held within the node's bound for them."""
+    """An answer's pieces, paid for as they come, held within the node's bound for them
+    (the floor shared with the connection's answers `queued`: per answer, a client that
+    reads slowly had up to its 4 MiB of outbox in small answers outside the bound)."""
 
-    def __init__(self, pay: Payment, held: HeldBytes) -> None:
+    def __init__(self, pay: Payment, held: HeldBytes, queued: Callable[[], int]) -> None:
         super().__init__(pay)
         self.pieces: list[bytes] = []
         self.size = 0
         self._held = held
+        self._queued = queued
         self._taken = 0
 
     def holds(self, size: int) -> bool:
-        if not self._held.take(size, floor=self._taken + size <= HELD_FLOOR_BYTES):
+        floor = self._queued() + self._taken + size <= HELD_FLOOR_BYTES
+        if not self._held.take(size, floor=floor):
             return False
         self._taken += size
         return True

@@ -633,7 +633,7 @@ class RpcServer:
             result = await self.dispatcher.handle_payload(message.data, session,
                                                           self._payment(None))
             if result is not None:
-                session.outbox.put_answer(result)
+                session.outbox.put_answer(result, self.dispatcher.held_answers)
 
     @staticmethod
     async def _ws_writer(socket: web.WebSocketResponse, outbox: Outbox,

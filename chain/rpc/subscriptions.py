@@ -8,9 +8,12 @@ Each connection has an outbox bounded in bytes (characters of the JSON text, whi
 - notifications are produced by the chain, not by requests, so they are never held back: up
   to `notification_bytes` (4 MiB) of them may wait for the client; one more cuts it at once;
 - a message that the client does not take within `write_deadline` (10 s, geth's write
-  timeout) cuts it (chain/rpc/server.py).
+  timeout) cuts it (chain/rpc/server.py);
+- an answer counts against the node's bound on WebSocket answers (chain/rpc/dispatcher.py
+  `HeldBytes`, 64 MiB) from when it is made until it is written, not only while it is made.
 So one connection holds at most 8 MiB and one answer (an answer is queued whole; the next
-request is read only once the outbox is under its budget again).
+request is read only once the outbox is under its budget again), and all connections'
+answers at most 64 MiB beside 64 KiB each.
 
 Subscriptions are bounded by what they cost, not by a count web3 1.x exceeds (it opens a
 newHeads subscription per pending transaction): 10,000 per connection and 100,000 on the
@@ -32,7 +35,7 @@ import secrets
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -40,6 +43,9 @@ from chain.rpc.backend import CommittedBlock, RpcBackend
 from chain.rpc.errors import LIMIT_EXCEEDED, InvalidParams, RpcError
 from chain.rpc.filters import BlockLogs, LogCriteria
 from chain.rpc.formatters import header_json
+
+if TYPE_CHECKING:  # (the dispatcher imports this module)
+    from chain.rpc.dispatcher import HeldBytes
 
 MiB = 1024 * 1024
 ENVELOPE = ('{"jsonrpc":"2.0","method":"eth_subscription",'
@@ -92,11 +98,27 @@ class Outbox:
         self._ready = asyncio.Event()  # something to write, or cut
         self._room = asyncio.Event()  # under the budget, or cut
         self._room.set()
+        self._held: HeldBytes | None = None  # the node's bound the answers queued count in
 
-    def put_answer(self, answer: bytes) -> None:
-        """Queued whole, whatever its size: the reader waits for `room` before the next."""
-        if not self._closed:
-            self._push(_Item(answer, None, len(answer)))
+    @property
+    def answer_bytes(self) -> int:
+        """Answers queued, and the one being written."""
+        return self.bytes - self.notification_bytes
+
+    def put_answer(self, answer: bytes, held: HeldBytes | None = None) -> None:
+        """Queued whole, whatever its size: the reader waits for `room` before the next. It
+        counts in `held` (the node's bound on WebSocket answers, within which it was made)
+        until written. Given back once made, four clients that never read parked 12 MB of
+        answers beside a bound of 7 MB (tests/unit/test_ws_outbox.py); by reasoning, 256
+        connections reading a trickle (each message within the write deadline) could park
+        4 MiB and a 25 MB batch's answer each, ~7 GB, made in ~7 minutes of the answers'
+        16 MiB/s."""
+        if self._closed:
+            return
+        if held is not None:
+            held.take(len(answer), floor=True)  # (was held while made: it fits)
+            self._held = held
+        self._push(_Item(answer, None, len(answer)))
 
     def put_notification(self, subscription_id: str, result: str) -> bool:
         """False when the connection is cut (now, if this one does not fit) or closed."""
@@ -133,6 +155,8 @@ class Outbox:
         self.bytes -= item.size
         if item.subscription is not None:
             self.notification_bytes -= item.size
+        elif self._held is not None and not self._closed:
+            self._held.give(item.size)
         if self.bytes <= self._limits.outbox_bytes:
             self._room.set()
 
@@ -145,6 +169,8 @@ class Outbox:
 
     def close(self) -> None:
         """Nothing more is queued or written (the writer ended, or the connection did)."""
+        if self._held is not None and not self._closed:
+            self._held.give(self.answer_bytes)
         self._closed = True
         self._items.clear()
         self._ready.set()

@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from chain.blockchain import Blockchain
+from chain.rpc.dispatcher import MAX_HELD_ANSWER_BYTES, HeldBytes
 from chain.rpc.errors import SERVER_ERROR, RpcError
 from chain.rpc.evm_process import EvmProcesses
 from chain.rpc.limits import RpcLimits
@@ -152,6 +153,7 @@ class LengthOfEachMessage:
 
     def __init__(self) -> None:
         self.turns = LoopTurns()  # (the writer's messages take their turns)
+        self.held_answers = HeldBytes(MAX_HELD_ANSWER_BYTES)  # (answers count until written)
 
     async def handle_payload(self, body: str | bytes, session: object,
                              pay: object = None) -> bytes:

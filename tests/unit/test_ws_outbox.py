@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -12,9 +13,11 @@ from typing import Any
 import pytest
 from aiohttp import WSMsgType
 
+import tests.unit.test_attack_review_s11_rpc as s11
+from chain.rpc.dispatcher import HELD_FLOOR_BYTES, Dispatcher, HeldBytes
 from chain.rpc.errors import RpcError
 from chain.rpc.loop_turns import LoopTurns
-from chain.rpc.server import RpcServer
+from chain.rpc.server import BodyBudget, RpcServer
 from chain.rpc.subscriptions import (
     BEHIND,
     OUTBOX_FULL,
@@ -23,6 +26,7 @@ from chain.rpc.subscriptions import (
     Subscriptions,
     WebSocketLimits,
 )
+from tests.unit.test_attack_review_s11_rpc import masked_frame
 
 ROOMY = WebSocketLimits(max_blocks_behind=2)  # a newHeads notification is 1.7 kB
 LIMITS = WebSocketLimits(outbox_bytes=1_000, notification_bytes=2_000, max_subscriptions=3,
@@ -212,3 +216,111 @@ def test_subscribers_too_far_behind_are_cut() -> None:
         return [subscribed.outbox.cut_reason, idle.outbox.cut_reason]
 
     assert run(body()) == [BEHIND, None]
+
+
+# Answers waiting to be written count against the node's bound on WebSocket answers.
+
+HELD_BOUND = 7_000_000  # the node's bound on WebSocket answers, made small here: two fit
+PARKED_ANSWER = 3_000_000  # more than the kernel's buffers take for a client that never reads
+PARKERS = 4
+SIZED = b'{"jsonrpc":"2.0","id":1,"method":"sized"}'
+HANDSHAKE = (b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+
+
+async def _never_reading(port: int) -> socket.socket:
+    """A WebSocket client that asks for a `sized` answer and never reads it (its receive
+    window small)."""
+    loop = asyncio.get_running_loop()
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setblocking(False)
+    await loop.sock_connect(client, ("127.0.0.1", port))
+    await loop.sock_sendall(client, HANDSHAKE)
+    answer = b""
+    while b"\r\n\r\n" not in answer:  # (a frame before the 101 is refused)
+        answer += await loop.sock_recv(client, 1)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    await loop.sock_sendall(client, masked_frame(0x1, True, SIZED))
+    return client
+
+
+def test_answers_waiting_for_a_client_count_against_the_nodes_bound(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`HeldBytes` bounds the WebSocket answers being made (64 MiB); an answer made was
+    given back before it was queued, so clients that never read each parked one answer
+    outside the bound, a 25 MB batch's (256 connections: 6.4 GB). Here four clients that
+    never read (their receive window small) each ask for a 3 MB answer, the bound 7 MB:
+    what their outboxes hold stays within the bound and each connection's 64 KiB floor
+    (two answers; the others are "server busy"; it was 12 MB), and is given back when
+    they leave."""
+
+    async def sized() -> str:
+        return "a" * PARKED_ANSWER
+
+    dispatcher = Dispatcher({"sized": sized})
+    dispatcher._held_answers = held = HeldBytes(HELD_BOUND)
+    made: list[Subscriptions] = []
+    answered: list[int] = []
+    put_answer = Outbox.put_answer
+
+    class Kept(Subscriptions):
+        def __init__(self, node: Any) -> None:
+            super().__init__(node)
+            made.append(self)
+
+    def counted(outbox: Outbox, answer: bytes, *args: Any) -> None:
+        answered.append(len(answer))
+        put_answer(outbox, answer, *args)
+
+    monkeypatch.setattr(s11, "Subscriptions", Kept)
+    monkeypatch.setattr(Outbox, "put_answer", counted)
+
+    async def parked() -> tuple[int, int]:
+        async with s11.websocket_server(BodyBudget(10**9, 10**9), dispatcher) as listening:
+            clients = [await _never_reading(listening.port) for _ in range(PARKERS)]
+            try:
+                while len(answered) < PARKERS:
+                    await asyncio.sleep(0.01)
+                parked = made[0].outbox_bytes()
+            finally:
+                for client in clients:
+                    client.close()
+            while made[0].sessions:  # (the node saw them leave)
+                await asyncio.sleep(0.01)
+            return parked, held.held
+
+    outboxes, left = run(parked())
+    assert outboxes <= HELD_BOUND + PARKERS * HELD_FLOOR_BYTES, (
+        f"{outboxes / 1e6:.1f} MB parked; answers {answered}")
+    assert left == 0
+
+
+def test_a_connections_answers_waiting_share_its_floor() -> None:
+    """The first HELD_FLOOR_BYTES of answers are held whatever the node holds, a
+    connection's in all, its answers waiting to be written included: per answer, a client
+    that reads slowly kept up to its 4 MiB of outbox in small answers beside the bound."""
+
+    async def small() -> str:
+        return "a" * 1_000
+
+    dispatcher = Dispatcher({"small": small})
+    dispatcher._held_answers = held = HeldBytes(0)  # the node's bound taken
+    session = Subscriptions(SimpleNamespace(add_head_listener=lambda _: None)).session()
+    call = b'{"jsonrpc":"2.0","id":1,"method":"small"}'
+
+    async def answered() -> list[str]:
+        kinds = []
+        while len(kinds) < 100 and (not kinds or kinds[-1] == "result"):
+            answer = await dispatcher.handle_payload(call, session)
+            assert answer is not None
+            session.outbox.put_answer(answer, held)
+            kinds.append("result" if b'"result"' in answer else "busy")
+        return kinds
+
+    kinds = run(answered())
+    assert kinds[-1] == "busy", f"{len(kinds)} answers beside the bound"
+    assert session.outbox.answer_bytes <= HELD_FLOOR_BYTES
+    session.close()
+    assert held.held == 0
