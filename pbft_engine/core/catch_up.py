@@ -134,8 +134,18 @@ def fall_behind(replica: Replica, seq_no: int, block_hash: bytes, state_root: by
 
 
 def on_fetch_completed(replica: Replica, event: FetchCompleted) -> None:
-    if replica.fetching is None:
+    """The fetch under way reached its target (block sync imports until its head does, or
+    fails). One below it is another fetch's, whose task outlived the replica that asked for
+    it: taken as this fetch's, it cleared this one (a second fetch of the head was asked for
+    while the first ran) and this one's end was then dropped, the head left below the
+    chain's."""
+    if replica.fetching is None or event.seq_no < replica.fetching:
         return
+    _fetched(replica, event)
+
+
+def _fetched(replica: Replica, event: FetchCompleted) -> None:
+    """The fetch under way ended at `event`'s head (its target, or short of it: failed)."""
     replica.fetching, replica.fetch_excused, replica.missed_fetches = None, False, (-1, 0)
     replica.executing, replica.held = None, None
     if event.seq_no > replica.last_exec:
@@ -199,7 +209,7 @@ def on_fetch_failed(replica: Replica, event: FetchFailed) -> None:
     if replica.fetch_excused and replica.fair_mark is not None:
         replica.passed_over += 1
     if event.reached is not None and event.reached.seq_no > replica.last_exec:
-        on_fetch_completed(replica, event.reached)
+        _fetched(replica, event.reached)
         return
     counts, replica.fetching, replica.fetch_excused = replica.fetch_excused, None, False
     # A head that two such fetches in a row could not reach any of is no longer believed

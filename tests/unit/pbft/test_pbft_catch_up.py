@@ -72,6 +72,29 @@ def test_a_peer_ahead_makes_an_idle_replica_fetch() -> None:
                    for a in replica.step(PeerCommitted(ahead + 1, b"\x03" * 32, b"")).actions)
 
 
+def test_a_completion_below_the_fetch_under_way_is_not_its_completion() -> None:
+    """A fetch completes only at or above its target (block sync imports until its head
+    reaches it, else it fails), so a FetchCompleted below the target of the fetch under way
+    is another fetch's: one whose task outlived the replica that asked for it (the engine's
+    `_fetch` checks its replica before it awaits, not after: a node voted out and in again
+    while a fetch ran). Taken as this fetch's end, it cleared the fetch under way (a second
+    fetch of the same head was asked for while the first still ran, on the same block
+    sync), and the real end then found no fetch and was dropped: the replica's head stayed
+    below the chain's, its blocks' requests unforgotten."""
+    cluster = Cluster(4)
+    commit(cluster, tx_hashes(2))
+    replica = cluster.nodes[3].replica
+    head, head_hash = replica.last_exec, replica.last_exec_hash
+    target, target_hash = head + 5, b"\x02" * 32
+    assert FetchCommitted(target, target_hash, b"") in replica.step(
+        PeerCommitted(target, target_hash, b"")).actions
+    stale = replica.step(FetchCompleted(head, head_hash, keccak(b"root"), ())).actions
+    assert not any(isinstance(action, FetchCommitted) for action in stale)
+    assert replica.fetching == target
+    replica.step(FetchCompleted(target, target_hash, keccak(b"root"), ()))
+    assert replica.fetching is None and replica.last_exec == target
+
+
 def test_a_replica_executing_a_block_does_not_fetch() -> None:
     cluster = Cluster(4)
     commit(cluster, tx_hashes(1))
