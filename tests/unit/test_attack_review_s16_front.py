@@ -7,13 +7,18 @@ do: each finding is a strict xfail named for its gap; each rule that held, a pas
 
 1. A batch's handling around its calls (checking, answering, encoding, a turn after each) is
    charged nothing, and its invalid items are answered without an admission, k batches' in
-   every turn: the loop's thread takes 4-20 x what LoopTurns charged for such a flood.
+   every turn: the loop's thread takes 4-20 x what LoopTurns charged for such a flood. Fixed:
+   each item admitted and its whole handling timed as a step (`Dispatcher._item`), and each
+   admission charged ADMISSION_SECONDS.
 2. A single request's steps after its first (eth_call, eth_getLogs, eth_getBlockByNumber
    after their worker or child) are admitted LATER: ~64 turns behind 64 batches. Fixed
    (ca7f701, each step in its call's class).
-3. A WebSocket message's handling is charged nothing (an HTTP request's, 250 us).
+3. A WebSocket message's handling is charged nothing (an HTTP request's, 250 us). Fixed:
+   charged as an HTTP request's (`_ws_read`).
 4. A refusal (and a handshake) takes a FIRST turn, and a single request queues there twice:
-   64 connections pipelining GETs hold an honest eth_chainId ~65 ms (16: ~17 ms).
+   64 connections pipelining GETs hold an honest eth_chainId ~65 ms (16: ~17 ms). Fixed:
+   refusals, handshakes and accepts are admitted LATER, and a single request is decoded and
+   answered in one admission.
 5. A connection is set up outside LoopTurns, all those in the backlog in one turn, charged
    nothing (~0.7 ms one with no request, ~1.1 ms one answered 503, here).
 6. Connections over max_connections each hold a socket 1 s, with no bound but their rate.
@@ -214,8 +219,6 @@ BATCHES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a batch's handling around its calls is "
-                   "not charged to the calls' share of the loop")
 @pytest.mark.parametrize("batch", BATCHES)
 def test_batches_take_at_most_the_share_of_the_loop(
         monkeypatch: pytest.MonkeyPatch, batch: str) -> None:
@@ -310,8 +313,6 @@ class _Turns:
             self._handle.cancel()
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: a batch's invalid items are answered "
-                   "without an admission, k batches' in every turn of the loop")
 def test_a_batch_s_invalid_items_are_admitted_one_per_turn(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """`Dispatcher.call` answers an invalid request (`request_error`: not an object, no
@@ -486,8 +487,6 @@ def _websockets(request: bytes) -> str:
             .replace("CONNECTIONS", str(CONNECTIONS)))
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: a WebSocket message's handling is not "
-                   "charged to the calls' share of the loop")
 def test_a_websocket_message_is_charged_its_handling_as_an_http_request_is() -> None:
     """An HTTP request's handling outside its calls' steps is charged HTTP_HANDLING_SECONDS
     (250 us) of the calls' share (`_guarded`: pipelined GETs and eth_chainId calls kept the
@@ -603,8 +602,6 @@ async def _honest_request_turns(refusing: int = 64) -> int:
     return admitted - asked
 
 
-@pytest.mark.xfail(strict=True, reason="finding 4: refusals and handshakes take the FIRST "
-                   "class; a request's decoding and call queue in it one after the other")
 def test_an_honest_request_is_not_queued_behind_every_connection_s_refusals() -> None:
     """A request refused before any call (a GET's 405, OPTIONS, a wrong Host: 27 bytes) and
     a WebSocket handshake take a turn as a FIRST call (`LoopTurns.admitted`), first come
