@@ -67,9 +67,8 @@ PIECE_COST = 1024
 # each request is charged a price above the slowest machine's cost: at 150 us the same flood
 # took the loop 40-49% on the quiet machine but 64-71% on the slower one, over LOOP_SHARE.
 # (Measuring the machine's pace instead, a fixed piece of Python, varied 2 x between processes
-# on one machine.) What it costs: while blocks come, about 1,800 requests a second (an admission is
-# charged too) share the
-# loop's half (a batch is one request).
+# on one machine.) What it costs: while blocks come, about 1,800 requests a second (an
+# admission is charged too) share the loop's half (a batch is one request).
 HTTP_HANDLING_SECONDS = 250e-6
 # What the loop spends on a connection beyond its requests: asyncio's accept and transport,
 # aiohttp's handler made and dropped. One that sends nothing paid nothing (no request, no
