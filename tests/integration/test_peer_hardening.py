@@ -165,7 +165,8 @@ def _wait_counted(cluster: Cluster, expected: int) -> None:
                 if k.startswith("pbft_dropped_messages_total")) >= expected - 1
             for i in (1, 2, 3))
 
-    wait_for(counted, 60, "every hostile message counted")
+    # (60 s was passed on a host 2 x slower, loaded: session 16's clean-clone run)
+    wait_for(counted, 180, "every hostile message counted")
 
 
 def test_idle_connections_do_not_keep_a_restarted_validator_from_its_peers(
