@@ -47,6 +47,10 @@ MIB = 1024 * 1024
 # The longest the event loop may be held by one hostile request here: generous for a shared
 # two-core machine; the code before issue 29 held it 0.8 s to 9 s.
 LOOP_HELD_AT_MOST = 0.25
+# The same for log matching on its thread, which holds the interpreter the loop needs: on a
+# loaded machine the scheduler stretches that (0.38-1.05 s seen beside make test's other
+# suites, session 16); matched on the loop, 1,000 filters held it 5.7-8.8 s.
+MATCHING_HELD_AT_MOST = 2.0
 
 
 async def loop_held(work: Awaitable[T]) -> tuple[T, float]:
@@ -255,7 +259,7 @@ def test_a_thousand_filters_on_a_thousand_log_block_stay_off_the_loop() -> None:
         return [await manager.take_changes(i) for i in everything + narrow]
 
     changes, held = asyncio.run(loop_held(commit_and_poll()))
-    assert held < LOOP_HELD_AT_MOST
+    assert held < MATCHING_HELD_AT_MOST
     first = changes[0]
     assert [log["logIndex"] for log in first] == [hex(i) for i in range(1_000)]
     assert all(c == [] for c in changes[500:])
