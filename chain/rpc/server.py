@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import socket
 import sys
 import time
 from collections.abc import Awaitable
@@ -68,6 +70,19 @@ PIECE_COST = 1024
 # on one machine.) What it costs: while blocks come, about 1,800 requests a second (an
 # admission is charged too) share the loop's half (a batch is one request).
 HTTP_HANDLING_SECONDS = 250e-6
+# What the loop spends on a connection beyond its requests: asyncio's accept and transport,
+# aiohttp's handler made and dropped. One that sends nothing paid nothing (no request, no
+# byte), so a connect/close flood took the loop outside LoopTurns' share: 160-230 us a
+# connection opened and reset, on session 16's loaded machine (one core's worth is ~5,000
+# connections a second). So each is accepted in a turn of the loop with the share's debt
+# waited out, and charged this (`_accepted`): above the 260-370 us measured with that turn
+# and the accept's own wait (tests/unit/test_rpc_accepts.py). What it costs: while blocks
+# come, at most 1,250 connections a second share the loop's half; the kernel's backlog
+# holds the rest.
+CONNECTION_SECONDS = 400e-6
+BACKLOG = 100  # connections the kernel holds until they are accepted (asyncio's default)
+# Accepting failed (no file descriptor or memory left): wait this long (asyncio's delay).
+ACCEPT_RETRY_SECONDS = 1.0
 # A reader pays at least this often: one read of the socket may bring thousands of pieces.
 PAYMENT = 64 * 1024
 WRITE_PART = 256 * 1024  # a long answer is written in parts of about this (`_HttpAnswer`)
@@ -443,7 +458,8 @@ class RpcServer:
             node.metrics.websocket_disconnects.labels(reason)
         node.metrics.websocket_outbox_bytes.set_function(self.subscriptions.outbox_bytes)
         self._runner: web.AppRunner | None = None
-        self._listener: asyncio.Server | None = None
+        self._listening: list[socket.socket] = []
+        self._accepting: list[asyncio.Task[None]] = []
         # each open WebSocket, and what its client's bytes pass through (None: it left)
         self._websockets: dict[web.WebSocketResponse, _PaidReads | None] = {}
         self.port: int | None = None
@@ -699,18 +715,50 @@ class RpcServer:
         )
         await self._runner.setup()
         loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(self._accept, settings.http_addr,
-                                                  settings.http_port)
-        self.port = self._listener.sockets[0].getsockname()[1]
+        # asyncio makes the listening sockets (the address resolved, one per family) but
+        # accepts in a loop of its own, as fast as connections come: `_accepted` does.
+        made = await loop.create_server(self._accept, settings.http_addr, settings.http_port,
+                                        start_serving=False)
+        self._listening = [socket.socket(fileno=os.dup(s.fileno())) for s in made.sockets]
+        made.close()
+        for listening in self._listening:
+            listening.setblocking(False)
+            listening.listen(BACKLOG)
+        self._accepting = [loop.create_task(self._accepted(listening), name="JSON-RPC accepts")
+                           for listening in self._listening]
+        self.port = self._listening[0].getsockname()[1]
         log.info("JSON-RPC on http://%s:%d (HTTP and WebSocket)", settings.http_addr, self.port)
+
+    async def _accepted(self, listening: socket.socket) -> None:
+        """Accepts connections, each in a turn of the loop and charged CONNECTION_SECONDS
+        to the calls' share, as a request is: in debt none is accepted, and the kernel's
+        backlog holds what comes meanwhile."""
+        loop = asyncio.get_running_loop()
+        turns = self.dispatcher.turns
+        while True:
+            await turns.admitted()
+            try:
+                client, _ = await loop.sock_accept(listening)
+            except ConnectionAbortedError:  # reset before it was accepted: the next
+                continue
+            except OSError as exc:
+                log.error("JSON-RPC cannot accept connections: %s", exc)
+                await asyncio.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            turns.spent(CONNECTION_SECONDS)
+            try:
+                await loop.connect_accepted_socket(self._accept, client)
+            except OSError:  # the client left already
+                client.close()
 
     async def stop(self) -> None:
         self.subscriptions.close_all()
-        if self._listener is not None:
-            self._listener.close()
+        for accepting in self._accepting:
+            accepting.cancel()
+        await asyncio.gather(*self._accepting, return_exceptions=True)
+        for listening in self._listening:
+            listening.close()
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._listener is not None:
-            await self._listener.wait_closed()
         self.dispatcher.close()
         self.eth.close()

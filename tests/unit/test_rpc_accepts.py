@@ -1,0 +1,103 @@
+"""Connections that send no request (a TCP connect/close flood) are the event loop's work
+too: accepted within the calls' share of it (chain/rpc/server.py `CONNECTION_SECONDS`)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from chain.rpc import child_process
+from chain.rpc.dispatcher import Dispatcher
+from chain.rpc.limits import RpcLimits
+from chain.rpc.loop_turns import LOOP_SHARE
+from chain.rpc.server import BodyBudget, RpcServer
+
+FLOOD_SECONDS = 1.0
+
+# Connections opened and reset (no TIME_WAIT left to run out of ports) as fast as one process
+# can, in batches, from a process of its own (as a thread of the test's process it took the
+# interpreter from the loop it measured).
+FLOODING_CLIENT = r"""
+import select, socket, struct, sys
+port, reset = int(sys.argv[1]), struct.pack("ii", 1, 0)
+while True:
+    batch = []
+    for _ in range(50):
+        client = socket.socket()
+        client.setblocking(False)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, reset)
+        client.connect_ex(("127.0.0.1", port))
+        batch.append(client)
+    select.select([], batch, [], 1.0)
+    for client in batch:
+        client.close()
+"""
+
+
+def _server() -> RpcServer:
+    """The node's HTTP front door alone: no node behind it."""
+    server = object.__new__(RpcServer)
+    server.settings = SimpleNamespace(http_addr="127.0.0.1", http_port=0)  # type: ignore[assignment]
+    server.limits = RpcLimits()
+    server._body_budget = BodyBudget(server.limits.max_body_rate, server.limits.max_body_bytes)
+    server.host_allowlist, server.cors_origins = {"*"}, set()
+    server.dispatcher = Dispatcher({})
+    server._websockets = {}
+    server.subscriptions = SimpleNamespace(close_all=lambda: None)  # type: ignore[assignment]
+    server.eth = SimpleNamespace(close=lambda: None)  # type: ignore[assignment]
+    return server
+
+
+def test_connections_without_requests_are_charged_to_the_calls_share(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection accepted costs the loop 160-230 us (asyncio's accept and transport,
+    aiohttp's handler made and dropped; measured on session 16's loaded machine) before it
+    sends anything, and one that sends nothing paid nothing: no request to charge
+    (HTTP_HANDLING_SECONDS), no byte of the request budget. At that price one core's worth
+    of loop is ~5,000 connections a second, which a flood from another host makes without
+    trying. Now each is accepted in a turn of the loop, the share's debt waited out, and
+    charged CONNECTION_SECONDS. Here the chain makes blocks and one process opens and
+    resets connections for 1 s: the loop thread's CPU time over that second is within what
+    the accepts were charged to the calls' share (it was charged nothing), and within the
+    share (a loaded machine that does not run the thread counts as idle)."""
+    server = _server()
+    turns = server.dispatcher.turns
+    charged = 0.0
+    spent = turns.spent
+
+    def counted(seconds: float) -> None:
+        nonlocal charged
+        charged += seconds
+        spent(seconds)
+
+    monkeypatch.setattr(turns, "spent", counted)
+
+    async def flooded() -> tuple[float, float, float]:
+        nonlocal charged
+        await server.start()
+        client = subprocess.Popen([sys.executable, "-c", FLOODING_CLIENT, str(server.port)],
+                                  stderr=subprocess.DEVNULL)
+        try:
+            await asyncio.sleep(0.5)  # (the client started, the share's burst spent)
+            started, cpu, charged = time.monotonic(), time.thread_time(), 0.0
+            await asyncio.sleep(FLOOD_SECONDS)
+            seconds = time.monotonic() - started
+            return time.thread_time() - cpu, charged, seconds
+        finally:
+            client.kill()
+            client.wait()
+            await server.stop()
+
+    monkeypatch.setattr(child_process, "_last_block", math.inf)  # blocks keep coming
+    cpu, paid, seconds = asyncio.run(flooded())
+    assert cpu > 0.01, f"the flood cost the loop nothing ({cpu * 1e3:.1f} ms): not measured"
+    assert cpu <= paid * 1.1 + 0.005, (
+        f"the loop spent {cpu * 1e3:.0f} ms on the flood, {paid * 1e3:.0f} ms charged")
+    assert cpu / seconds <= LOOP_SHARE * 1.2, f"the loop {cpu / seconds:.0%} busy"
