@@ -136,8 +136,12 @@ class _Busy(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         transport.write(BUSY_RESPONSE)
-        if transport.can_write_eof():
-            transport.write_eof()
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()
+        except OSError:  # reset already: a traceback in the log for each of a flood's
+            transport.abort()
+            return
         asyncio.get_running_loop().call_later(BUSY_LINGER_SECONDS, transport.close)
 
     def eof_received(self) -> bool:

@@ -4,11 +4,13 @@ too: accepted within the calls' share of it (chain/rpc/server.py `CONNECTION_SEC
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
 import subprocess
 import sys
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,7 @@ from chain.rpc import child_process
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.limits import RpcLimits
 from chain.rpc.loop_turns import LOOP_SHARE
-from chain.rpc.server import BodyBudget, RpcServer
+from chain.rpc.server import BodyBudget, RpcServer, _Busy
 
 FLOOD_SECONDS = 1.0
 
@@ -101,3 +103,29 @@ def test_connections_without_requests_are_charged_to_the_calls_share(
     assert cpu <= paid * 1.1 + 0.005, (
         f"the loop spent {cpu * 1e3:.0f} ms on the flood, {paid * 1e3:.0f} ms charged")
     assert cpu / seconds <= LOOP_SHARE * 1.2, f"the loop {cpu / seconds:.0%} busy"
+
+
+def test_a_connection_over_the_limit_reset_before_its_503_logs_nothing() -> None:
+    """A connection over `max_connections` is answered 503 and its write side shut; one
+    the client had reset already raised ENOTCONN from the shutdown, in the loop's callback:
+    a traceback in the log for each connection of a flood past the limit."""
+    aborted: list[bool] = []
+
+    class Reset(asyncio.Transport):
+        def write(self, data: Any) -> None:
+            pass
+
+        def can_write_eof(self) -> bool:
+            return True
+
+        def write_eof(self) -> None:
+            raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
+
+        def abort(self) -> None:
+            aborted.append(True)
+
+    async def made() -> None:
+        _Busy().connection_made(Reset())
+
+    asyncio.run(made())
+    assert aborted == [True]
