@@ -718,11 +718,16 @@ class RpcServer:
             logger=_HttpErrorLog(logging.getLogger("chain.rpc.http"), {}),
         )
         await self._runner.setup()
+        self.port = await self._listen(settings.http_addr, settings.http_port)
+        log.info("JSON-RPC on http://%s:%d (HTTP and WebSocket)", settings.http_addr, self.port)
+
+    async def _listen(self, host: str, port: int) -> int:
+        """Listens on `host` (a name: each of its addresses, one socket a family) and
+        accepts connections as `_accepted` does; the port (port 0: the first socket's)."""
         loop = asyncio.get_running_loop()
         # asyncio makes the listening sockets (the address resolved, one per family) but
         # accepts in a loop of its own, as fast as connections come: `_accepted` does.
-        made = await loop.create_server(self._accept, settings.http_addr, settings.http_port,
-                                        start_serving=False)
+        made = await loop.create_server(self._accept, host, port, start_serving=False)
         self._listening = [socket.socket(fileno=os.dup(s.fileno())) for s in made.sockets]
         made.close()
         for listening in self._listening:
@@ -730,8 +735,17 @@ class RpcServer:
             listening.listen(BACKLOG)
         self._accepting = [loop.create_task(self._accepted(listening), name="JSON-RPC accepts")
                            for listening in self._listening]
-        self.port = self._listening[0].getsockname()[1]
-        log.info("JSON-RPC on http://%s:%d (HTTP and WebSocket)", settings.http_addr, self.port)
+        return int(self._listening[0].getsockname()[1])
+
+    async def _unlisten(self) -> None:
+        """Stops accepting and closes the listening sockets (the backlog's connections are
+        reset by the kernel)."""
+        for accepting in self._accepting:
+            accepting.cancel()
+        await asyncio.gather(*self._accepting, return_exceptions=True)
+        for listening in self._listening:
+            listening.close()
+        self._accepting, self._listening = [], []
 
     async def _accepted(self, listening: socket.socket) -> None:
         """Accepts connections, each in a turn of the loop and charged CONNECTION_SECONDS
@@ -754,14 +768,13 @@ class RpcServer:
                 await loop.connect_accepted_socket(self._accept, client)
             except OSError:  # the client left already
                 client.close()
+            except Exception:  # a bug: said, and the node still accepts the next
+                log.exception("JSON-RPC connection not set up")
+                client.close()
 
     async def stop(self) -> None:
         self.subscriptions.close_all()
-        for accepting in self._accepting:
-            accepting.cancel()
-        await asyncio.gather(*self._accepting, return_exceptions=True)
-        for listening in self._listening:
-            listening.close()
+        await self._unlisten()
         if self._runner is not None:
             await self._runner.cleanup()
         self.dispatcher.close()

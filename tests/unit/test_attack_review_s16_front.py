@@ -20,7 +20,8 @@ do: each finding is a strict xfail named for its gap; each rule that held, a pas
    refusals and handshakes are admitted LATER, and a single request is decoded and
    answered in one admission.
 5. A connection is set up outside LoopTurns, all those in the backlog in one turn, charged
-   nothing (~0.7 ms one with no request, ~1.1 ms one answered 503, here).
+   nothing (~0.7 ms one with no request, ~1.1 ms one answered 503, here). Fixed (cd178e4):
+   accepted one per turn, each charged CONNECTION_SECONDS (`RpcServer._accepted`).
 6. Connections over max_connections each hold a socket 1 s, with no bound but their rate.
 7. A request's head is paid for only once whole: trickled a byte a segment, never (~24 us of
    the loop a read here, 16,400 reads a second from one Python process: 0.4 s of the loop).
@@ -86,19 +87,19 @@ def _front(methods: dict[str, Any], limits: RpcLimits | None = None) -> RpcServe
 
 @contextlib.asynccontextmanager
 async def _accepting(rpc: RpcServer) -> AsyncIterator[int]:
-    """Its port, served as `RpcServer.start` serves: each connection accepted by `_accept`
-    (a 503 over max_connections), handlers not cancelled when their client leaves."""
+    """Its port, served by `RpcServer._listen` as `start` serves: each connection accepted
+    in a turn of the loop and charged (`_accepted`), made by `_accept` (a 503 over
+    max_connections), handlers not cancelled when their client leaves."""
     runner = web.AppRunner(rpc._app(), access_log=None,
                            logger=_HttpErrorLog(logging.getLogger("chain.rpc.http"), {}))
     await runner.setup()
     rpc._runner = runner
-    listener = await asyncio.get_running_loop().create_server(rpc._accept, "127.0.0.1", 0)
+    port = await rpc._listen("127.0.0.1", 0)
     try:
-        yield listener.sockets[0].getsockname()[1]
+        yield port
     finally:
-        listener.close()
+        await rpc._unlisten()
         await runner.cleanup()
-        await listener.wait_closed()
 
 
 class _Idle:
@@ -658,8 +659,6 @@ async def _connected_at_once(rpc: RpcServer, count: int) -> tuple[dict[int, int]
     return made, charged[0]
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: connections are set up outside LoopTurns, "
-                   "all those waiting in one turn of the loop")
 @pytest.mark.parametrize("limit", [256, 0], ids=["under the limit", "over it (503)"])
 def test_connections_are_set_up_one_per_turn(limit: int) -> None:
     """asyncio accepts what waits in the listening socket's backlog (up to 100) in one
@@ -682,7 +681,6 @@ def test_connections_are_set_up_one_per_turn(limit: int) -> None:
     assert most == 1, f"{most} connections set up in one turn of the loop"
 
 
-@pytest.mark.xfail(strict=True, reason="finding 5: a connection's handling is charged nothing")
 @pytest.mark.parametrize("limit", [256, 0], ids=["under the limit", "over it (503)"])
 def test_a_connection_is_charged_to_the_calls_share(limit: int) -> None:
     """Finding 5's second half: connections closed without a request, or answered 503, are
