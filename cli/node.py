@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import secrets
 import signal
 import sys
@@ -72,11 +73,25 @@ async def _serve(node: Node) -> None:
         raise node.failed.result()
 
 
+def raise_fd_limit() -> None:
+    """The process's soft limit on open files raised to its hard limit, as geth's
+    `fdlimit.Raise`: the usual soft limit (1,024) is the JSON-RPC port's max_connections and
+    its 503s (BUSY_LINGERING) away from failing the node's own sockets and files with
+    EMFILE (the attack review s16, finding 6). Says nothing unless it fails."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard and hard != resource.RLIM_INFINITY:  # (no file limit: Linux refuses)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:  # (ValueError: a hard limit the kernel refuses)
+        logging.getLogger("pbft-node").warning("cannot raise the open files limit: %s", exc)
+
+
 def _run(args: argparse.Namespace) -> int:
     settings = resolve_settings(args)
     logging.basicConfig(
         level=str(settings["log_level"] or "info").upper(), format=LOG_FORMAT, stream=sys.stderr
     )
+    raise_fd_limit()
     config = node_config(settings)
     config.fresh_validator = args.fresh_validator
     node = Node(config)

@@ -52,6 +52,7 @@ BUSY_RESPONSE = (
     b"Connection: close\r\n\r\ntoo many connections\n"
 )
 BUSY_LINGER_SECONDS = 1.0
+BUSY_LINGERING = 32  # connections answered 503 whose sockets linger at most (`_Busy`)
 CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 # What a piece the loop handles costs the budget beyond its bytes: a chunk of a chunked body
 # (aiohttp parses each in Python, ~1 us with reading it here, as long as ~1 KiB of a large
@@ -127,26 +128,50 @@ class _HttpErrorLog(logging.LoggerAdapter):
             super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
+class _Lingering:
+    """How many connections answered 503 still hold their socket (`_Busy`)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class _Busy(asyncio.Protocol):
     """A connection over the limit: answered 503 and closed, its input ignored. The write side
     is shut first and the socket closed a moment later (or when the client closes), so the
-    client reads the answer instead of a reset."""
+    client reads the answer instead of a reset; but at most BUSY_LINGERING do so at a time,
+    the rest aborted once answered: each holds a file descriptor, and ~1,000 connections a
+    second held ~1,000 (the usual soft limit) with no bound but their rate (the attack review
+    s16, finding 6)."""
+
+    def __init__(self, lingering: _Lingering) -> None:
+        self._lingering = lingering
+        self._counted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         transport.write(BUSY_RESPONSE)
+        if self._lingering.count >= BUSY_LINGERING:
+            transport.abort()  # (the 503 is in the kernel's buffer if it fitted: usually)
+            return
         try:
             if transport.can_write_eof():
                 transport.write_eof()
         except OSError:  # reset already: a traceback in the log for each of a flood's
             transport.abort()
             return
+        self._lingering.count += 1
+        self._counted = True
         asyncio.get_running_loop().call_later(BUSY_LINGER_SECONDS, transport.close)
 
     def eof_received(self) -> bool:
         self._transport.close()
         return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._counted:
+            self._counted = False
+            self._lingering.count -= 1
 
 
 def _closing(status: int, text: str) -> web.Response:
@@ -705,7 +730,7 @@ class RpcServer:
         """A protocol for each accepted connection: aiohttp's, or a 503 over the limit."""
         server = self._runner.server if self._runner else None
         if server is None or len(server.connections) >= self.limits.max_connections:
-            return _Busy()
+            return _Busy(self._busy)
         return server()
 
     async def start(self) -> None:
@@ -728,6 +753,7 @@ class RpcServer:
         # asyncio makes the listening sockets (the address resolved, one per family) but
         # accepts in a loop of its own, as fast as connections come: `_accepted` does.
         made = await loop.create_server(self._accept, host, port, start_serving=False)
+        self._busy = _Lingering()
         self._listening = [socket.socket(fileno=os.dup(s.fileno())) for s in made.sockets]
         made.close()
         for listening in self._listening:

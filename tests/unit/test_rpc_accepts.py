@@ -18,7 +18,7 @@ from chain.rpc import child_process
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.limits import RpcLimits
 from chain.rpc.loop_turns import LOOP_SHARE
-from chain.rpc.server import BodyBudget, RpcServer, _Busy
+from chain.rpc.server import BodyBudget, RpcServer, _Busy, _Lingering
 
 FLOOD_SECONDS = 1.0
 
@@ -125,7 +125,20 @@ def test_a_connection_over_the_limit_reset_before_its_503_logs_nothing() -> None
             aborted.append(True)
 
     async def made() -> None:
-        _Busy().connection_made(Reset())
+        _Busy(_Lingering()).connection_made(Reset())
 
     asyncio.run(made())
     assert aborted == [True]
+
+
+def test_the_node_raises_its_open_files_limit_to_the_hard_limit() -> None:
+    """`pbft-node run` raises the soft RLIMIT_NOFILE to the hard one (the attack review
+    s16, finding 6): here in a child process started with a soft limit of 256."""
+    code = ("import resource, cli.node\n"
+            "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+            "cli.node.raise_fd_limit()\n"
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == "True", done.stderr
