@@ -53,6 +53,7 @@ BUSY_RESPONSE = (
 )
 BUSY_LINGER_SECONDS = 1.0
 BUSY_LINGERING = 32  # connections answered 503 whose sockets linger at most (`_Busy`)
+BUSY_READS = 8  # reads of a connection answered 503 (its input ignored) before it is cut
 CLIENT_FAULTS = (HttpProcessingError, RequestPayloadError, ConnectionError)
 # What a piece the loop handles costs the budget beyond its bytes: a chunk of a chunked body
 # (aiohttp parses each in Python, ~1 us with reading it here, as long as ~1 KiB of a large
@@ -146,6 +147,7 @@ class _Busy(asyncio.Protocol):
     def __init__(self, lingering: _Lingering) -> None:
         self._lingering = lingering
         self._counted = False
+        self._reads = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -163,6 +165,13 @@ class _Busy(asyncio.Protocol):
         self._lingering.count += 1
         self._counted = True
         asyncio.get_running_loop().call_later(BUSY_LINGER_SECONDS, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        # Ignored, but each read is the loop's work, paid for by no budget: a client's
+        # request comes in a read or two, so one that goes on sending is cut.
+        self._reads += 1
+        if self._reads > BUSY_READS:
+            self._transport.abort()
 
     def eof_received(self) -> bool:
         self._transport.close()
@@ -748,7 +757,8 @@ class RpcServer:
 
     async def _listen(self, host: str, port: int) -> int:
         """Listens on `host` (a name: each of its addresses, one socket a family) and
-        accepts connections as `_accepted` does; the port (port 0: the first socket's)."""
+        accepts connections as `_accepted` does; the port (port 0 with a name of several
+        addresses: each socket has a port of its own, as asyncio's; the first's)."""
         loop = asyncio.get_running_loop()
         # asyncio makes the listening sockets (the address resolved, one per family) but
         # accepts in a loop of its own, as fast as connections come: `_accepted` does.

@@ -18,7 +18,7 @@ from chain.rpc import child_process
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.limits import RpcLimits
 from chain.rpc.loop_turns import LOOP_SHARE
-from chain.rpc.server import BodyBudget, RpcServer, _Busy, _Lingering
+from chain.rpc.server import BUSY_READS, BodyBudget, RpcServer, _Busy, _Lingering
 
 FLOOD_SECONDS = 1.0
 
@@ -142,3 +142,36 @@ def test_the_node_raises_its_open_files_limit_to_the_hard_limit() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_a_connection_answered_503_that_goes_on_sending_is_cut() -> None:
+    """`_Busy` ignores what the client sends, but each read is the loop's work: past
+    BUSY_READS reads the connection is aborted."""
+    aborted: list[bool] = []
+
+    class Sending(asyncio.Transport):
+        def write(self, data: Any) -> None:
+            pass
+
+        def can_write_eof(self) -> bool:
+            return True
+
+        def write_eof(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+        def abort(self) -> None:
+            aborted.append(True)
+
+    async def sent() -> None:
+        busy = _Busy(_Lingering())
+        busy.connection_made(Sending())
+        for _ in range(BUSY_READS):
+            busy.data_received(b"x")
+        assert not aborted
+        busy.data_received(b"x")
+
+    asyncio.run(sent())
+    assert aborted == [True]
