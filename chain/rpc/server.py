@@ -764,6 +764,7 @@ class RpcServer:
         # accepts in a loop of its own, as fast as connections come: `_accepted` does.
         made = await loop.create_server(self._accept, host, port, start_serving=False)
         self._busy = _Lingering()
+        self._accept_errors = ThrottledLog(log, "failed accepts")
         self._listening = [socket.socket(fileno=os.dup(s.fileno())) for s in made.sockets]
         made.close()
         for listening in self._listening:
@@ -795,8 +796,9 @@ class RpcServer:
                 client, _ = await loop.sock_accept(listening)
             except ConnectionAbortedError:  # reset before it was accepted: the next
                 continue
-            except OSError as exc:
-                log.error("JSON-RPC cannot accept connections: %s", exc)
+            except OSError as exc:  # (a line a second while it lasts: throttled)
+                self._accept_errors.log(logging.ERROR, type(exc).__name__,
+                                        "JSON-RPC cannot accept connections: %s", exc)
                 await asyncio.sleep(ACCEPT_RETRY_SECONDS)
                 continue
             turns.spent(CONNECTION_SECONDS)

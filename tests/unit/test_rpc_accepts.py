@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import math
+import socket
 import subprocess
 import sys
 import time
@@ -14,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from chain.p2p.throttle import FULL_LINES
 from chain.rpc import child_process
+from chain.rpc import server as server_module
 from chain.rpc.dispatcher import Dispatcher
 from chain.rpc.limits import RpcLimits
 from chain.rpc.loop_turns import LOOP_SHARE
@@ -175,3 +179,42 @@ def test_a_connection_answered_503_that_goes_on_sending_is_cut() -> None:
 
     asyncio.run(sent())
     assert aborted == [True]
+
+
+def test_accepting_goes_on_after_failed_accepts_with_a_throttled_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Accepting failed (EMFILE: no file descriptor left) 20 times running: the node says so
+    in at most FULL_LINES lines (one a retry, not a line each), waits, and then accepts
+    and answers the next connection."""
+    monkeypatch.setattr(server_module, "ACCEPT_RETRY_SECONDS", 0.001)
+    server = _server()
+    failures = [20]
+
+    async def answered() -> bytes:
+        loop = asyncio.get_running_loop()
+        sock_accept = loop.sock_accept
+
+        async def failing(listening: socket.socket) -> tuple[socket.socket, Any]:
+            if failures[0]:
+                failures[0] -= 1
+                raise OSError(errno.EMFILE, "Too many open files")
+            return await sock_accept(listening)
+
+        monkeypatch.setattr(loop, "sock_accept", failing)
+        await server.start()
+        try:
+            assert server.port is not None
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(10):
+                line = await reader.readuntil(b"\r\n")
+            writer.close()
+            return line
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.ERROR, logger="chain.rpc.server"):
+        assert asyncio.run(answered()).startswith(b"HTTP/1.1 405")
+    lines = [r for r in caplog.records if "cannot accept" in r.getMessage()]
+    assert failures == [0] and 0 < len(lines) <= FULL_LINES, len(lines)
