@@ -119,38 +119,81 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def test_hostile_validator_is_refused_and_counted(cluster: Cluster) -> None:
+    """Each hostile kind of message is counted under its reason, but for the flood of
+    duplicates: those past the sender's share of the loop (`peer_budget`: 1 s of CPU, then
+    0.2 s a second) are dropped unread, as it is there to do, and counted as such. At
+    ~200-300 us a duplicate (decoded, its signing hash made) a host this slow, or loaded,
+    ran the sender dry within 3,000 duplicates: 1,000-2,900 were counted as duplicates at
+    each node, the rest (and the later kinds, sent behind them) as over budget, whatever
+    the JSON-RPC server's code (session 17: main and the accept loop failed alike, and
+    session 16 blamed the accept loop)."""
     cluster.commit(via=1)  # node 0 is silent: view 1 (primary: node 1)
     view, seq_no = cluster.status(1)["view"], cluster.status(1)["seqNo"] + 1
-    payloads = Attacker(cluster).engine_payloads(view, seq_no)
+    attacker = Attacker(cluster)
+    payloads = attacker.engine_payloads(view, seq_no)
     before = {i: cluster.metrics(i) for i in (1, 2, 3)}
     memory = {i: rss(cluster, i) for i in (1, 2, 3)}
-    asyncio.run(_attack(cluster, payloads, Attacker(cluster).future_flood(view, seq_no)))
+    over = asyncio.run(_attack(cluster, payloads, attacker.future_flood(view, seq_no)))
     height = cluster.commit(via=2, sender=1)  # still committing, with node 0's key hostile
     cluster.wait_heads([1, 2, 3], height)
+    hostile = _hex(cluster.validators[0])
     for index in (1, 2, 3):
         after = cluster.metrics(index)
         for reason, sent in payloads.items():
-            key = f"pbft_dropped_messages_total|{reason}"
-            counted = after.get(key, 0) - before[index].get(key, 0)
-            least = len(sent) - 1 if reason == "duplicate" else len(sent)
-            assert counted >= least, (index, reason, counted)
+            counted = _delta(after, before[index], f"{DROPPED}|{reason}")
+            if reason == "duplicate":  # the first is a vote; the rest refused one way or other
+                assert counted + over[index] >= len(sent) - 1, (index, counted, over[index])
+                assert not over[index] or _delta(after, before[index],
+                                                 f"{FAULTS}|{hostile}") > 0, index
+            else:
+                assert counted >= len(sent), (index, reason, counted)
         assert rss(cluster, index) - memory[index] < MAX_RSS_GROWTH
     cluster.assert_consistent()
 
 
+DROPPED = "pbft_dropped_messages_total"
+OVER_BUDGET = "pbft_budget_dropped_messages_total"
+FAULTS = "pbft_peer_faults_total|over_budget"
+
+
+def _hex(address: bytes) -> str:
+    return "0x" + address.hex()
+
+
+def _delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
+    return after.get(key, 0) - before.get(key, 0)
+
+
 async def _attack(cluster: Cluster, payloads: dict[str, list[bytes]], flood: list[bytes]
-                  ) -> None:
+                  ) -> dict[int, float]:
+    """Every kind but the duplicates, counted by reason before the duplicates are sent
+    (they cost the sender's budget little); then the duplicates, each counted as one or as
+    over the sender's budget; then the flood of future views and the other channels' junk.
+    The duplicates dropped over the budget, by node."""
+    budget = (f"{OVER_BUDGET}|{_hex(cluster.validators[0])}",)
+    kinds = [sent for reason, sent in payloads.items() if reason != "duplicate"]
     async with cluster.impersonate(0) as attacker:
-        for messages in [*payloads.values(), flood]:
-            for peer in cluster.validators[1:]:
-                for message in messages:
-                    await _send(attacker, peer, Channel.ENGINE, message)
+        start = {i: cluster.metrics(i) for i in (1, 2, 3)}
+        await _each(attacker, cluster, kinds)
+        await asyncio.to_thread(_wait_counted, cluster, start, sum(map(len, kinds)), ())
+        start = {i: cluster.metrics(i) for i in (1, 2, 3)}
+        await _each(attacker, cluster, [payloads["duplicate"]])
+        await asyncio.to_thread(_wait_counted, cluster, start,
+                                len(payloads["duplicate"]) - 1, budget)
+        over = {i: _delta(cluster.metrics(i), start[i], budget[0]) for i in (1, 2, 3)}
+        await _each(attacker, cluster, [flood])
         for peer in cluster.validators[1:]:  # the other channels: dropped, logged
             for channel in (Channel.BLOCK_SYNC, Channel.TX_GOSSIP):
                 for junk in (b"", b"\xff" * 100, nested_rlp(10_000), rlp.encode([9, 9, 9])):
                     await _send(attacker, peer, channel, junk)
-        expected = sum(len(m) for m in payloads.values())
-        await asyncio.to_thread(_wait_counted, cluster, expected)
+    return over
+
+
+async def _each(attacker: Transport, cluster: Cluster, kinds: list[list[bytes]]) -> None:
+    for messages in kinds:
+        for peer in cluster.validators[1:]:
+            for message in messages:
+                await _send(attacker, peer, Channel.ENGINE, message)
 
 
 async def _send(transport: Transport, peer: bytes, channel: Channel, payload: bytes) -> None:
@@ -158,12 +201,17 @@ async def _send(transport: Transport, peer: bytes, channel: Channel, payload: by
     await asyncio.sleep(0)  # let the writer drain the queue as we go
 
 
-def _wait_counted(cluster: Cluster, expected: int) -> None:
+def _wait_counted(cluster: Cluster, start: dict[int, dict[str, float]], expected: int,
+                  also: tuple[str, ...]) -> None:
+    """Until every node counted `expected` more dropped messages than at `start`, by
+    reason or under the keys `also`."""
     def counted() -> bool:
-        return all(
-            sum(v for k, v in cluster.metrics(i).items()
-                if k.startswith("pbft_dropped_messages_total")) >= expected - 1
-            for i in (1, 2, 3))
+        for i in (1, 2, 3):
+            now = cluster.metrics(i)
+            keys = [k for k in now if k.startswith(DROPPED)] + list(also)
+            if sum(_delta(now, start[i], k) for k in keys) < expected:
+                return False
+        return True
 
     # (60 s was passed on a host 2 x slower, loaded: session 16's clean-clone run)
     wait_for(counted, 180, "every hostile message counted")
