@@ -41,8 +41,8 @@ ADMISSION_SECONDS = 30e-6
 
 T = TypeVar("T")
 
-FIRST, LATER = 0, 1  # a request's first call; a batch's later calls, a refusal, a handshake
-# (each step of a call is admitted in its call's class)
+FIRST, LATER = 0, 1  # a request's first call; a batch's later calls, a refusal, a handshake,
+# a connection accepted (each step of a call is admitted in its call's class)
 
 
 class _Gate:
@@ -147,9 +147,9 @@ class LoopTurns:
     async def admitted(self) -> None:
         """A turn of the loop and the share's debt waited out, as a call's admission: for
         work of a client's outside any call, charged (`spent`) but held back by no call's
-        admission (a request refused before any call, a WebSocket handshake). Waiting out
-        the debt alone let 256 connections' refusals run in one turn of the loop. Admitted
-        LATER: as FIRST, 64 connections pipelining GETs put an
+        admission (a request refused before any call, a WebSocket handshake, a connection
+        accepted). Waiting out the debt alone let 256 connections' refusals run in one turn
+        of the loop. Admitted LATER: as FIRST, 64 connections pipelining GETs put an
         honest request ~130 turns back (the attack review s16, finding 4); a request with
         calls waits at their admissions only (a turn here as well doubled an honest
         request's wait behind a flood)."""

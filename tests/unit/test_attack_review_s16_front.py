@@ -20,7 +20,7 @@ do: each finding is a strict xfail named for its gap; each rule that held, a pas
    refusals and handshakes are admitted LATER, and a single request is decoded and
    answered in one admission.
 5. A connection is set up outside LoopTurns, all those in the backlog in one turn, charged
-   nothing (~0.7 ms one with no request, ~1.1 ms one answered 503, here). Fixed (cd178e4):
+   nothing (~0.7 ms one with no request, ~1.1 ms one answered 503, here). Fixed (session 17):
    accepted one per turn, each charged CONNECTION_SECONDS (`RpcServer._accepted`).
 6. Connections over max_connections each hold a socket 1 s, with no bound but their rate.
    Fixed: at most BUSY_LINGERING (32) linger, the rest aborted once answered (`_Busy`), and
