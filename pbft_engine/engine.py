@@ -226,6 +226,7 @@ class PbftEngine(ConsensusEngine):
             held_block=replica.block_for,
             chain_lock=self._chain_lock, poll_interval=self._poll_interval(),
             on_peer_fault=self.metrics.peer_fault, sources=self._connected_validators,
+            hedge_after=self.engine_params.request_timeout_ms / 2000,  # (`catch_up.stalled`)
         )
         self.sync.start()
         self._perform(replica.start())

@@ -49,6 +49,7 @@ from pbft_engine.core import (
     Event,
     FetchCompleted,
     FetchFailed,
+    FetchProgressed,
     MessageReceived,
     PeerCommitted,
     Put,
@@ -85,6 +86,13 @@ log = logging.getLogger(__name__)
 
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # below the transport's frame cap
 REQUEST_TIMEOUT_S = 10.0
+# A range asked of a peer that has not answered this long is asked of the next peer too
+# (the first answer that verifies wins), and once every peer was asked, those that had no
+# such block are asked once more: a byzantine peer that holds a request for
+# REQUEST_TIMEOUT_S costs a fetch about this much, not 10 s, so that the replica, which
+# excuses its request timeouts only while its fetch progresses (`catch_up.stalled`), keeps
+# excusing an honest one. The engine gives half its request timeout.
+HEDGE_AFTER_S = 1.0
 MAX_WANTED_BLOCKS = 256  # bodies asked for at once (a window holds fewer)
 # A block larger than this is announced (STATUS), not pushed: a push goes to every observer.
 MAX_PUSHED_BYTES = MAX_RESPONSE_BYTES
@@ -94,6 +102,11 @@ HEADER_ITEMS = 32  # the header list and its fields (21 since Prague), with room
 
 class SyncError(PbftError):
     """A peer could not serve a range, or served something that does not verify."""
+
+
+class NoSuchBlock(SyncError):
+    """A peer answered that it holds no block at the start of a range (it may be executing
+    the cluster's newest one: it is asked once more, `BlockSync._fetch_range`)."""
 
 
 class PeerLied(SyncError):
@@ -162,8 +175,10 @@ class BlockSync:
         sources: Callable[[], frozenset[bytes]] | None = None,
         observer: bool = False,
         on_pushed: Callable[[bytes, Committed], None] | None = None,
+        hedge_after: float = HEDGE_AFTER_S,
     ) -> None:
         self.context = context
+        self.hedge_after = hedge_after
         # The connected peers asked and believed (default: all): a validator's adapter gives
         # the connected validators, so an observer's word is never part of its decisions.
         self.sources = sources or context.peers
@@ -183,6 +198,7 @@ class BlockSync:
         self._liars: set[bytes] = set()
         self._imported: list[ExecutedBlock] = []  # by the fetch under way
         self._last = 0  # its target: a range answered (or prefetched) beyond it is cut there
+        self._reported = 0  # the target the replica asked for, as its progress names it
         self._request_ids = itertools.count(1)
         self._pending: dict[int, tuple[bytes, asyncio.Future[Blocks]]] = {}
         self._status_asked: set[bytes] = set()
@@ -462,7 +478,7 @@ class BlockSync:
         before each range: a height not to import past (an observer voted in stops at the
         handover checkpoint, to vote from the block after it)."""
         imported: list[ExecutedBlock] = []
-        self._imported = imported
+        self._imported, self._reported = imported, target
         ahead: tuple[int, bytes, asyncio.Future[Blocks]] | None = None
         served, first = True, 0
         try:
@@ -562,23 +578,61 @@ class BlockSync:
 
     async def _fetch_range(self, first: int, count: int, imported: list[ExecutedBlock],
                            prefetched: tuple[bytes, asyncio.Future[Blocks]] | None) -> bool:
-        """The prefetched answer, else the connected peers in turn; True once one of them
-        served verified blocks."""
+        """The prefetched answer, and the connected peers in turn, hedged: one that has not
+        answered in `hedge_after` keeps its request, and the next peer is asked too; the
+        first answer that verifies is imported, the others are dropped. Once every peer was
+        asked, those that had no such block are asked once more a `hedge_after` later (a
+        fresh head: they were executing it). True once one of them served verified blocks.
+        Asked one at a time, f byzantine peers each held the range REQUEST_TIMEOUT_S (the
+        attack review s14-core, findings 1 and 2)."""
+        queue = [p for p in self._peers_for(first)
+                 if prefetched is None or p != prefetched[0]]
+        pending: dict[asyncio.Future[Blocks], bytes] = {}
         if prefetched is not None:
-            peer, answer = prefetched
-            try:
-                await self._import_answer(first, count, await answer, imported)
-                return True
-            except SyncError as exc:
-                self._failed_peer(peer, first, exc)
-        for peer in self._peers_for(first):
-            try:
-                blocks = await self._request(peer, first, count)
-                await self._import_answer(first, count, blocks, imported)
-                return True
-            except SyncError as exc:
-                self._failed_peer(peer, first, exc)
-        return False
+            pending[prefetched[1]] = prefetched[0]
+        lacking: list[bytes] = []  # peers that had no such block, to be asked again
+        asked_again: set[bytes] = set()
+
+        def ask_next() -> None:
+            nonlocal queue, lacking
+            if not queue:
+                queue, lacking = lacking, []
+                asked_again.update(queue)
+            peer = queue.pop(0)
+            pending[asyncio.ensure_future(self._request(peer, first, count))] = peer
+
+        try:
+            while True:
+                if not pending:
+                    if not (queue or lacking):
+                        return False
+                    if not queue:
+                        await asyncio.sleep(self.hedge_after)  # (they may hold it by then)
+                    ask_next()
+                done, _ = await asyncio.wait(
+                    pending, timeout=self.hedge_after if queue or lacking else None,
+                    return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    ask_next()  # the peers asked are slow: one more
+                for answer in done:
+                    peer = pending.pop(answer)
+                    if await self._served(peer, first, count, answer, imported):
+                        return True
+                    if isinstance(answer.exception(), NoSuchBlock) and peer not in asked_again:
+                        lacking.append(peer)
+        finally:
+            for request in pending:
+                request.cancel()
+
+    async def _served(self, peer: bytes, first: int, count: int,
+                      answer: asyncio.Future[Blocks], imported: list[ExecutedBlock]) -> bool:
+        """A peer's answer to a range request (done): imported if it verifies."""
+        try:
+            await self._import_answer(first, count, answer.result(), imported)
+            return True
+        except SyncError as exc:
+            self._failed_peer(peer, first, exc)
+            return False
 
     async def _import_answer(self, first: int, count: int, answer: Blocks,
                              imported: list[ExecutedBlock]) -> None:
@@ -587,7 +641,7 @@ class BlockSync:
         REQUEST_TIMEOUT_S) moves the turn on as a failure does: the next range starts in
         the same turn, and the replica, which hears of the fetch only when it ends, excuses
         the primary all along (the attack review s10, finding 1)."""
-        await self._import(first, answer, imported)
+        await self._import_reported(first, answer, imported)
         if len(answer.blocks) < count:
             self._rotation += 1
 
@@ -614,8 +668,21 @@ class BlockSync:
         finally:
             del self._pending[request_id]
         if not answer.blocks:
-            raise SyncError(f"peer has no block {first}")
+            raise NoSuchBlock(f"peer has no block {first}")
         return answer
+
+    async def _import_reported(self, first: int, answer: Blocks,
+                               imported: list[ExecutedBlock]) -> None:
+        """`_import`, told to the replica (`FetchProgressed`): it executes what a peer
+        served (its own work), then waits for peers again at the head it reached, which is
+        progress only if the head moved (a range that does not verify is none)."""
+        last = min(first + len(answer.blocks) - 1, self._last)
+        self.deliver(FetchProgressed(self._reported, last, executing=True))
+        try:
+            await self._import(first, answer, imported)
+        finally:
+            head = self.context.head().block_number
+            self.deliver(FetchProgressed(self._reported, head, executing=False))
 
     async def _import(self, first: int, answer: Blocks, imported: list[ExecutedBlock]
                       ) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pbft_engine.core.actions import FetchCommitted
-from pbft_engine.core.events import FetchCompleted, FetchFailed, PeerCommitted
+from pbft_engine.core.events import FetchCompleted, FetchFailed, FetchProgressed, PeerCommitted
 from pbft_engine.core.new_view import join_certified_view
 from pbft_engine.core.status import MAX_PASSED_OVER
 from pbft_engine.errors import MessageError
@@ -67,11 +67,56 @@ def claimed_lag(replica: Replica) -> bool:
     (node.rs `catchup`) stops its idle timeout only while it commits a block a verified
     seal proves, and Fabric v0.6 (pbft-core.go `weakCheckpointSetOutOfRange`) stops the
     view-change timer for a state transfer only to a checkpoint f+1 replicas vouch for,
-    never to one replica's word."""
+    never to one replica's word.
+
+    A fetch under way excuses timeouts only while it makes progress (`stalled`): one that
+    waited on peers for `FORGOTTEN_AFTER` excused timeouts without a verified block
+    excuses no more. A censoring primary that withholds its COMMITs holds the only
+    certificates of its newest blocks, so its claims pass block sync's check and no
+    correct peer can serve them; its f peers each held a fetch of one for block sync's
+    10 s, so a fetch excused every timeout and the backup suspected the censor at its
+    34th request timeout (the attack review s14-core, findings 1 and 2)."""
+    if stalled(replica):
+        return False
     if replica.fetching is None and proved_head(replica) is None:
         return False
     return min(at_head(replica, replica.excused),
                at_head(replica, replica.missed_fetches)) < FORGOTTEN_AFTER
+
+
+def stalled(replica: Replica) -> bool:
+    """The fetch under way waited on peers across `FORGOTTEN_AFTER` excused request timeouts
+    without a verified block (`on_fetch_progressed`): the lag is no longer this replica's
+    own. Sawtooth PBFT (node.rs `catchup`) stops its idle timeout only while it commits the
+    blocks a seal proves, one at a time, and Fabric v0.6's state transfer stops the
+    view-change timer only while it moves toward a checkpoint f+1 vouch for: progress, not
+    a transfer merely under way. A correct replica far behind imports a block every answer,
+    and executing what it holds is its own work (`executing`, as `busy`), so a slow machine
+    or large blocks stay excused; block sync asks the next peer once the first is slow
+    (`sync.HEDGE_AFTER_S`), so an honest fetch waits on a slow or byzantine peer about one
+    request timeout."""
+    return (replica.fetching is not None and not replica.fetch_executing
+            and replica.fetch_stalled >= FORGOTTEN_AFTER)
+
+
+def stall_count(replica: Replica) -> int:
+    """The fetch under way ended: the timeouts it excused while stalled, which pass the
+    oldest request over as commits do (counted from its fairness mark), so that a fetch a
+    byzantine peer holds just short of the cut and then fails or serves counts for the time
+    it held. Clears the stall."""
+    counted, replica.fetch_stalled, replica.fetch_executing = replica.fetch_stalled, 0, False
+    return counted if replica.fair_mark is not None else 0
+
+
+def on_fetch_progressed(replica: Replica, event: FetchProgressed) -> None:
+    """Block sync executes an answer (the stall pauses), or waits for peers again at a head
+    that may have moved (progress: the stall starts afresh). A report for another fetch,
+    whose task outlived the replica that asked for it, is not this one's."""
+    if replica.fetching != event.target_seq_no:
+        return
+    replica.fetch_executing = event.executing
+    if not event.executing and event.seq_no > replica.fetch_reached:
+        replica.fetch_reached, replica.fetch_stalled = event.seq_no, 0
 
 
 def at_head(replica: Replica, count: tuple[int, int]) -> int:
@@ -84,8 +129,12 @@ def excuse(replica: Replica) -> None:
     """A request timeout was put down to this replica's lag: count it at this head, fetch up
     to the head peers proved, and mark the fetch under way (begun before or now) as one
     that excused a timeout: if it fails, the timeout it excused was not this replica's lag
-    after all, and `on_fetch_failed` counts it."""
+    after all, and `on_fetch_failed` counts it. A fetch that was already waiting on peers
+    is one timeout nearer its stall (`stalled`), unless this replica's own work (`busy`,
+    or executing what the fetch holds) held it up."""
     replica.excused = (replica.last_exec, at_head(replica, replica.excused) + 1)
+    if replica.fetching is not None and not (replica.fetch_executing or busy(replica)):
+        replica.fetch_stalled += 1
     catch_up(replica)
     replica.fetch_excused = replica.fetching is not None
 
@@ -129,7 +178,8 @@ def fall_behind(replica: Replica, seq_no: int, block_hash: bytes, state_root: by
     """Ask the adapter to fetch certified blocks. The uncommitted blocks stay until the
     fetch succeeds (the watermarks then drop those it passed): a peer that claims a head
     and then serves nothing must not cost the cluster a prepared block's only copies."""
-    replica.fetching = seq_no
+    replica.fetching, replica.fetch_stalled, replica.fetch_executing = seq_no, 0, False
+    replica.fetch_reached = replica.last_exec
     replica._out.append(FetchCommitted(seq_no, block_hash, state_root))
 
 
@@ -145,7 +195,11 @@ def on_fetch_completed(replica: Replica, event: FetchCompleted) -> None:
 
 
 def _fetched(replica: Replica, event: FetchCompleted) -> None:
-    """The fetch under way ended at `event`'s head (its target, or short of it: failed)."""
+    """The fetch under way ended at `event`'s head (its target, or short of it: failed).
+    The timeouts it excused while stalled count (`stall_count`): a byzantine peer serving
+    the censor's blocks just short of the cut, a fetch at a time, is judged by its stalls
+    (finding 2), while an honest fetch, which progressed, counts only its import."""
+    replica.passed_over += stall_count(replica)
     replica.fetching, replica.fetch_excused, replica.missed_fetches = None, False, (-1, 0)
     replica.executing, replica.held = None, None
     if event.seq_no > replica.last_exec:
@@ -206,8 +260,10 @@ def on_fetch_failed(replica: Replica, event: FetchFailed) -> None:
     made its third excused timeout a lone VIEW-CHANGE (honest seed 776 at N = 5)."""
     if replica.fetching != event.target_seq_no:
         return
+    # (at least one for a fetch that excused a timeout; each one it excused while stalled)
+    stalls = stall_count(replica)
     if replica.fetch_excused and replica.fair_mark is not None:
-        replica.passed_over += 1
+        replica.passed_over += max(1, stalls)
     if event.reached is not None and event.reached.seq_no > replica.last_exec:
         _fetched(replica, event.reached)
         return

@@ -166,6 +166,21 @@ class FetchFailed:
 
 
 @dataclass(frozen=True)
+class FetchProgressed:
+    """Block sync's news of the fetch of `target_seq_no` under way: it is `executing` an
+    answer a peer served (its own work: the replica's request timeouts are excused
+    meanwhile, as while it executes a block of its own), or, done with it, waits for
+    peers again with its head at `seq_no` (progress if that head moved; a false answer is
+    none). The replica excuses its request timeouts only while the fetch does not wait on
+    peers long without progress (`catch_up.stalled`): a byzantine peer that holds the
+    request ends the excuse, not block sync's 10 s per peer."""
+
+    target_seq_no: int
+    seq_no: int
+    executing: bool
+
+
+@dataclass(frozen=True)
 class ScheduleChange:
     """A validator-set change passed in committed block `passed_at` (the registry's record,
     read from the state after that block by the adapter; on a restart the whole schedule is
@@ -187,6 +202,7 @@ Event = (
     | CommitRefused
     | FetchCompleted
     | FetchFailed
+    | FetchProgressed
     | PeerCommitted
     | BlockReceived
     | ScheduleChange

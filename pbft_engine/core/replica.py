@@ -37,6 +37,7 @@ from pbft_engine.core.catch_up import (
     lagging,
     on_fetch_completed,
     on_fetch_failed,
+    on_fetch_progressed,
     on_peer_committed,
 )
 from pbft_engine.core.epochs import EpochSchedule, Membership
@@ -49,6 +50,7 @@ from pbft_engine.core.events import (
     Event,
     FetchCompleted,
     FetchFailed,
+    FetchProgressed,
     MessageReceived,
     PeerCommitted,
     Refusal,
@@ -194,6 +196,12 @@ class Replica:
         self.held: tuple[BlockBuilt, bytes] | None = None
         self.fetching: int | None = None
         self.fetch_excused = False  # the fetch under way excused a request timeout (`excuse`)
+        # Request timeouts the fetch under way excused while it waited on peers with nothing
+        # new since its last progress (`catch_up.stalled`), and whether it is executing
+        # what it holds (`FetchProgressed`): its own work, which excuses as `busy` does.
+        self.fetch_stalled = 0
+        self.fetch_executing = False
+        self.fetch_reached = 0  # the head block sync last reported the fetch at
         # The highest head a peer proved with its certificate (block sync's STATUS answers):
         # kept, since one that arrives while this replica is busy is fetched afterwards.
         self.peer_head: tuple[int, bytes] = (head.seq_no, head.block_hash)
@@ -380,6 +388,8 @@ class Replica:
                 on_fetch_completed(self, event)
             case FetchFailed():
                 on_fetch_failed(self, event)
+            case FetchProgressed():
+                on_fetch_progressed(self, event)
             case PeerCommitted():
                 on_peer_committed(self, event)
             case BlockReceived():
@@ -541,9 +551,10 @@ class Replica:
         over yet, and its fairness mark is a quarter of the request timeout away. A fetch
         under way that excused a timeout excused it for the count started afresh here (an
         old view's primary's, too): its failure is not this count's until a timeout of this
-        one relies on it (`catch_up.excuse` marks it again)."""
+        one relies on it (`catch_up.excuse` marks it again); the timeouts it excused while
+        stalled were the old count's too, so its stall (`catch_up.stalled`) starts afresh."""
         self.passed_over, self.fair_mark, self.backlog_grace = 0, None, 0
-        self.fetch_excused = False
+        self.fetch_excused, self.fetch_stalled = False, 0
         if self.requests:
             self._set_timer(TimerKind.FAIRNESS_MARK, b"",
                             max(1, self.params.request_timeout_ms // 4))

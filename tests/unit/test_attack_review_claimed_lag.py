@@ -11,7 +11,9 @@ of the quorum). (b) one faulty peer counted as f+1 in `vouched_above`: held (the
 holds one CHECKPOINT per replica index and height, and a validator-set change checks the
 held ones again with the set deciding them). (c) the liar with the fix: it holds each fetch
 as long as block sync lets it, and is believed for two timeouts or two fetches at a head
-(each of which excused a timeout, since session 14), whichever lasts longer, no more.
+(each of which excused a timeout, since session 14), whichever lasts longer, no more; since
+session 17 a fetch that waits on peers without progress is believed for two timeouts
+(`catch_up.stalled`), and an honest slow one reports its progress (`FetchProgressed`).
 
 One replica driven event by event (`test_attack_review_core7`'s backup V0[1] at block 8,
 K = 10, W = 4: the window is (0, 40]; a transfer waits, so its request timer times V0[0]).
@@ -24,6 +26,7 @@ from eth_hash.auto import keccak
 from pbft_engine.core import (
     FetchCompleted,
     FetchFailed,
+    FetchProgressed,
     PeerCommitted,
     ScheduleChange,
     TimerFired,
@@ -55,7 +58,11 @@ def test_a_fetch_slower_than_the_timers_does_not_suspect_the_primary() -> None:
     driven = backup_with_a_waiting_request()
     driven.step(PeerCommitted(PASSED_AT + 3, digest(PASSED_AT + 3), b""))
     assert driven.replica.fetching == PASSED_AT + 3
-    times_out(driven, 6)
+    for seq_no in range(PASSED_AT + 1, PASSED_AT + 3):  # (a large block each, slow link)
+        times_out(driven, 1)
+        driven.step(FetchProgressed(PASSED_AT + 3, seq_no, executing=False))
+    driven.step(FetchProgressed(PASSED_AT + 3, PASSED_AT + 3, executing=True))
+    times_out(driven, 4)  # (a slow machine executing the last)
     assert not driven.sent(ViewChange), "an honest catch-up blamed on the primary"
     driven.step(FetchCompleted(PASSED_AT + 3, digest(PASSED_AT + 3), state(PASSED_AT + 3), ()))
     driven.step(REQUEST_TIMEOUT)
@@ -64,14 +71,17 @@ def test_a_fetch_slower_than_the_timers_does_not_suspect_the_primary() -> None:
 
 def test_a_failed_fetch_that_imported_blocks_is_progress() -> None:
     """A fetch that fails part-way moved the head: the two failures it takes to stop
-    believing a claim are counted afresh at the new head."""
+    believing a claim are counted afresh at the new head. (It imports, then the liar holds
+    it a timeout: block sync's hedge, `sync.HEDGE_AFTER_S`, bounds the hold.)"""
     driven = backup_with_a_waiting_request()
     for head in (PASSED_AT + 2, PASSED_AT + 4):
         driven.step(PeerCommitted(*LIE, b""))
         driven.step(FetchFailed(LIE[0]))
         reached = FetchCompleted(head, digest(head), state(head), ())
         driven.step(PeerCommitted(*LIE, b""))
-        times_out(driven, 3)
+        times_out(driven, 1)
+        driven.step(FetchProgressed(LIE[0], head, executing=False))
+        times_out(driven, 1)
         driven.step(FetchFailed(LIE[0], reached))
     assert driven.replica.last_exec == PASSED_AT + 4
     assert not driven.sent(ViewChange)
@@ -93,6 +103,7 @@ def test_fetches_that_fail_fast_get_their_retries_within_two_timeouts() -> None:
         driven.step(FetchFailed(head[0]))
     driven.step(PeerCommitted(*head, b""))
     assert driven.replica.fetching == head[0]
+    driven.step(FetchProgressed(head[0], head[0], executing=True))  # (slow: it progresses)
     times_out(driven, 4)
     assert not driven.sent(ViewChange)
     driven.step(FetchFailed(head[0]))
@@ -109,13 +120,21 @@ def test_fetches_that_fail_fast_get_their_retries_within_two_timeouts() -> None:
 def test_a_liar_holding_each_fetch_for_timeouts_is_believed_for_two_fetches() -> None:
     """The liar of finding 2 (core7) holds each fetch of its unprovable head three request
     timeouts (as long as block sync waits for its answer), then the fetch fails, and it
-    claims again at once. The first two fetches excuse the primary while under way; from
-    the second failure on (two timeouts past), a claim excuses nothing, and the next
-    timeout suspects the primary although a third fetch is under way."""
+    claims again at once. Until session 17 the first two fetches excused the primary while
+    under way, and the 7th timeout suspected it; now a fetch that waits on peers without
+    progress excuses two timeouts (`catch_up.stalled`), and the third suspects the primary
+    with the first fetch still under way. A liar that holds each fetch one timeout is
+    believed for two fetches (each failure counting), and the next timeout suspects."""
+    driven = backup_with_a_waiting_request()
+    driven.step(PeerCommitted(*LIE, b""))
+    times_out(driven, 2)
+    assert not driven.sent(ViewChange)
+    times_out(driven, 1)
+    assert driven.sent(ViewChange) and driven.replica.fetching == LIE[0]
     driven = backup_with_a_waiting_request()
     for _ in range(2):
         driven.step(PeerCommitted(*LIE, b""))
-        times_out(driven, 3)
+        times_out(driven, 1)
         driven.step(FetchFailed(LIE[0]))
     assert not driven.sent(ViewChange)
     driven.step(PeerCommitted(*LIE, b""))

@@ -28,6 +28,7 @@ from pbft_engine.core import (
     BlockValidated,
     FetchCompleted,
     FetchFailed,
+    FetchProgressed,
     PeerCommitted,
     Replica,
     RequestReceived,
@@ -86,18 +87,21 @@ def test_a_slow_honest_fetch_after_one_failed_fetch_keeps_excusing_the_primary()
     for _ in range(MAX_PASSED_OVER + 3):
         replica.step(TimerFired(TimerKind.REQUEST, b""))
         assert replica.fetching == HONEST_HEAD[0]  # (the slow fetch, still under way)
+        # (executing the long range: block sync says so, `catch_up.stalled`)
+        replica.step(FetchProgressed(HONEST_HEAD[0], HONEST_HEAD[0], executing=True))
         assert replica.view == 0, f"a lone VIEW-CHANGE with passed_over={replica.passed_over}"
     replica.step(FetchCompleted(*HONEST_HEAD, keccak(b"root"), (WAITING,)))
     assert replica.view == 0 and not replica.requests
 
 
 def test_before_any_fetch_failed_a_slow_fetch_excuses_the_primary_for_good() -> None:
-    """Held: a fetch under way counts nothing however long it takes; the request comes with
-    the fetch and the view stays."""
+    """Held: a fetch under way that progresses (here: executing a long range) counts
+    nothing however long it takes; the request comes with the fetch and the view stays."""
     replica = start_replica()
     replica.step(RequestReceived(WAITING))
     replica.step(TimerFired(TimerKind.FAIRNESS_MARK, b""))
     replica.step(PeerCommitted(*HONEST_HEAD, b""))
+    replica.step(FetchProgressed(HONEST_HEAD[0], HONEST_HEAD[0], executing=True))
     for _ in range(3 * MAX_PASSED_OVER):
         replica.step(TimerFired(TimerKind.REQUEST, b""))
     assert replica.view == 0 and replica.passed_over == 0
