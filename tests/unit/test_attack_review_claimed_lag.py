@@ -12,8 +12,9 @@ holds one CHECKPOINT per replica index and height, and a validator-set change ch
 held ones again with the set deciding them). (c) the liar with the fix: it holds each fetch
 as long as block sync lets it, and is believed for two timeouts or two fetches at a head
 (each of which excused a timeout, since session 14), whichever lasts longer, no more; since
-session 17 a fetch that waits on peers without progress is believed for two timeouts
-(`catch_up.stalled`), and an honest slow one reports its progress (`FetchProgressed`).
+session 17 a fetch that waits on peers without progress longer than block sync waits for
+one answer excuses no more (`catch_up.stalled`), and an honest slow one reports its
+progress (`FetchProgressed`).
 
 One replica driven event by event (`test_attack_review_core7`'s backup V0[1] at block 8,
 K = 10, W = 4: the window is (0, 40]; a transfer waits, so its request timer times V0[0]).
@@ -32,7 +33,7 @@ from pbft_engine.core import (
     TimerFired,
     TimerKind,
 )
-from pbft_engine.core.catch_up import lagging
+from pbft_engine.core.catch_up import STALLED_AFTER, lagging
 from pbft_engine.messages import Checkpoint, ViewChange
 from tests.unit.pbft.test_pbft_epochs import ADDED, V0
 from tests.unit.test_attack_review_core7 import LIE, backup_with_a_waiting_request
@@ -120,27 +121,34 @@ def test_fetches_that_fail_fast_get_their_retries_within_two_timeouts() -> None:
 def test_a_liar_holding_each_fetch_for_timeouts_is_believed_for_two_fetches() -> None:
     """The liar of finding 2 (core7) holds each fetch of its unprovable head three request
     timeouts (as long as block sync waits for its answer), then the fetch fails, and it
-    claims again at once. Until session 17 the first two fetches excused the primary while
-    under way, and the 7th timeout suspected it; now a fetch that waits on peers without
-    progress excuses two timeouts (`catch_up.stalled`), and the third suspects the primary
-    with the first fetch still under way. A liar that holds each fetch one timeout is
-    believed for two fetches (each failure counting), and the next timeout suspects."""
-    driven = backup_with_a_waiting_request()
-    driven.step(PeerCommitted(*LIE, b""))
-    times_out(driven, 2)
-    assert not driven.sent(ViewChange)
-    times_out(driven, 1)
-    assert driven.sent(ViewChange) and driven.replica.fetching == LIE[0]
+    claims again at once. The first two fetches excuse the primary while under way; from
+    the second failure on (two timeouts past), a claim excuses nothing, and the next
+    timeout suspects the primary although a third fetch is under way. (Since session 17 a
+    fetch that waits on peers longer than block sync waits for one answer excuses no more,
+    `catch_up.stalled`: three timeouts are below that.)"""
     driven = backup_with_a_waiting_request()
     for _ in range(2):
         driven.step(PeerCommitted(*LIE, b""))
-        times_out(driven, 1)
+        times_out(driven, 3)
         driven.step(FetchFailed(LIE[0]))
     assert not driven.sent(ViewChange)
     driven.step(PeerCommitted(*LIE, b""))
     assert driven.replica.fetching == LIE[0]
     driven.step(REQUEST_TIMEOUT)
     assert driven.sent(ViewChange)
+
+
+def test_a_fetch_waiting_on_peers_past_block_syncs_timeout_suspects_the_primary() -> None:
+    """A fetch of a claimed head that waits on peers with no progress across more request
+    timeouts than block sync waits for one answer (`catch_up.STALLED_AFTER`: f byzantine
+    peers asked in turn) excuses no more: the next timeout suspects the primary with the
+    fetch still under way."""
+    driven = backup_with_a_waiting_request()
+    driven.step(PeerCommitted(*LIE, b""))
+    times_out(driven, STALLED_AFTER)
+    assert not driven.sent(ViewChange)
+    times_out(driven, 1)
+    assert driven.sent(ViewChange) and driven.replica.fetching == LIE[0]
 
 
 # --- (b) one faulty peer counted as f+1 checkpoints ----------------------------------------------

@@ -45,7 +45,7 @@ from pbft_engine.core import (
     TimerFired,
     TimerKind,
 )
-from pbft_engine.core.catch_up import at_head
+from pbft_engine.core.catch_up import STALLED_AFTER, at_head
 from pbft_engine.core.replica import MAX_PASSED_OVER
 from pbft_engine.messages import NewView, ViewChange
 from pbft_engine.sync import REQUEST_TIMEOUT_S, BlockSync
@@ -128,8 +128,10 @@ def test_a_censor_holding_its_claims_fetches_is_suspected_within_the_bound(stall
     transaction moves the head so the next claim is believed afresh: 3 counts per 11 or 21
     timeouts. Measured: suspected at the 34th timeout (68 s) at f = 1, the 64th (128 s) at
     f = 2, against 14 for the whole bound. Expected: suspected within the bound. Fixed here
-    (was a strict xfail): a fetch that waited on peers across two excused timeouts without a
-    verified block excuses no more (`catch_up.stalled`): suspected at the 3rd timeout."""
+    (was a strict xfail): the timeouts a fetch excused while it waited on peers without
+    moving its head count when it ends (`catch_up.stall_count`), and one that waited longer
+    than block sync waits for one answer excuses no more (`catch_up.stalled`): suspected
+    at the 12th timeout at f = 1, the 8th at f = 2."""
     assert timeouts_until_suspected(stalls, served=False) <= CENSORED_BOUND
 
 
@@ -141,9 +143,8 @@ def test_a_censor_serving_its_claims_late_is_suspected_within_the_bound() -> Non
     suspected at the 46th timeout (92 s) at f = 1. One peer serving its max_in_flight
     withheld blocks one per request, each just inside the timeout (`_import_answer` takes a
     short answer as progress), holds a fetch as long as f peers' stalls do. Expected:
-    within the bound. Fixed here (was a strict xfail) as finding 1: the stall ends the
-    excuse before the blocks come, and a fetch ended counts the timeouts it excused while
-    stalled (`catch_up.stall_count`)."""
+    within the bound. Fixed here (was a strict xfail) as finding 1: a fetch ended counts
+    the timeouts it excused while stalled (`catch_up.stall_count`): suspected at the 11th."""
     assert timeouts_until_suspected(1, served=True) <= CENSORED_BOUND
 
 
@@ -200,7 +201,7 @@ def test_a_fetch_executing_what_it_holds_is_excused_however_long() -> None:
     """Held: a fetch executing the blocks it received (large blocks, a machine slower than
     the timers) is this replica's own work, as `busy` is: its timeouts are excused however
     many there are, and none counts when it completes. Waiting on peers again, it is cut
-    after two excused timeouts without a verified block."""
+    after `STALLED_AFTER` excused timeouts without moving its head."""
     replica = censored()
     replica.step(claim(2))
     replica.step(FetchProgressed(2, 2, executing=True))
@@ -208,15 +209,15 @@ def test_a_fetch_executing_what_it_holds_is_excused_however_long() -> None:
         replica.step(REQUEST_TIMEOUT)
     assert replica.view == 0 and replica.fetch_stalled == 0
     replica.step(FetchProgressed(2, 2, executing=False))
-    for _ in range(2):
+    for _ in range(STALLED_AFTER):
         replica.step(REQUEST_TIMEOUT)
-    assert replica.view == 0 and replica.fetch_stalled == 2
+    assert replica.view == 0 and replica.fetch_stalled == STALLED_AFTER
     replica.step(REQUEST_TIMEOUT)
     assert replica.view == 1
 
 
 def test_a_fetch_ended_counts_the_timeouts_it_excused_stalled() -> None:
-    """Held: a byzantine peer that holds each fetch just short of the cut (one excused
+    """Held: a byzantine peer that holds each fetch short of the cut (here one excused
     timeout) and then serves or fails it is charged that timeout at the fetch's end, as a
     commit passing the request over would be; a report for another fetch is no progress."""
     for ends_with in ("completes", "fails"):
