@@ -57,6 +57,7 @@ from pbft_engine.core import (
     FetchCommitted,
     FetchCompleted,
     FetchFailed,
+    FetchProgressed,
     LeftValidatorSet,
     MessageReceived,
     PeerCommitted,
@@ -865,10 +866,12 @@ class Cluster:
         self.rng.shuffle(sources)
         sources.sort(key=lambda p: p.index in lied)  # (stable: the shuffle's order otherwise)
         duration, lies = FETCH_OVERHEAD_MS, []
+        hedge = max(FETCH_OVERHEAD_MS, self.params.request_timeout_ms // 2)
         while sources and sources[0].index in self.byzantine and not (
                 sources[0].index in lied and self._holders(node, first)):
             liar = sources.pop(0)
-            duration += self.rng.randint(FETCH_OVERHEAD_MS, BYZANTINE_FETCH_MS)
+            # (block sync asks the next peer too once one is slow: `sync.HEDGE_AFTER_S`)
+            duration += self.rng.randint(FETCH_OVERHEAD_MS, min(BYZANTINE_FETCH_MS, hedge))
             lies.append(liar)
         faults = self.executor_faults.get(node.index)
         lost = (bool(sources) and self.fetch_failure > 0
@@ -888,6 +891,8 @@ class Cluster:
         if source is not None:
             return self._serve(node, target, imported, lied, source, tuple(lies), duration)
         self.seen["fetch failed part-way" if imported else "fetch failed"] += 1
+        if lies and not (lost or raised):
+            duration += max(0, BYZANTINE_FETCH_MS - hedge)  # (no other peer: the last holds)
 
         def give_up() -> None:
             for liar in lies:
@@ -909,7 +914,10 @@ class Cluster:
         entries = source.chain.blocks[first - 1:min(target, first + self.range_blocks - 1)]
         last = first + len(entries) - 1  # (a short answer ends at the source's head)
         faults = self.executor_faults.get(node.index)
-        duration += self.range_transfer_ms + sum(
+        duration += self.range_transfer_ms
+        # Block sync tells the replica it executes the answer, then its head (`FetchProgressed`).
+        self._schedule(duration, node, FetchProgressed(target, last, executing=True))
+        duration += sum(
             self.execution.block_ms(node.index, len(block_txs(e.block))) for e in entries)
         if faults is not None and faults.stall and self.rng.random() < faults.stall:
             duration += self.rng.randint(*faults.stall_ms)
@@ -924,6 +932,8 @@ class Cluster:
                 self._import(node, entry.block, entry.certificate)
                 txs.extend(block_txs(entry.block))
             self._write_point(node, "range")
+            head = len(node.chain.blocks)
+            self.feed(node.index, FetchProgressed(target, head, executing=False))
             if last >= target:
                 self._fetch_done(node, target, tuple(txs), True)
             else:
