@@ -57,6 +57,7 @@ from pbft_engine.core import (
     StoreName,
 )
 from pbft_engine.core.epochs import Epoch
+from pbft_engine.core.params import FETCH_ANSWER_WAIT_MS
 from pbft_engine.core.records import META_NEW_VIEW, u64
 from pbft_engine.epoch_feed import EpochFeed
 from pbft_engine.errors import MessageError, PbftError
@@ -85,7 +86,7 @@ from storage import WriteBatch
 log = logging.getLogger(__name__)
 
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024  # below the transport's frame cap
-REQUEST_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = FETCH_ANSWER_WAIT_MS / 1000  # (the core judges a fetch by it)
 # A range asked of a peer that has not answered this long is asked of the next peer too
 # (the first answer that verifies wins), and once every peer was asked, those that had no
 # such block are asked once more: a byzantine peer that holds a request for

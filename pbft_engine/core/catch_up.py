@@ -13,19 +13,28 @@ from typing import TYPE_CHECKING
 from pbft_engine.core.actions import FetchCommitted
 from pbft_engine.core.events import FetchCompleted, FetchFailed, FetchProgressed, PeerCommitted
 from pbft_engine.core.new_view import join_certified_view
+from pbft_engine.core.params import FETCH_ANSWER_WAIT_MS
 from pbft_engine.core.status import MAX_PASSED_OVER
 from pbft_engine.errors import MessageError
 
 if TYPE_CHECKING:
+    from pbft_engine.core.params import EngineParams
     from pbft_engine.core.replica import Replica
 
 FORGOTTEN_AFTER = 2  # fetches in a row that reach nothing of a claimed head forget it
-# Excused request timeouts a fetch may wait on peers without moving its head (`stalled`):
-# more than fire while block sync waits for one answer (REQUEST_TIMEOUT_S, 10 s: five 2 s
-# request timeouts, six if the timer's phase lines up), so an honest answer block sync would
-# still take (a slow link: the simulator's ranges taking five timeouts to arrive) is never
-# cut; the timeouts it waited count when the fetch ends (`stall_count`).
-STALLED_AFTER = 7
+# Excused request timeouts a fetch may wait on peers without moving its head (`stalled`),
+# beyond those that fire while block sync waits for one answer (FETCH_ANSWER_WAIT_MS: five
+# 2 s request timeouts, six if the timer's phase lines up), so an honest answer block sync
+# would still take (a slow link: the simulator's ranges taking five timeouts to arrive) is
+# never cut; the timeouts it waited count when the fetch ends (`stall_count`).
+STALL_MARGIN = 2
+
+
+def stalled_after(params: EngineParams) -> int:
+    """The cut in request timeouts at this chain's request timeout: 7 at the default 2 s, 12
+    at 1 s (a constant 7 cut an answer block sync still waited for at the 8th of 10: the
+    attack review s17-censor, finding 4)."""
+    return -(-FETCH_ANSWER_WAIT_MS // params.request_timeout_ms) + STALL_MARGIN
 
 
 def busy(replica: Replica) -> bool:
@@ -76,7 +85,7 @@ def claimed_lag(replica: Replica) -> bool:
     never to one replica's word.
 
     A fetch under way excuses timeouts only while it makes progress (`stalled`): one that
-    waited on peers for `STALLED_AFTER` excused timeouts without moving its head excuses
+    waited on peers for `stalled_after` excused timeouts without moving its head excuses
     no more, and those it waited count when it ends (`stall_count`). A censoring primary
     that withholds its COMMITs holds the only certificates of its newest blocks, so its
     claims pass block sync's check and no correct peer can serve them; its f peers each
@@ -92,7 +101,7 @@ def claimed_lag(replica: Replica) -> bool:
 
 
 def stalled(replica: Replica) -> bool:
-    """The fetch under way waited on peers across `STALLED_AFTER` excused request timeouts
+    """The fetch under way waited on peers across `stalled_after` excused request timeouts
     without moving its head (`on_fetch_progressed`): the lag is no longer this replica's
     own. Sawtooth PBFT (node.rs `catchup`) stops its idle timeout only while it commits the
     blocks a seal proves, one at a time, and Fabric v0.6's state transfer stops the
@@ -104,7 +113,7 @@ def stalled(replica: Replica) -> bool:
     a request timeout, and one whose only answer is slow (its own link) waits at most
     block sync's 10 s, below the cut."""
     return (replica.fetching is not None and not replica.fetch_executing
-            and replica.fetch_stalled >= STALLED_AFTER)
+            and replica.fetch_stalled >= stalled_after(replica.params))
 
 
 def stall_count(replica: Replica) -> int:

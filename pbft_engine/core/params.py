@@ -18,6 +18,10 @@ FUTURE_BLOCK_BYTES = 64 * 2**20  # four of the transport's largest frames
 # is a development chain, and its own size is its floor.
 MIN_FAULT_TOLERANT_SET = 4
 DEFAULT_VOTE_TTL = 30_000  # blocks a validator-set vote stays live (Besu's epochlength)
+# How long block sync waits for one peer's answer to a range (`sync.BlockSync`), here since
+# the core judges a fetch by it (`catch_up.stalled_after`): an answer still on its way over a
+# slow link must never be cut, whatever the request timeout a genesis configures.
+FETCH_ANSWER_WAIT_MS = 10_000
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from pbft_engine.core import (
     TimerFired,
     TimerKind,
 )
-from pbft_engine.core.catch_up import STALLED_AFTER, lagging
+from pbft_engine.core.catch_up import lagging, stalled_after
 from pbft_engine.messages import Checkpoint, ViewChange
 from tests.unit.pbft.test_pbft_epochs import ADDED, V0
 from tests.unit.test_attack_review_core7 import LIE, backup_with_a_waiting_request
@@ -140,12 +140,12 @@ def test_a_liar_holding_each_fetch_for_timeouts_is_believed_for_two_fetches() ->
 
 def test_a_fetch_waiting_on_peers_past_block_syncs_timeout_suspects_the_primary() -> None:
     """A fetch of a claimed head that waits on peers with no progress across more request
-    timeouts than block sync waits for one answer (`catch_up.STALLED_AFTER`: f byzantine
+    timeouts than block sync waits for one answer (`catch_up.stalled_after`: f byzantine
     peers asked in turn) excuses no more: the next timeout suspects the primary with the
     fetch still under way."""
     driven = backup_with_a_waiting_request()
     driven.step(PeerCommitted(*LIE, b""))
-    times_out(driven, STALLED_AFTER)
+    times_out(driven, stalled_after(driven.replica.params))
     assert not driven.sent(ViewChange)
     times_out(driven, 1)
     assert driven.sent(ViewChange) and driven.replica.fetching == LIE[0]

@@ -45,7 +45,7 @@ from pbft_engine.core import (
     TimerFired,
     TimerKind,
 )
-from pbft_engine.core.catch_up import STALLED_AFTER, at_head
+from pbft_engine.core.catch_up import at_head, stalled_after
 from pbft_engine.core.replica import MAX_PASSED_OVER
 from pbft_engine.messages import NewView, ViewChange
 from pbft_engine.sync import REQUEST_TIMEOUT_S, BlockSync
@@ -201,7 +201,7 @@ def test_a_fetch_executing_what_it_holds_is_excused_however_long() -> None:
     """Held: a fetch executing the blocks it received (large blocks, a machine slower than
     the timers) is this replica's own work, as `busy` is: its timeouts are excused however
     many there are, and none counts when it completes. Waiting on peers again, it is cut
-    after `STALLED_AFTER` excused timeouts without moving its head."""
+    after `stalled_after` excused timeouts without moving its head."""
     replica = censored()
     replica.step(claim(2))
     replica.step(FetchProgressed(2, 2, executing=True))
@@ -209,9 +209,9 @@ def test_a_fetch_executing_what_it_holds_is_excused_however_long() -> None:
         replica.step(REQUEST_TIMEOUT)
     assert replica.view == 0 and replica.fetch_stalled == 0
     replica.step(FetchProgressed(2, 2, executing=False))
-    for _ in range(STALLED_AFTER):
+    for _ in range(stalled_after(replica.params)):
         replica.step(REQUEST_TIMEOUT)
-    assert replica.view == 0 and replica.fetch_stalled == STALLED_AFTER
+    assert replica.view == 0 and replica.fetch_stalled == stalled_after(replica.params)
     replica.step(REQUEST_TIMEOUT)
     assert replica.view == 1
 
