@@ -33,6 +33,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -580,46 +581,55 @@ class BlockSync:
     async def _fetch_range(self, first: int, count: int, imported: list[ExecutedBlock],
                            prefetched: tuple[bytes, asyncio.Future[Blocks]] | None) -> bool:
         """The prefetched answer, and the connected peers in turn, hedged: one that has not
-        answered in `hedge_after` keeps its request, and the next peer is asked too; the
-        first answer that verifies is imported, the others are dropped. Once every peer was
-        asked, those that had no such block are asked once more a `hedge_after` later (a
-        fresh head: they were executing it). True once one of them served verified blocks.
-        Asked one at a time, f byzantine peers each held the range REQUEST_TIMEOUT_S (the
-        attack review s14-core, findings 1 and 2)."""
-        queue = [p for p in self._peers_for(first)
-                 if prefetched is None or p != prefetched[0]]
+        answered in `hedge_after` keeps its request, and the next peer is asked too, up to a
+        third of the peers plus one in flight (f+1 of N-1: one of them a correct peer's,
+        whose answer comes at once, so f holders cannot stop the turn; all of them at once
+        sent N-1 copies of an answer down a slow link, the attack review s17-censor, finding
+        2); the first answer that verifies is imported, the others are dropped. A peer that
+        had no such block (a fresh head: it was executing it) is asked again each
+        `hedge_after` while the fetch waits, at most REQUEST_TIMEOUT_S / `hedge_after` times
+        (asked once more only, it left the fetch waiting on a holder for REQUEST_TIMEOUT_S:
+        finding 3). True once one of them served verified blocks. Asked one at a time, f
+        byzantine peers each held the range REQUEST_TIMEOUT_S (the attack review s14-core,
+        findings 1 and 2)."""
+        queue = deque(p for p in self._peers_for(first)
+                      if prefetched is None or p != prefetched[0])
         pending: dict[asyncio.Future[Blocks], bytes] = {}
         if prefetched is not None:
             pending[prefetched[1]] = prefetched[0]
-        lacking: list[bytes] = []  # peers that had no such block, to be asked again
-        asked_again: set[bytes] = set()
+        most = (len(queue) + len(pending)) // 3 + 1
+        lacking: deque[bytes] = deque()  # peers that had no such block, to be asked again
+        asks: Counter[bytes] = Counter()
+        retries = max(1, int(REQUEST_TIMEOUT_S / self.hedge_after))
 
-        def ask_next() -> None:
-            nonlocal queue, lacking
-            if not queue:
-                queue, lacking = lacking, []
-                asked_again.update(queue)
-            peer = queue.pop(0)
-            pending[asyncio.ensure_future(self._request(peer, first, count))] = peer
+        def ask(peers: deque[bytes], every: bool = False) -> None:
+            while peers and (every or len(pending) < most):
+                peer = peers.popleft()
+                asks[peer] += 1
+                pending[asyncio.ensure_future(self._request(peer, first, count))] = peer
+                if not every:
+                    return
 
         try:
             while True:
                 if not pending:
-                    if not (queue or lacking):
-                        return False
-                    if not queue:
+                    if not queue:  # nothing held up: those that had none, once more only
+                        lacking = deque(p for p in lacking if asks[p] < 2)
+                        if not lacking:
+                            return False
                         await asyncio.sleep(self.hedge_after)  # (they may hold it by then)
-                    ask_next()
+                    ask(queue or lacking, every=not queue)
                 done, _ = await asyncio.wait(
                     pending, timeout=self.hedge_after if queue or lacking else None,
                     return_when=asyncio.FIRST_COMPLETED)
-                if not done:
-                    ask_next()  # the peers asked are slow: one more
+                if not done:  # the peers asked are slow: those that had none, and one more
+                    ask(lacking, every=True)
+                ask(queue)  # (at once after an answer: a correct peer's "none" is quick)
                 for answer in done:
                     peer = pending.pop(answer)
                     if await self._served(peer, first, count, answer, imported):
                         return True
-                    if isinstance(answer.exception(), NoSuchBlock) and peer not in asked_again:
+                    if isinstance(answer.exception(), NoSuchBlock) and asks[peer] <= retries:
                         lacking.append(peer)
         finally:
             for request in pending:

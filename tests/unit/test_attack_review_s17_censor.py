@@ -280,8 +280,6 @@ def test_a_fetch_block_sync_served_late_counts_the_timeouts_it_waited() -> None:
     assert replica.passed_over >= waited[0]
 
 
-@pytest.mark.xfail(strict=True, reason="finding 3: peers that had no such block are asked "
-                   "once more only; the fetch then waits on the holder REQUEST_TIMEOUT_S")
 def test_a_fresh_head_executed_slower_than_the_hedge_is_fetched_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding 3 (honest slowness, with or without a byzantine peer). The backup fetches
@@ -300,7 +298,8 @@ def test_a_fresh_head_executed_slower_than_the_hedge_is_fetched_at_once(
     (measured with the core; f byzantine peers make it f + 1). Expected: the block
     imported within 2 request timeouts. Suggested fix: ask peers that had no such block
     again every hedge_after while a request is still pending (bounded: REQUEST_TIMEOUT_S
-    / hedge_after asks per peer and range)."""
+    / hedge_after asks per peer and range). Fixed: they are asked again each hedge_after
+    while a request is held (`BlockSync._fetch_range`)."""
     monkeypatch.setattr(sync_module, "REQUEST_TIMEOUT_S", 5 * TIMER)
     outcome, elapsed, _, _ = fetch_fresh_head(lacks=2)
     assert isinstance(outcome, FetchCompleted) and elapsed < 2 * TIMER
@@ -448,8 +447,6 @@ class SlowLink(ServingPeers):
         super().send_sync(peer, payload)
 
 
-@pytest.mark.xfail(strict=True, reason="finding 2 (adapter): the hedge asks every peer for "
-                   "a range whose answers are merely slow")
 def test_a_range_on_a_slow_link_is_asked_of_at_most_two_peers_at_once() -> None:
     """Finding 2 (honest slowness, block sync; item 4: requests per range). Every answer
     takes two request timeouts to arrive (the replica's own link is slow, not the peers):
@@ -464,7 +461,8 @@ def test_a_range_on_a_slow_link_is_asked_of_at_most_two_peers_at_once() -> None:
     arithmetic). Memory: up to N - 1 answers (8 MiB each) held at once, bounded by N;
     late answers are dropped by request id (held, below). Expected: at most 2 in flight
     (one hedge). Suggested fix: hedge to one more peer, and further only after the ones
-    asked failed."""
+    asked failed. Fixed: at most a third of the peers plus one (f + 1) in flight, the next
+    asked at once when one answers (`BlockSync._fetch_range`)."""
     peers = SlowLink({FRESH_1: 5, FRESH_2: 5, HOLDER: 5})
     sync = block_sync(peers, [])
     outcome = asyncio.run(asyncio.wait_for(sync.fetch(5, keccak(b"target")), 5.0))
