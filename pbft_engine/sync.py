@@ -622,15 +622,15 @@ class BlockSync:
                 done, _ = await asyncio.wait(
                     pending, timeout=self.hedge_after if queue or lacking else None,
                     return_when=asyncio.FIRST_COMPLETED)
-                if not done:  # the peers asked are slow: those that had none, and one more
-                    ask(lacking, every=True)
-                ask(queue)  # (at once after an answer: a correct peer's "none" is quick)
                 for answer in done:
                     peer = pending.pop(answer)
                     if await self._served(peer, first, count, answer, imported):
                         return True
                     if isinstance(answer.exception(), NoSuchBlock) and asks[peer] <= retries:
                         lacking.append(peer)
+                if not done:  # the peers asked are slow: those that had none, and one more
+                    ask(lacking, every=True)
+                ask(queue)  # (at once after an answer: a correct peer's "none" is quick)
         finally:
             for request in pending:
                 request.cancel()

@@ -491,3 +491,19 @@ def test_the_simulators_catch_up_reports_its_progress_as_block_sync_does(
         lambda: all(cluster.committed(tx) == 4 for tx in sent), 60_000)
     assert cluster.seen["fetched range"] >= 1 and FetchCompleted in fed
     assert FetchProgressed in fed
+
+
+def test_the_next_peer_is_asked_at_once_when_one_has_no_such_block() -> None:
+    """Held (the fix of findings 2 and 3): with the holder's request in flight, a peer's "no
+    such block" frees its place and the next peer is asked at once, not a hedge later."""
+    peers = FreshHead({HOLDER: 5, FRESH_1: 5, FRESH_2: 5}, height=4, holder=HOLDER,
+                      fresh=frozenset({FRESH_1}), lacks=100)
+    sync = block_sync(peers, [])
+
+    async def run() -> tuple[object, float]:
+        started = time.monotonic()
+        outcome = await asyncio.wait_for(sync.fetch(5, keccak(b"target")), 5.0)
+        return outcome, time.monotonic() - started
+
+    outcome, elapsed = asyncio.run(run())
+    assert isinstance(outcome, FetchCompleted) and elapsed < 1.5 * HEDGE, elapsed
