@@ -182,9 +182,11 @@ def block_sync(peers: ServingPeers, delivered: list[object]) -> BlockSync:
 HOLDER, FRESH_1, FRESH_2 = b"a" * 20, b"b" * 20, b"c" * 20
 
 
-def fetch_fresh_head(lacks: int) -> tuple[object, float, FreshHead, BlockSync]:
+def fetch_fresh_head(lacks: int, fresh: frozenset[bytes] = frozenset({FRESH_1, FRESH_2})
+                     ) -> tuple[object, float, FreshHead, BlockSync]:
+    """The fetch of block 5 from HOLDER and the `fresh` peers (FreshHead), and its time."""
     peers = FreshHead({HOLDER: 5, FRESH_1: 5, FRESH_2: 5}, height=4, holder=HOLDER,
-                      fresh=frozenset({FRESH_1, FRESH_2}), lacks=lacks)
+                      fresh=fresh, lacks=lacks)
     sync = block_sync(peers, [])
 
     async def run() -> tuple[object, float]:
@@ -496,14 +498,5 @@ def test_the_simulators_catch_up_reports_its_progress_as_block_sync_does(
 def test_the_next_peer_is_asked_at_once_when_one_has_no_such_block() -> None:
     """Held (the fix of findings 2 and 3): with the holder's request in flight, a peer's "no
     such block" frees its place and the next peer is asked at once, not a hedge later."""
-    peers = FreshHead({HOLDER: 5, FRESH_1: 5, FRESH_2: 5}, height=4, holder=HOLDER,
-                      fresh=frozenset({FRESH_1}), lacks=100)
-    sync = block_sync(peers, [])
-
-    async def run() -> tuple[object, float]:
-        started = time.monotonic()
-        outcome = await asyncio.wait_for(sync.fetch(5, keccak(b"target")), 5.0)
-        return outcome, time.monotonic() - started
-
-    outcome, elapsed = asyncio.run(run())
+    outcome, elapsed, _, _ = fetch_fresh_head(lacks=100, fresh=frozenset({FRESH_1}))
     assert isinstance(outcome, FetchCompleted) and elapsed < 1.5 * HEDGE, elapsed
