@@ -632,8 +632,11 @@ class BlockSync:
                     ask(lacking, every=True)
                 ask(queue)  # (at once after an answer: a correct peer's "none" is quick)
         finally:
-            for request in pending:
-                request.cancel()
+            for request in pending:  # (an answer that came with the winner's is read here:
+                if not request.done():  # unread, its failure was logged when collected)
+                    request.cancel()
+                elif not request.cancelled():
+                    request.exception()
 
     async def _served(self, peer: bytes, first: int, count: int,
                       answer: asyncio.Future[Blocks], imported: list[ExecutedBlock]) -> bool:
